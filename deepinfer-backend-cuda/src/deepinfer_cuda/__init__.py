@@ -1,0 +1,1 @@
+"""DeepInfer backend for NVIDIA GPUs.  Importing this package imports no CUDA library."""

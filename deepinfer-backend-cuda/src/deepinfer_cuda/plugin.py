@@ -1,0 +1,73 @@
+"""Entry point ``nvidia`` of the ``deepinfer.backends`` group."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from deepinfer.backends import Backend, hookimpl
+
+#: Compute capabilities the kernel set is built for (SM90 = Hopper, SM100 = Blackwell).
+SUPPORTED_CAPABILITIES = ((9, 0), (10, 0))
+
+
+class CudaBackend(Backend):
+    """NVIDIA GPUs through torch's CUDA runtime, with Triton / TileLang kernels."""
+
+    name = "nvidia"
+    device_type = "cuda"
+    auto_priority = 100
+    dist_backend = "nccl"
+
+    def unavailable_reason(self) -> str | None:
+        if torch.version.cuda is None:
+            return f"torch {torch.__version__} is built without CUDA"
+        if not torch.cuda.is_available():
+            return "no CUDA device is visible (torch.cuda.is_available() is False)"
+        cap = torch.cuda.get_device_capability(0)
+        if cap not in SUPPORTED_CAPABILITIES:
+            return f"GPU 0 has compute capability {cap}; this kernel set supports {SUPPORTED_CAPABILITIES}"
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (pip install deepinfer-backend-cuda installs it)"
+        return None
+
+    def load_ops(self) -> Mapping[str, Callable[..., Any]]:
+        from deepinfer_cuda.ops import OVERRIDES
+
+        return OVERRIDES
+
+    def memory_info(self, device: torch.device) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(device)
+
+    def synchronize(self, device: torch.device) -> None:
+        torch.cuda.synchronize(device)
+
+    @contextlib.contextmanager
+    def graph_capture(self, device: torch.device) -> Iterator[Callable[[Callable[[], Any]], Callable[[], Any]]]:
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)
+
+        def capture(fn: Callable[[], Any]) -> Callable[[], Any]:
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                fn()  # warm-up outside the graph: lazy init, autotuning
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                fn()
+            return graph.replay
+
+        yield capture
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+
+
+@hookimpl
+def deepinfer_backend() -> Backend:
+    return CudaBackend()

@@ -1,0 +1,70 @@
+"""What a backend is: a name, a torch device type, an availability check, an op table, device services."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+class Backend:
+    """Base class for backends.  Subclasses override what their hardware does differently.
+
+    The engine never branches on the backend's name; it calls these methods.  Ops not returned by
+    :meth:`load_ops` fall back to core's reference implementation (see :mod:`deepinfer.ops`).
+    """
+
+    #: Name users put in ``DEEPINFER_ACCELERATOR``; equals the entry point's name.
+    name: str = ""
+    #: torch device type tensors live on (``"cpu"``, ``"cuda"``, ``"npu"``, ...).
+    device_type: str = "cpu"
+    #: Rank when ``DEEPINFER_ACCELERATOR`` is unset: highest usable wins; ``None`` = only by name.
+    auto_priority: int | None = None
+    #: torch.distributed backend for the communicator factory.
+    dist_backend: str = "gloo"
+
+    # --- availability -------------------------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        """``None`` when usable here, else one sentence saying why not (e.g. "no CUDA device")."""
+        return None
+
+    # --- ops ----------------------------------------------------------------------------------
+    def load_ops(self) -> Mapping[str, Callable[..., Any]]:
+        """Return overrides of reference ops by op name.  Called once, after the availability check."""
+        return {}
+
+    # --- device services ----------------------------------------------------------------------
+    def device(self, index: int = 0) -> torch.device:
+        """The torch device for local device ``index``."""
+        return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
+
+    def memory_info(self, device: torch.device) -> tuple[int, int]:
+        """(free, total) bytes of memory for tensors on ``device``."""
+        raise NotImplementedError(f"backend {self.name!r} does not report memory")
+
+    def synchronize(self, device: torch.device) -> None:
+        """Block until all queued work on ``device`` has finished."""
+
+    @contextlib.contextmanager
+    def graph_capture(self, device: torch.device) -> Iterator[Callable[[Callable[[], Any]], Callable[[], Any]]]:
+        """Yield ``capture(fn) -> replay``; ``replay()`` re-runs ``fn``'s work on the same buffers.
+
+        The default captures nothing and replays eagerly, which is exact on any device.
+        """
+        yield lambda fn: fn
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed every generator of this device."""
+        torch.manual_seed(seed)
+
+    def init_communicator(self, rank: int, world_size: int, init_method: str) -> None:
+        """Create the default torch.distributed process group for collectives between ranks."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(self.dist_backend, init_method=init_method, rank=rank, world_size=world_size)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} device_type={self.device_type!r}>"
