@@ -1,0 +1,1 @@
+"""Example third-party DeepInfer backend (see README.md)."""
