@@ -1,3 +1,36 @@
-"""DeepInfer core: a hardware-agnostic inference engine for DeepSeek V4-family models."""
+"""DeepInfer core: a hardware-agnostic inference engine for DeepSeek V4-family models.
+
+``from deepinfer import LLM, SamplingParams``.  Importing the package is cheap: the engine (and torch)
+load on first use of these names, and no backend is selected until an ``LLM`` is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "LLM": "deepinfer.engine.llm",
+    "SamplingParams": "deepinfer.sampling_params",
+    "RequestOutput": "deepinfer.outputs",
+    "CompletionOutput": "deepinfer.outputs",
+    "Logprob": "deepinfer.outputs",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:
+    from deepinfer.engine.llm import LLM
+    from deepinfer.outputs import CompletionOutput, Logprob, RequestOutput
+    from deepinfer.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

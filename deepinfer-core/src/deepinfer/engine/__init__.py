@@ -1,0 +1,1 @@
+"""The offline engine: ``LLM`` → ``Engine`` (schedule → execute → process) over a ``CausalLM``."""

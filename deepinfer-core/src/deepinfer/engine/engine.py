@@ -1,0 +1,158 @@
+"""The engine loop: add requests, then step until done.
+
+One step is three stages with plain data between them, so that scheduling step N+1 can later overlap
+the device running step N (async scheduling):
+
+    schedule()  -> SchedulerOutput      which sequences run how many tokens (plain data)
+    execute()   -> RunnerOutput         model forward + sampling on the device
+    process()   -> finished outputs     append tokens, detokenize, stop checks, free finished state
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from typing import Any
+
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.output_processor import OutputProcessor
+from deepinfer.engine.request import Request, Sequence, SequenceStatus
+from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.engine.state_cache import StateCache
+from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
+from deepinfer.models.base import CausalLM
+from deepinfer.outputs import RequestOutput
+from deepinfer.runner.model_runner import ModelRunner, RunnerOutput
+from deepinfer.sample.sampler import Sampler, TokenMaskProvider
+from deepinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_U64 = 1 << 64
+
+
+def fork_seed(seed: int, index: int) -> int:
+    """Seed of completion ``index`` of a request seeded with ``seed`` (index 0 keeps ``seed``)."""
+    if index == 0:
+        return seed % _U64
+    x = (seed + index * 0x9E3779B97F4A7C15) % _U64  # splitmix64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % _U64
+    return x ^ (x >> 31)
+
+
+class Engine:
+    """Continuous-batching generation over one model; see ``docs/engine.md``."""
+
+    def __init__(self, model: CausalLM, tokenizer: Any, ops: Any, config: EngineConfig,
+                 token_masks: TokenMaskProvider | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.state_cache = StateCache(model, config.state_cache_bytes)
+        self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks)
+        self.outputs = OutputProcessor(tokenizer, config.eos_token_ids)
+        self.token_masks = token_masks
+        self._seed_rng = random.Random(config.seed)
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self.seqs: dict[int, Sequence] = {}
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
+
+    # --- requests -------------------------------------------------------------------------------
+    def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> RequestOutput | None:
+        """Queue one prompt.  A bad request is not queued: its error output is returned instead."""
+        params = params if params is not None else SamplingParams()
+        arrival = next(self._arrivals)
+        request_id = request_id if request_id is not None else str(arrival)
+        text = prompt if isinstance(prompt, str) else None
+        try:
+            if not isinstance(params, SamplingParams):
+                raise RequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            text, token_ids = normalize_prompt(prompt, self.tokenizer)
+            check_request(token_ids, params, self.config, self.model.vocab_size, self.model.state_bytes,
+                          self.token_masks is not None)
+        except RequestError as exc:
+            logger.warning("request %s rejected: %s", request_id, exc)
+            return RequestOutput(request_id, text, [] if text is not None else _ids_or_empty(prompt), None,
+                                 outputs=[], finished=True, error=str(exc))
+
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
+        request = Request(
+            request_id=request_id,
+            arrival=arrival,
+            prompt=text,
+            prompt_token_ids=token_ids,
+            params=params,
+            max_total_tokens=min(len(token_ids) + max_tokens, self.config.max_model_len),
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+        )
+        base_seed = params.seq_seed if params.seq_seed is not None else self._seed_rng.getrandbits(64)
+        for index in range(params.n):
+            seq = Sequence(next(self._seq_ids), request, index, list(token_ids), fork_seed(base_seed, index))
+            request.sequences.append(seq)
+            self.seqs[seq.seq_id] = seq
+        self.scheduler.add(request)
+        self.num_prompt_tokens += len(token_ids)
+        return None
+
+    def abort_request(self, request: Request) -> None:
+        for seq in request.sequences:
+            self._retire(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    # --- one step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return the requests that finished in it."""
+        sched = self.schedule()
+        if sched.empty:
+            if self.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests pending (state budget too small?)")
+            return []
+        return self.process(sched, self.execute(sched))
+
+    def schedule(self) -> SchedulerOutput:
+        sched = self.scheduler.schedule()
+        for seq_id in sched.preempted:
+            self.state_cache.free(seq_id)
+        return sched
+
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        result = self.runner.execute(sched, self.seqs, self.state_cache)
+        for chunk in sched.chunks:
+            for child in chunk.fork_to:
+                self.state_cache.fork(chunk.seq_id, child)
+        return result
+
+    def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
+        for request, position, tl in result.prompt_logprobs:
+            self.outputs.record_prompt_logprobs(request, position, tl)
+        done: list[RequestOutput] = []
+        for seq_id, tl in result.sampled:
+            seq = self.seqs[seq_id]
+            self.num_generated_tokens += 1
+            if self.outputs.append_token(seq, tl):
+                self._retire(seq)
+                if seq.request.finished:
+                    done.append(self.outputs.request_output(seq.request))
+        return done
+
+    def _retire(self, seq: Sequence) -> None:
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.finish(seq)
+        self.state_cache.free(seq.seq_id)
+        self.seqs.pop(seq.seq_id, None)
+
+
+def _ids_or_empty(prompt: Any) -> list[int]:
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+    return list(ids) if isinstance(ids, (list, tuple)) else []

@@ -1,0 +1,97 @@
+"""Apply sampled tokens to sequences: append, detokenize, check stop conditions, build outputs.
+
+Stop rules (vLLM's): before ``min_tokens`` output tokens only the length limits apply.  Then EOS
+(unless ``ignore_eos``) and ``stop_token_ids`` finish with ``"stop"``; the stop token stays in
+``token_ids`` but adds no text.  A stop string finishes with ``"stop"`` and the text is cut before it
+(or after it with ``include_stop_str_in_output``).  Reaching ``max_tokens`` or ``max_model_len``
+finishes with ``"length"``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from deepinfer.engine.detokenizer import IncrementalDetokenizer, find_stop
+from deepinfer.engine.request import Request, Sequence
+from deepinfer.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from deepinfer.runner.model_runner import TokenLogprobs
+
+
+class OutputProcessor:
+    """Owns the text side of generation; knows nothing of tensors or scheduling."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: tuple[int, ...]):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_one)
+
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer is not None else ""
+
+    def _position_logprobs(self, tl: TokenLogprobs) -> PositionLogprobs:
+        entries = {tid: Logprob(lp, rank, self._token_text(tid)) for rank, (tid, lp) in enumerate(tl.top, start=1)}
+        entries[tl.token_id] = Logprob(tl.logprob, tl.rank, self._token_text(tl.token_id))
+        return entries
+
+    # --- per step -----------------------------------------------------------------------------
+    def record_prompt_logprobs(self, request: Request, position: int, tl: TokenLogprobs) -> None:
+        """Store the logprobs of prompt token ``position`` (steps deliver positions in order, once)."""
+        if position == len(request.prompt_logprobs):
+            request.prompt_logprobs.append(self._position_logprobs(tl))
+
+    def append_token(self, seq: Sequence, tl: TokenLogprobs) -> bool:
+        """Add one sampled token to ``seq``; return whether the sequence is now finished."""
+        params = seq.request.params
+        out = seq.output
+        if out is None:
+            out = seq.output = CompletionOutput(seq.index, "", [], 0.0, [] if params.logprobs is not None else None)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids,
+                                                     params.skip_special_tokens) if self.tokenizer else None
+        token = tl.token_id
+        seq.token_ids.append(token)
+        out.token_ids.append(token)
+        out.cumulative_logprob += tl.logprob
+        if out.logprobs is not None:
+            out.logprobs.append(self._position_logprobs(tl))
+
+        may_stop = seq.num_output >= params.min_tokens
+        if may_stop and not params.ignore_eos and token in self.eos_token_ids:
+            out.finish_reason = "stop"
+        elif may_stop and params.stop_token_ids and token in params.stop_token_ids:
+            out.finish_reason, out.stop_reason = "stop", token
+        else:
+            self._add_text(seq, out, token, may_stop)
+        if out.finish_reason is None and len(seq.token_ids) >= seq.request.max_total_tokens:
+            out.finish_reason = "length"
+        return out.finish_reason is not None
+
+    def _add_text(self, seq: Sequence, out: CompletionOutput, token: int, may_stop: bool) -> None:
+        if seq.detokenizer is None:
+            return
+        new = seq.detokenizer.add(token)
+        out.text = seq.detokenizer.text
+        params = seq.request.params
+        if not (new and may_stop and params.stop_strings):
+            return
+        hit = find_stop(out.text, len(new), params.stop_strings)
+        if hit is not None:
+            idx, stop = hit
+            out.text = out.text[: idx + len(stop) if params.include_stop_str_in_output else idx]
+            out.finish_reason, out.stop_reason = "stop", stop
+
+    # --- results --------------------------------------------------------------------------------
+    @staticmethod
+    def request_output(request: Request) -> RequestOutput:
+        outputs = []
+        for seq in request.sequences:
+            out = seq.output or CompletionOutput(seq.index, "", [], 0.0, None)
+            outputs.append(out)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            prompt_logprobs=request.prompt_logprobs,
+            outputs=outputs,
+            finished=request.finished,
+        )

@@ -1,0 +1,83 @@
+"""Requests and their sequences: the plain data the scheduler and the output processor share.
+
+A request with ``n`` completions owns ``n`` sequences.  Only sequence 0 runs the prompt; the others
+wait in ``AWAITING_FORK`` and receive a copy of its state when the prompt is done, so the prompt is
+computed once.  A sequence's ``token_ids`` is prompt + output; ``num_computed`` counts the tokens
+its model state has consumed (reset to 0 when it is preempted, then recomputed).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from deepinfer.outputs import CompletionOutput, PositionLogprobs
+from deepinfer.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    AWAITING_FORK = "awaiting_fork"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One completion being generated."""
+
+    seq_id: int
+    request: "Request"
+    index: int
+    token_ids: list[int]
+    seed: int
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0
+    #: Forks still to receive this sequence's state when its prompt completes (sequence 0 only).
+    pending_forks: list["Sequence"] = field(default_factory=list)
+    output: CompletionOutput | None = None
+    detokenizer: object | None = None  # an IncrementalDetokenizer, set by the output processor
+
+    @property
+    def prompt_len(self) -> int:
+        return self.request.prompt_len
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.request.prompt_len
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.request.prompt_len :]
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One prompt and its sampling parameters."""
+
+    request_id: str
+    arrival: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_total_tokens: int  # prompt + output cap: min(prompt + max_tokens, max_model_len)
+    sequences: list[Sequence] = field(default_factory=list)
+    #: Filled while the prompt runs when ``params.prompt_logprobs`` is set; entry 0 is ``None``.
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SequenceStatus.FINISHED for s in self.sequences)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether prompt positions still lack their logprobs (positions 1..prompt_len-1)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.prompt_len

@@ -1,0 +1,159 @@
+"""Continuous batching with chunked prefill: decide, per step, which sequences run how many tokens.
+
+Policy (one step, a token budget of ``max_num_batched_tokens``):
+
+1. Running sequences first, oldest first: each gets its remaining tokens (1 when decoding, the rest of
+   its prompt or recompute otherwise) up to the budget left.  If the state budget cannot hold its
+   growth, the newest running sequences are preempted (state dropped, recomputed later from their
+   tokens) until it fits; a sequence may preempt itself when it is the newest.
+2. Then waiting sequences, first come first served, while the budget, ``max_num_seqs`` and the state
+   memory allow; preempted sequences wait at the front.  No admission in a step that preempted.
+
+``schedule()`` returns plain data and advances ``num_computed`` at once (the runner will compute the
+scheduled tokens), so the next step could be scheduled while this one runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from deepinfer.engine.request import Request, Sequence, SequenceStatus
+from deepinfer.engine.state_cache import StateBudget
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """Run ``token_ids`` at positions ``start..`` of sequence ``seq_id``."""
+
+    seq_id: int
+    start: int
+    token_ids: list[int]
+    #: The chunk reaches the sequence's last known token: sample the next one from its last row.
+    sample: bool
+    #: Sequences that get a copy of this sequence's state after the chunk and sample from the same row.
+    fork_to: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    #: Sequences whose state must be dropped before this step runs.
+    preempted: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; reads and writes only plain sequence fields."""
+
+    def __init__(self, budget: StateBudget, max_num_seqs: int, max_num_batched_tokens: int):
+        self.budget = budget
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # --- queue management -----------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queue a request: sequence 0 runs the prompt, the others wait to be forked from it."""
+        first, *forks = request.sequences
+        for seq in forks:
+            seq.status = SequenceStatus.AWAITING_FORK
+        first.pending_forks = list(forks)
+        first.status = SequenceStatus.WAITING
+        self.waiting.append(first)
+
+    def finish(self, seq: Sequence) -> None:
+        """Retire ``seq`` (stopped or aborted) and release its state budget."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.budget.release(seq.seq_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _num_slots(self) -> int:
+        """Sequences counted against ``max_num_seqs``: running ones and the forks they will spawn."""
+        return sum(1 + len(s.pending_forks) for s in self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.budget.release(seq.seq_id)
+        seq.num_computed = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # --- one step -------------------------------------------------------------------------------
+    def _chunk(self, seq: Sequence, num_tokens: int) -> tuple[ScheduledChunk, list[Sequence], int]:
+        """The next chunk of ``seq`` and the bytes it needs (its growth plus copies for its forks)."""
+        start, end = seq.num_computed, seq.num_computed + num_tokens
+        forks = seq.pending_forks if end == len(seq.token_ids) else []
+        need = self.budget.extra_for(seq.seq_id, end) + len(forks) * self.budget.bytes_for(end)
+        chunk = ScheduledChunk(seq.seq_id, start, seq.token_ids[start:end], end == len(seq.token_ids),
+                               tuple(f.seq_id for f in forks))
+        return chunk, forks, need
+
+    def _commit(self, seq: Sequence, chunk: ScheduledChunk, forks: list[Sequence]) -> list[Sequence]:
+        end = chunk.start + len(chunk.token_ids)
+        self.budget.grow(seq.seq_id, end)
+        seq.num_computed = end
+        for child in forks:
+            self.budget.grow(child.seq_id, end)
+            child.num_computed = end
+            child.status = SequenceStatus.RUNNING
+        seq.pending_forks = [] if forks else seq.pending_forks
+        return forks
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        tokens_left = self.max_num_batched_tokens
+        forked: list[Sequence] = []
+
+        i = 0
+        while i < len(self.running) and tokens_left > 0:
+            seq = self.running[i]
+            if seq.num_uncomputed == 0:
+                i += 1
+                continue
+            chunk, forks, need = self._chunk(seq, min(seq.num_uncomputed, tokens_left))
+            while need > self.budget.free:
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim.seq_id)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # it was the newest: nothing after it to schedule
+            forked += self._commit(seq, chunk, forks)
+            out.chunks.append(chunk)
+            tokens_left -= len(chunk.token_ids)
+            i += 1
+        # Forks join after the loop so that they are never chosen as victims in the step they are born.
+        self.running.extend(forked)
+
+        while self.waiting and tokens_left > 0 and not out.preempted:
+            seq = self.waiting[0]
+            if self._num_slots() + 1 + len(seq.pending_forks) > self.max_num_seqs:
+                break
+            chunk, forks, need = self._chunk(seq, min(seq.num_uncomputed, tokens_left))
+            if need > self.budget.free:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self.running.extend(self._commit(seq, chunk, forks))
+            out.chunks.append(chunk)
+            tokens_left -= len(chunk.token_ids)
+        return out

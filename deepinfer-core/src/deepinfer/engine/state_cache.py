@@ -1,0 +1,92 @@
+"""The state cache: every sequence's model state, and the byte budget that bounds it.
+
+A V4 sequence's state is several kinds of memory (SWA rings, paged compressed entries and indexer keys,
+unfinished compressor windows); the model packs them in one ``SequenceState``.  The engine sizes them
+all from one number: bytes.  ``StateBudget`` is the scheduler's plain-integer view (reserve the upper
+bound ``model.state_bytes(n)`` before a sequence grows to ``n`` tokens; refuse or preempt when it does
+not fit).  ``StateCache`` holds the states themselves and is touched only by the engine and runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from deepinfer.models.base import CausalLM, SequenceState
+
+
+class StateBudget:
+    """Bytes reserved per sequence against a fixed capacity.  Plain integers only."""
+
+    __slots__ = ("capacity", "_bytes_for", "_reserved", "_used")
+
+    def __init__(self, capacity: int, bytes_for: Callable[[int], int]):
+        self.capacity = int(capacity)
+        self._bytes_for = bytes_for
+        self._reserved: dict[int, int] = {}
+        self._used = 0
+
+    def bytes_for(self, num_tokens: int) -> int:
+        """Upper bound on the state of a sequence holding ``num_tokens`` tokens."""
+        return self._bytes_for(num_tokens) if num_tokens > 0 else 0
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self._used
+
+    def reserved(self, seq_id: int) -> int:
+        return self._reserved.get(seq_id, 0)
+
+    def extra_for(self, seq_id: int, num_tokens: int) -> int:
+        """Additional bytes ``seq_id`` needs to grow to ``num_tokens`` tokens."""
+        return max(0, self.bytes_for(num_tokens) - self.reserved(seq_id))
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        """Reserve for ``seq_id`` holding ``num_tokens`` tokens (caller checked it fits)."""
+        extra = self.extra_for(seq_id, num_tokens)
+        if extra > self.free:
+            raise RuntimeError(f"state budget overrun: sequence {seq_id} needs {extra} bytes, {self.free} free")
+        self._reserved[seq_id] = self.reserved(seq_id) + extra
+        self._used += extra
+
+    def release(self, seq_id: int) -> None:
+        self._used -= self._reserved.pop(seq_id, 0)
+
+
+class StateCache:
+    """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly."""
+
+    __slots__ = ("model", "budget", "_states")
+
+    def __init__(self, model: CausalLM, capacity_bytes: int):
+        self.model = model
+        self.budget = StateBudget(capacity_bytes, model.state_bytes)
+        self._states: dict[int, SequenceState] = {}
+
+    def get(self, seq_id: int) -> SequenceState:
+        """The state of ``seq_id``, created empty on first use."""
+        state = self._states.get(seq_id)
+        if state is None:
+            state = self._states[seq_id] = self.model.new_state()
+        return state
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Give ``child_id`` an independent copy of ``parent_id``'s state (``n > 1`` prompt sharing)."""
+        self._states[child_id] = self._states[parent_id].fork()
+
+    def free(self, seq_id: int) -> None:
+        """Drop the state of ``seq_id`` (finished or preempted); a later ``get`` starts from empty."""
+        self._states.pop(seq_id, None)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._states
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def nbytes(self) -> int:
+        """Bytes the live states hold now (at most ``budget.used``)."""
+        return sum(s.nbytes() for s in self._states.values())

@@ -1,0 +1,73 @@
+"""Per-request checks: a bad request is rejected alone, with a message that says what to fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepinfer.engine.config import EngineConfig
+from deepinfer.sampling_params import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request that cannot run; the message names the field and the allowed range."""
+
+
+def normalize_prompt(prompt: Any, tokenizer: Any) -> tuple[str | None, list[int]]:
+    """``(text, token ids)`` of a prompt given as text, token ids, or a ``{"prompt"|"prompt_token_ids": ...}`` dict."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+        elif "prompt" in prompt:
+            prompt = prompt["prompt"]
+        else:
+            raise RequestError("a prompt dict needs a 'prompt' (text) or 'prompt_token_ids' key")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty")
+        if tokenizer is None:
+            raise RequestError("text prompts need a tokenizer; pass token ids")
+        return prompt, list(tokenizer.encode(prompt))
+    if isinstance(prompt, (list, tuple)):
+        bad = next((i for i, t in enumerate(prompt) if not isinstance(t, int) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise RequestError(f"prompt token at index {bad} is {prompt[bad]!r}, not an integer token id")
+        return None, list(prompt)
+    raise RequestError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
+def check_request(
+    token_ids: list[int], params: SamplingParams, config: EngineConfig, vocab_size: int,
+    state_bytes: Any, has_token_masks: bool,
+) -> None:
+    """Raise ``RequestError`` when the request cannot run on this engine."""
+    if not token_ids:
+        raise RequestError("prompt is empty (it has no tokens)")
+    bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"prompt token id {token_ids[bad]} at index {bad} is outside the vocabulary [0, {vocab_size})")
+    if len(token_ids) >= config.max_model_len:
+        raise RequestError(
+            f"prompt has {len(token_ids)} tokens; max_model_len={config.max_model_len} allows at most "
+            f"{config.max_model_len - 1} so that one token can be generated"
+        )
+    try:
+        params.validate()  # again: fields may have been changed after construction
+    except ValueError as exc:
+        raise RequestError(f"invalid sampling parameters: {exc}") from None
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and value > config.max_logprobs:
+            raise RequestError(f"{name} must be in [0, max_logprobs={config.max_logprobs}], got {value}")
+    bad_stop = [t for t in params.stop_token_ids or () if t >= vocab_size]
+    if bad_stop:
+        raise RequestError(f"stop_token_ids {bad_stop} are outside the vocabulary [0, {vocab_size})")
+    if params.n > config.max_num_seqs:
+        raise RequestError(f"n must be in [1, max_num_seqs={config.max_num_seqs}], got {params.n}")
+    need = params.n * state_bytes(len(token_ids))
+    if need > config.state_cache_bytes:
+        raise RequestError(
+            f"n={params.n} copies of a {len(token_ids)}-token prompt need {need} bytes of model state; the state "
+            f"cache holds {config.state_cache_bytes} (raise the state cache budget or lower n)"
+        )
+    if params.so_args is not None and not has_token_masks:
+        raise RequestError("so_args (structured output) is not available in this engine yet")

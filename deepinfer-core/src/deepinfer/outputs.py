@@ -1,0 +1,54 @@
+"""What ``LLM.generate`` returns: vLLM's ``RequestOutput`` / ``CompletionOutput`` shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Logprob:
+    """Log-probability of one token under the raw model distribution, and its rank (1 = most likely)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+#: Per position: token id -> Logprob (the top-k alternatives plus the chosen token).
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One of the ``n`` completions of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[PositionLogprobs] | None
+    #: ``"stop"`` (EOS, a stop token or a stop string) or ``"length"`` (max_tokens or max_model_len).
+    finish_reason: str | None = None
+    #: The stop string or stop token id that ended the completion; ``None`` for EOS and ``"length"``.
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The result of one prompt.
+
+    A rejected request (bad prompt or parameters) has ``error`` set to a message naming the problem,
+    ``outputs == []`` and ``finished == True``; the other requests of the same call are unaffected.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    #: ``None`` unless requested; else one entry per prompt token, the first ``None``.
+    prompt_logprobs: list[PositionLogprobs | None] | None
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    error: str | None = None

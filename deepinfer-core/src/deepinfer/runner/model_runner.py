@@ -1,0 +1,136 @@
+"""The model runner: a ``SchedulerOutput`` in, sampled tokens and logprobs out.
+
+It flattens the scheduled chunks into one ``ForwardBatch``, runs the model, computes logits only for
+the rows that need them (each sampling sequence's last row, and prompt rows whose logprobs were asked
+for), samples, and returns plain Python data.  Device-agnostic: the device is the model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from deepinfer.engine.request import Request, Sequence
+from deepinfer.engine.scheduler import SchedulerOutput
+from deepinfer.engine.state_cache import StateCache
+from deepinfer.models.base import CausalLM, ForwardBatch
+from deepinfer.sample.sampler import Sampler, SamplingRow, TokenMaskProvider
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """A chosen token with its raw logprob and rank, and the top alternatives ``(token_id, logprob)``."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    #: One per sampled row, in chunk order (a forking chunk samples its parent, then each fork).
+    sampled: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
+    #: Prompt logprobs computed this step: (request, position of the scored token, its logprobs).
+    prompt_logprobs: list[tuple[Request, int, TokenLogprobs]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Where the rows of one forward pass go."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    prompt_rows: list[int] = field(default_factory=list)
+    prompt_targets: list[tuple[Request, int, int]] = field(default_factory=list)  # request, position, token
+
+
+class ModelRunner:
+    """Runs one scheduled step of the model and the sampler."""
+
+    def __init__(self, model: CausalLM, sampler: Sampler, ops: Any, token_masks: TokenMaskProvider | None = None):
+        self.model = model
+        self.sampler = sampler
+        self.ops = ops
+        self.token_masks = token_masks
+
+    def _plan(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence]) -> _Plan:
+        plan = _Plan()
+        row = 0
+        for chunk in sched.chunks:
+            seq = seqs[chunk.seq_id]
+            n = len(chunk.token_ids)
+            plan.input_ids += chunk.token_ids
+            plan.positions += range(chunk.start, chunk.start + n)
+            plan.seq_lens.append(n)
+            req = seq.request
+            if seq.index == 0 and req.wants_prompt_logprobs:
+                # Row at position p scores prompt token p + 1; resume where earlier steps stopped.
+                first = max(chunk.start, len(req.prompt_logprobs) - 1)
+                for p in range(first, min(chunk.start + n, req.prompt_len - 1)):
+                    plan.prompt_rows.append(row + p - chunk.start)
+                    plan.prompt_targets.append((req, p + 1, req.prompt_token_ids[p + 1]))
+            if chunk.sample:
+                for sid in (chunk.seq_id, *chunk.fork_to):
+                    plan.sample_rows.append(row + n - 1)
+                    plan.sample_seqs.append(seqs[sid])
+            row += n
+        return plan
+
+    def execute(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence], states: StateCache) -> RunnerOutput:
+        plan = self._plan(sched, seqs)
+        device = self.model.device
+        batch_states = []
+        for chunk in sched.chunks:
+            state = states.get(chunk.seq_id)
+            if state.num_tokens != chunk.start:
+                raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, chunk starts at {chunk.start}")
+            batch_states.append(state)
+        batch = ForwardBatch(
+            input_ids=torch.tensor(plan.input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(plan.positions, dtype=torch.int64, device=device),
+            seq_lens=plan.seq_lens,
+            states=batch_states,
+        )
+        hidden = self.model.forward(batch)
+        out = RunnerOutput()
+        if plan.prompt_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(plan.prompt_rows, device=device)])
+            targets = torch.tensor([t for _, _, t in plan.prompt_targets], dtype=torch.int64, device=device)
+            ks = [req.params.prompt_logprobs for req, _, _ in plan.prompt_targets]
+            for (req, pos, _), tl in zip(plan.prompt_targets, self._logprobs(logits, targets, ks)):
+                out.prompt_logprobs.append((req, pos, tl))
+        if plan.sample_rows:
+            # Forks share their parent's row: compute its logits once and index them per sample.
+            unique = sorted(set(plan.sample_rows))
+            logits = self.model.compute_logits(hidden[torch.tensor(unique, device=device)])
+            where = {r: i for i, r in enumerate(unique)}
+            logits = logits[torch.tensor([where[r] for r in plan.sample_rows], device=device)]
+            rows = [self._sampling_row(s) for s in plan.sample_seqs]
+            bitmask = self.token_masks.token_bitmask(rows, logits.shape[-1], device) if self.token_masks else None
+            tokens = self.sampler(logits, rows, bitmask)
+            ks = [s.request.params.logprobs or 0 for s in plan.sample_seqs]
+            for seq, tl in zip(plan.sample_seqs, self._logprobs(logits, tokens, ks)):
+                out.sampled.append((seq.seq_id, tl))
+        return out
+
+    @staticmethod
+    def _sampling_row(seq: Sequence) -> SamplingRow:
+        return SamplingRow(seq.request.params, seq.seed, seq.num_output, seq.request.prompt_token_ids, seq.output_ids)
+
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]) -> list[TokenLogprobs]:
+        """Raw-distribution logprob and rank of each chosen token, plus each row's top-``k``."""
+        k_max = max((k or 0 for k in ks), default=0)
+        lp, rank, top_ids, top_lp = self.ops.token_logprobs(logits, tokens, k_max)
+        lp, rank, tokens_l = lp.tolist(), rank.tolist(), tokens.tolist()
+        top_ids, top_lp = top_ids.tolist(), top_lp.tolist()
+        return [
+            TokenLogprobs(tokens_l[i], lp[i], rank[i], list(zip(top_ids[i][: ks[i] or 0], top_lp[i][: ks[i] or 0])))
+            for i in range(len(ks))
+        ]

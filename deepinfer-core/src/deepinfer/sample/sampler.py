@@ -1,0 +1,114 @@
+"""The sampler: penalties, bans, grammar mask, truncation and a seeded draw, each an op of the table.
+
+Every step is row-wise, so a request's token depends only on its own logits, parameters, seed and
+output position, never on its batch neighbours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from deepinfer.sampling_params import SamplingParams
+
+_U64 = 1 << 64
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    """What the sampler needs to know about one row: plain data, no tensors."""
+
+    params: SamplingParams
+    seed: int
+    step: int  # output position being sampled (0 for the first generated token)
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+class TokenMaskProvider(Protocol):
+    """Hook for structured output: a per-row allowed-token bitmask (xgrammar layout), or ``None``."""
+
+    def token_bitmask(self, rows: Seq[SamplingRow], vocab_size: int, device: torch.device) -> torch.Tensor | None:
+        """int32 ``[len(rows), ceil(vocab_size / 32)]``; rows without a grammar allow every token."""
+        ...
+
+
+def _signed64(seed: int) -> int:
+    """A 64-bit seed as the int64 with the same bits."""
+    seed %= _U64
+    return seed - _U64 if seed >= 1 << 63 else seed
+
+
+def token_table(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Occurrence counts ``[len(rows), vocab_size]`` int32 of each row's token ids."""
+    width = max((len(r) for r in rows), default=0)
+    padded = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    padded = padded.to(device)
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
+    return counts[:, :vocab_size]
+
+
+class Sampler:
+    """Draws one token per row of fp32 logits ``[N, V]``."""
+
+    def __init__(self, ops: Any, eos_token_ids: Seq[int] = ()):
+        self.ops = ops
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    def __call__(
+        self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids int64 ``[N]`` on the logits' device."""
+        device = logits.device
+        vocab = logits.shape[-1]
+        params = [r.params for r in rows]
+        x = logits
+
+        if any(p.has_penalties for p in params):
+            x = self.ops.apply_penalties(
+                x,
+                token_table([r.prompt_ids for r in rows], vocab, device) > 0,
+                token_table([r.output_ids for r in rows], vocab, device),
+                torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device),
+                torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device),
+                torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device),
+            )
+
+        banned = [self._banned_until_min_tokens(r) for r in rows]
+        if any(banned):
+            mask = torch.zeros(len(rows), vocab, dtype=torch.bool)
+            for i, ids in enumerate(banned):
+                mask[i, [t for t in ids if t < vocab]] = True
+            x = x.masked_fill(mask.to(device), float("-inf"))
+
+        if token_bitmask is not None:
+            x = self.ops.apply_token_bitmask(x, token_bitmask)
+
+        greedy = [p.greedy for p in params]
+        if not all(greedy):
+            x = self.ops.filter_logits(
+                x,
+                torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+                torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+                torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+                torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            )
+        return self.ops.sample_tokens(
+            x,
+            torch.tensor(greedy, dtype=torch.bool, device=device),
+            torch.tensor([_signed64(r.seed) for r in rows], dtype=torch.int64, device=device),
+            torch.tensor([r.step for r in rows], dtype=torch.int64, device=device),
+        )
+
+    def _banned_until_min_tokens(self, row: SamplingRow) -> list[int]:
+        """EOS and stop tokens may not end the output before ``min_tokens`` tokens."""
+        p = row.params
+        if row.step >= p.min_tokens:
+            return []
+        return (list(self.eos_token_ids) if not p.ignore_eos else []) + list(p.stop_token_ids or ())

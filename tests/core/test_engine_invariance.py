@@ -1,0 +1,143 @@
+"""Engine invariants on the toy model: batching, chunked prefill and preemption change nothing.
+
+A request run alone, inside a batch of ragged requests, with its prompt split into chunks, and while
+the state budget forces preemption and recompute must give the same tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from toy_model import ToyCausalLM, toy_tokenizer
+
+from deepinfer import LLM, SamplingParams
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return toy_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return ToyCausalLM(len(tokenizer), seed=1)
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    rng = random.Random(7)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 40))] for _ in range(8)]
+
+
+def _params() -> list[SamplingParams]:
+    """Greedy, seeded and filtered sampling mixed, all with logprobs and prompt logprobs."""
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=1.0, seed=11),
+        dict(temperature=0.8, top_k=20, seed=12),
+        dict(temperature=1.2, top_p=0.9, seed=13),
+        dict(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5),
+        dict(temperature=1.0, min_p=0.05, frequency_penalty=0.4, seed=14),
+        dict(temperature=0.7, seed=15, n=2),
+        dict(temperature=1.0, seed=16, min_tokens=4),
+    ]
+    return [SamplingParams(max_tokens=MAX_TOKENS, logprobs=3, prompt_logprobs=2, ignore_eos=True, **k) for k in kinds]
+
+
+def _run(model, tokenizer, prompts, params, **limits):
+    llm = LLM.from_model(model, tokenizer, **limits)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return outs, llm.engine
+
+
+def _assert_same(a, b, tol=1e-5):
+    assert a.prompt_token_ids == b.prompt_token_ids
+    for pa, pb in zip(a.prompt_logprobs, b.prompt_logprobs):
+        if pa is None:
+            assert pb is None
+            continue
+        assert pa.keys() == pb.keys()
+        for t in pa:
+            assert abs(pa[t].logprob - pb[t].logprob) < tol
+            assert pa[t].rank == pb[t].rank
+    assert len(a.outputs) == len(b.outputs)
+    for ca, cb in zip(a.outputs, b.outputs):
+        assert ca.token_ids == cb.token_ids
+        assert ca.finish_reason == cb.finish_reason
+        assert abs(ca.cumulative_logprob - cb.cumulative_logprob) < tol * len(ca.token_ids)
+        for la, lb in zip(ca.logprobs, cb.logprobs):
+            assert la.keys() == lb.keys()
+            for t in la:
+                assert abs(la[t].logprob - lb[t].logprob) < tol
+
+
+@pytest.fixture(scope="module")
+def alone(model, tokenizer):
+    """Each request in its own engine, prompt in one piece."""
+    return [_run(model, tokenizer, [p], [sp])[0][0] for p, sp in zip(_prompts(model.vocab_size), _params())]
+
+
+def test_batch_of_ragged_requests_matches_alone(model, tokenizer, alone):
+    outs, engine = _run(model, tokenizer, _prompts(model.vocab_size), _params())
+    assert max(len(c) for c in model.forward_calls[-MAX_TOKENS:]) > 1  # really batched
+    for a, b in zip(alone, outs):
+        _assert_same(a, b)
+
+
+def test_chunked_prefill_matches_alone(model, tokenizer, alone):
+    calls = len(model.forward_calls)
+    outs, _ = _run(model, tokenizer, _prompts(model.vocab_size), _params(), max_num_batched_tokens=7)
+    steps = model.forward_calls[calls:]
+    assert all(sum(s) <= 7 for s in steps)
+    assert any(len(s) > 1 and max(s) > 1 for s in steps)  # prefill chunks mixed with decodes
+    for a, b in zip(alone, outs):
+        _assert_same(a, b)
+
+
+def test_forced_preemption_matches_alone(model, tokenizer, alone):
+    # Room for about three sequences of full length: the batch must preempt and recompute.
+    budget = 3 * model.state_bytes(40 + MAX_TOKENS)
+    outs, engine = _run(model, tokenizer, _prompts(model.vocab_size), _params(), state_cache_bytes=budget,
+                        max_num_batched_tokens=16)
+    assert engine.num_preemptions > 0
+    assert engine.state_cache.budget.used == 0 and len(engine.state_cache) == 0  # everything released
+    for a, b in zip(alone, outs):
+        _assert_same(a, b)
+
+
+def test_prompt_logprobs_match_full_forward(model, tokenizer, alone):
+    """prompt_logprobs equal log_softmax of a single whole-sequence forward (the oracle)."""
+    for prompt, out in zip(_prompts(model.vocab_size), alone):
+        logp = torch.log_softmax(model.full_logits(prompt), dim=-1)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+        for pos in range(1, len(prompt)):
+            entry = out.prompt_logprobs[pos]
+            expected = logp[pos - 1]
+            assert abs(entry[prompt[pos]].logprob - expected[prompt[pos]].item()) < 1e-5
+            assert entry[prompt[pos]].rank == int((expected > expected[prompt[pos]]).sum()) + 1
+            top = torch.topk(expected, 2).indices.tolist()
+            assert set(top) <= set(entry)
+
+
+def test_generated_logprobs_match_full_forward(model, alone):
+    """The logprob reported for each generated token is the raw model distribution at that point."""
+    for prompt, out in zip(_prompts(model.vocab_size), alone):
+        for comp in out.outputs:
+            seq = prompt + comp.token_ids
+            logp = torch.log_softmax(model.full_logits(seq), dim=-1)
+            for i, tok in enumerate(comp.token_ids):
+                assert abs(comp.logprobs[i][tok].logprob - logp[len(prompt) - 1 + i, tok].item()) < 1e-5
+            assert abs(comp.cumulative_logprob - sum(comp.logprobs[i][t].logprob
+                                                     for i, t in enumerate(comp.token_ids))) < 1e-6
+
+
+def test_greedy_equals_argmax_of_full_forward(model, tokenizer):
+    prompt = _prompts(model.vocab_size)[2]
+    (out,), _ = _run(model, tokenizer, [prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    seq = list(prompt)
+    for _ in range(8):
+        seq.append(int(model.full_logits(seq)[-1].argmax()))
+    assert out.outputs[0].token_ids == seq[len(prompt):]
