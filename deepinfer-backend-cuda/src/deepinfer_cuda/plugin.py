@@ -10,9 +10,7 @@ from typing import Any
 import torch
 
 from deepinfer.backends import Backend, hookimpl
-
-#: Compute capabilities the kernel set is built for (SM90 = Hopper, SM100 = Blackwell).
-SUPPORTED_CAPABILITIES = ((9, 0), (10, 0))
+from deepinfer_cuda.arch import SUPPORTED_CAPABILITIES  # SM90 = Hopper, SM100 = Blackwell
 
 
 class CudaBackend(Backend):

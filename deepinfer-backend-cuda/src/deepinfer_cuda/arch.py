@@ -1,0 +1,70 @@
+"""Every architecture-specific choice of the CUDA backend, in one place.
+
+The kernel set is compiled for the architectures in :data:`ARCHS`; a kernel's launch configuration
+(warps, pipeline stages, tile sizes) comes from a function here, keyed by architecture, so moving to a
+new SM means editing this module only.  Pure Python: importing it loads no CUDA library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class CudaArch:
+    """One compilation target: the name cubins are filed under and the capability that runs them."""
+
+    name: str  #: "sm_90a": what ptxas targets (the "a" enables wgmma / tcgen05 instructions)
+    capability: tuple[int, int]  #: torch.cuda.get_device_capability() of a GPU that runs it
+    triton_arch: int  #: Triton's GPUTarget arch number (capability major * 10 + minor)
+
+
+SM90A = CudaArch("sm_90a", (9, 0), 90)  # Hopper: H100, H200
+SM100A = CudaArch("sm_100a", (10, 0), 100)  # Blackwell: B200, GB200
+
+#: Architectures the kernel set is built for, in preference order.
+ARCHS: tuple[CudaArch, ...] = (SM90A, SM100A)
+
+#: Compute capabilities the backend accepts (the plugin's availability check uses this).
+SUPPORTED_CAPABILITIES: tuple[tuple[int, int], ...] = tuple(a.capability for a in ARCHS)
+
+
+def arch_by_name(name: str) -> CudaArch:
+    for arch in ARCHS:
+        if arch.name == name:
+            return arch
+    raise ValueError(f"unknown CUDA architecture {name!r}; known: {[a.name for a in ARCHS]}")
+
+
+def arch_for_capability(capability: tuple[int, int]) -> CudaArch | None:
+    """The kernel-set architecture for a GPU of ``capability``, or None when the set has none."""
+    for arch in ARCHS:
+        if arch.capability == tuple(capability):
+            return arch
+    return None
+
+
+@dataclass(slots=True, frozen=True)
+class LaunchConfig:
+    """Triton compile options plus the tile sizes a kernel's wrapper passes as constexprs."""
+
+    num_warps: int
+    num_stages: int = 1
+    block_rows: int = 1
+
+
+def rms_norm_config(arch: CudaArch, dim: int) -> LaunchConfig:
+    """RMSNorm over rows of ``dim`` elements: memory-bound, one pass, row held in registers.
+
+    Short rows (per-head norms at 128 / 512) are packed several to a program so each program moves
+    ~8-16 KiB; long rows (hidden 4096, mHC's flattened 4 x 4096) get more warps so that each thread
+    holds at most ~64 elements.  SM100 has the same register file per SM, so the same shape works;
+    it is listed separately to be tuned there.
+    """
+    block = max(16, 1 << (dim - 1).bit_length())
+    if arch.triton_arch in (90, 100):
+        if block <= 1024:
+            rows = max(1, 4096 // block)
+            return LaunchConfig(num_warps=4 if block * rows <= 4096 else 8, block_rows=rows)
+        return LaunchConfig(num_warps=min(16, max(4, block // 512)))
+    raise ValueError(f"no RMSNorm configuration for {arch.name}")

@@ -1,0 +1,97 @@
+"""Load a cubin with the CUDA driver API (cuda-python) and launch it on torch's current stream.
+
+The launch follows the manifest entry, not Triton's launcher: explicit parameters packed by their
+Triton types, then the hidden trailing pointers as null (the builder refused kernels that need scratch
+memory), ``32 * num_warps`` threads, the entry's dynamic shared memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from deepinfer_cuda.kernel_set.manifest import KernelEntry
+
+_CTYPES: dict[str, type] = {
+    "i1": ctypes.c_uint8, "u1": ctypes.c_uint8, "i8": ctypes.c_int8, "u8": ctypes.c_uint8,
+    "i16": ctypes.c_int16, "u16": ctypes.c_uint16, "i32": ctypes.c_int32, "u32": ctypes.c_uint32,
+    "i64": ctypes.c_int64, "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double,
+}
+_STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def param_ctype(sig_type: str) -> type:
+    """The ctypes type one explicit parameter is passed as (pointers as 64-bit addresses)."""
+    ty = sig_type.split(":")[0]
+    return ctypes.c_uint64 if ty.startswith("*") else _CTYPES[ty]
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver  # cuda-python >= 12.6
+    except ImportError:  # pragma: no cover - older layout
+        from cuda import cuda as driver
+    return driver
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unpack a cuda-python ``(CUresult, *values)`` tuple, raising on error."""
+    driver = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, msg = driver.cuGetErrorString(err)
+        raise RuntimeError(f"{what} failed: {err.name if hasattr(err, 'name') else err}: "
+                           f"{msg.decode() if isinstance(msg, bytes) else msg}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+class CubinFunction:
+    """One loaded cubin on one device, ready to launch."""
+
+    __slots__ = ("entry", "device_index", "_module", "_function", "_names", "_ctypes", "_n_hidden", "_threads")
+
+    def __init__(self, entry: KernelEntry, cubin: bytes, device_index: int):
+        driver = _driver()
+        self.entry = entry
+        self.device_index = device_index
+        _check(driver.cuInit(0), "cuInit")
+        device = _check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+        if int(_check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")) == 0:
+            # torch makes the primary context current lazily; load into that same context.
+            ctx = _check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+            _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self._module = _check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({entry.cubin})")
+        self._function = _check(driver.cuModuleGetFunction(self._module, entry.entry.encode()),
+                                f"cuModuleGetFunction({entry.entry})")
+        if entry.shared > _STATIC_SHARED_LIMIT:
+            attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            optin = _check(driver.cuDeviceGetAttribute(attr, device), "cuDeviceGetAttribute")
+            static = _check(driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._function), "cuFuncGetAttribute")
+            if entry.shared > optin - static:
+                raise RuntimeError(f"{entry.entry} needs {entry.shared} B of shared memory; the device allows "
+                                   f"{optin - static}")
+            _check(driver.cuFuncSetAttribute(
+                self._function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                optin - static), "cuFuncSetAttribute")
+        self._names = [name for name, _ in entry.signature]
+        self._ctypes = [param_ctype(ty) for _, ty in entry.signature]
+        self._n_hidden = len(entry.hidden_params)
+        self._threads = 32 * entry.num_warps
+
+    def launch(self, grid: Sequence[int], stream: int, args: Mapping[str, Any]) -> None:
+        """Launch on ``stream`` (a raw ``cudaStream_t``); ``args`` holds at least the explicit params by name.
+
+        Tensors are passed as their ``data_ptr()``; constexprs in ``args`` are ignored (baked in).
+        """
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        if gx * gy * gz == 0:
+            return
+        values = [args[n] for n in self._names]
+        storage = [ct(v.data_ptr() if hasattr(v, "data_ptr") else v) for ct, v in zip(self._ctypes, values)]
+        storage += [ctypes.c_uint64(0) for _ in range(self._n_hidden)]
+        params = (ctypes.c_void_p * len(storage))(*[ctypes.addressof(s) for s in storage])
+        driver = _driver()
+        _check(driver.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
+                                     ctypes.addressof(params), 0), f"cuLaunchKernel({self.entry.entry})")

@@ -1,0 +1,167 @@
+"""Pick, per launch, the kernel set's cubin for the live arguments or fall back to Triton JIT.
+
+A :class:`TritonKernel` wraps one ``@triton.jit`` function.  On each call it computes the
+specialization Triton's JIT would compile for the arguments (:mod:`.specialize`), looks that variant
+up in the active :class:`KernelSet`, and launches the cubin through cuda-python; with no matching cubin
+it runs the JIT, which compiles the very same variant.  Which path a variant takes is logged once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from deepinfer_cuda.arch import CudaArch, arch_for_capability
+from deepinfer_cuda.kernel_set.compile import Variant
+from deepinfer_cuda.kernel_set.cubin import CubinFunction
+from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, KernelEntry, Manifest, sha256_bytes, variant_key
+from deepinfer_cuda.kernel_set.specialize import ParamInfo, params_of, signature_of
+
+logger = logging.getLogger("deepinfer.cuda.kernel_set")
+
+#: Where build.sh puts the kernel set: inside the package, so an editable or wheel install finds it.
+DEFAULT_KERNEL_SET_DIR = Path(__file__).resolve().parent.parent / "_kernel_set"
+
+
+class KernelSet:
+    """A kernel-set directory as this process can use it: its entries by key, or why it is unusable."""
+
+    def __init__(self, directory: Path | None):
+        self.directory = Path(directory) if directory is not None else None
+        self.entries: dict[str, KernelEntry] = {}
+        self.refusal: str | None = None
+        self.manifest: Manifest | None = None
+        if self.directory is None:
+            self.refusal = "kernel sets are disabled"
+            return
+        if not (self.directory / MANIFEST_NAME).is_file():
+            self.refusal = f"no {MANIFEST_NAME} in {self.directory} (build one: DEEPINFER_ACCELERATOR=nvidia ./build.sh)"
+            return
+        try:
+            manifest = Manifest.read(self.directory)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.refusal = f"unreadable manifest {self.directory / MANIFEST_NAME}: {exc}"
+            return
+        import triton
+
+        if manifest.triton_version != triton.__version__:
+            self.refusal = (f"built by triton {manifest.triton_version}, this process runs triton "
+                            f"{triton.__version__}; cubins from another compiler may differ from the JIT")
+            return
+        self.manifest = manifest
+        self.entries = {e.key: e for e in manifest.kernels}
+
+    @classmethod
+    def disabled(cls) -> "KernelSet":
+        return cls(None)
+
+    def describe(self) -> str:
+        if self.refusal is not None:
+            return f"kernel set unusable ({self.refusal})"
+        assert self.manifest is not None
+        return (f"kernel set {self.directory}: {len(self.entries)} cubins for {self.manifest.archs}, "
+                f"triton {self.manifest.triton_version}")
+
+
+_lock = threading.Lock()
+_active: KernelSet | None = None
+
+
+def active_kernel_set() -> KernelSet:
+    """The process-wide kernel set (loaded from :data:`DEFAULT_KERNEL_SET_DIR` on first use)."""
+    global _active
+    with _lock:
+        if _active is None:
+            _active = KernelSet(DEFAULT_KERNEL_SET_DIR)
+            log = logger.warning if _active.refusal is not None and "no manifest" not in _active.refusal else logger.info
+            log("%s%s", _active.describe(), "; kernels run through Triton JIT" if _active.refusal else "")
+        return _active
+
+
+def use_kernel_set(kernel_set: KernelSet | Path | None) -> KernelSet:
+    """Make ``kernel_set`` (a KernelSet, a directory, or None to disable) the active one; return it."""
+    global _active
+    ks = kernel_set if isinstance(kernel_set, KernelSet) else KernelSet(kernel_set)
+    with _lock:
+        _active = ks
+    for kernel in _KERNELS:
+        kernel.reset()
+    logger.info("%s", ks.describe())
+    return ks
+
+
+_KERNELS: list["TritonKernel"] = []
+
+
+@functools.cache
+def device_arch(device_index: int) -> CudaArch | None:
+    """The kernel-set architecture of CUDA device ``device_index`` (None: the set has none for it)."""
+    import torch
+
+    return arch_for_capability(torch.cuda.get_device_capability(device_index))
+
+
+class TritonKernel:
+    """A Triton kernel, launched from the kernel set's cubin when one matches, else through Triton JIT.
+
+    ``aot_variants(arch)`` lists the specializations the kernel-set builder compiles for ``arch``;
+    wrappers must launch with the launch configuration the same arch module gives, so AOT and JIT
+    compile identical code.
+    """
+
+    def __init__(self, name: str, jit_fn: Any, aot_variants: Callable[[CudaArch], Iterable[Variant]]):
+        self.name = name
+        self.jit_fn = jit_fn
+        self.aot_variants = aot_variants
+        self.params: list[ParamInfo] = params_of(jit_fn)
+        #: Launches per path since the last reset: {"cubin": n, "jit": n}.
+        self.launch_counts: dict[str, int] = {"cubin": 0, "jit": 0}
+        self._resolved: dict[tuple[str, int], CubinFunction | None] = {}
+        _KERNELS.append(self)
+
+    def reset(self) -> None:
+        """Forget resolved variants (after the active kernel set changed)."""
+        self._resolved.clear()
+        self.launch_counts = {"cubin": 0, "jit": 0}
+
+    def __call__(self, grid: tuple[int, ...], *, num_warps: int, num_stages: int, **args: Any) -> None:
+        import torch
+
+        device_index = torch.cuda.current_device()
+        signature, constexprs = signature_of(self.params, args)
+        arch = device_arch(device_index)
+        key = variant_key(self.name, arch.name if arch else "?", signature, constexprs, num_warps, num_stages)
+        slot = (key, device_index)
+        if slot not in self._resolved:
+            self._resolved[slot] = self._resolve(key, arch, device_index)
+        fn = self._resolved[slot]
+        if fn is not None:
+            fn.launch(grid, torch.cuda.current_stream(device_index).cuda_stream, args)
+            self.launch_counts["cubin"] += 1
+        else:
+            self.jit_fn[grid](**args, num_warps=num_warps, num_stages=num_stages)
+            self.launch_counts["jit"] += 1
+
+    def _resolve(self, key: str, arch: CudaArch | None, device_index: int) -> CubinFunction | None:
+        ks = active_kernel_set()
+        entry = ks.entries.get(key)
+        if entry is None:
+            why = ks.refusal or ("the GPU's architecture has no kernel set" if arch is None
+                                 else "no cubin was built for this specialization")
+            logger.info("kernel %s: no cubin for %s (%s); using Triton JIT", self.name, key, why)
+            return None
+        assert ks.directory is not None
+        try:
+            cubin = (ks.directory / entry.cubin).read_bytes()
+            if sha256_bytes(cubin) != entry.sha256:
+                raise RuntimeError("its sha256 differs from the manifest's")
+            fn = CubinFunction(entry, cubin, device_index)
+        except (OSError, RuntimeError) as exc:
+            logger.warning("kernel %s: cubin %s failed to load (%s); using Triton JIT", self.name, entry.cubin, exc)
+            return None
+        logger.info("kernel %s: launching AOT cubin %s (%s)", self.name, entry.cubin, entry.arch)
+        return fn

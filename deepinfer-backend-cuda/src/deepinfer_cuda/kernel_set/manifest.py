@@ -1,0 +1,100 @@
+"""The kernel-set manifest: which cubins exist, for which arch and specialization, and how to launch them.
+
+A kernel set is a directory::
+
+    manifest.json
+    sm_90a/<kernel>-<key hash>.cubin
+    sm_100a/...
+
+Each entry records what the launcher needs without Triton's help: the entry point's name, the explicit
+parameters (Triton type strings, constexprs removed), the hidden parameters Triton appended after them,
+the launch shape (warps, CTAs, dynamic shared memory), and the specialization it was compiled for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Bump when the layout of manifest.json changes incompatibly.
+MANIFEST_FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+
+#: Hidden trailing parameters each Triton version family appends, by count (read off the PTX at build).
+HIDDEN_PARAMS_BY_COUNT: dict[int, tuple[str, ...]] = {
+    0: (),
+    1: ("global_scratch",),
+    2: ("global_scratch", "profile_scratch"),
+}
+
+
+def variant_key(kernel: str, arch: str, signature: dict[str, str], constexprs: dict[str, Any],
+                num_warps: int, num_stages: int) -> str:
+    """A stable string naming one compiled variant; the runtime computes the same from live arguments.
+
+    ``signature`` maps each non-constexpr argument to Triton's type plus specialization, e.g.
+    ``"*bf16:D"`` (pointer, 16-byte aligned) or ``"i32"``; ``constexprs`` holds JSON-able values.
+    """
+    sig = ",".join(f"{k}={v}" for k, v in signature.items())
+    const = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(constexprs.items()))
+    return f"{kernel}|{arch}|{sig}|{const}|w{num_warps}s{num_stages}"
+
+
+@dataclass(slots=True)
+class KernelEntry:
+    """One cubin: a kernel compiled for one arch and one specialization."""
+
+    kernel: str  #: our kernel name (the Python module's KERNEL.name)
+    arch: str  #: "sm_90a" / "sm_100a"
+    key: str  #: :func:`variant_key` of this variant
+    entry: str  #: the cubin's function symbol (cuModuleGetFunction)
+    cubin: str  #: path relative to the kernel-set directory
+    sha256: str  #: of the cubin bytes
+    signature: list[list[str]]  #: explicit params in launch order: [name, Triton type (+ ":D" if 16-divisible)]
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int
+    num_ctas: int
+    shared: int  #: dynamic shared memory bytes to launch with
+    ptx_params: list[str]  #: PTX types of every .param in order, hidden ones included (.u64, .u32, .f32 ...)
+    hidden_params: list[str]  #: names of the trailing hidden params; launched as null pointers
+    launch_cooperative_grid: bool = False
+    launch_pdl: bool = False
+
+
+@dataclass(slots=True)
+class Manifest:
+    """Everything in manifest.json."""
+
+    triton_version: str
+    archs: list[str]
+    kernels: list[KernelEntry] = field(default_factory=list)
+    format: int = MANIFEST_FORMAT
+    built_with: dict[str, str] = field(default_factory=dict)  #: tool versions, for the record
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        raw = json.loads(text)
+        if raw.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"kernel-set manifest format {raw.get('format')!r}; this backend reads {MANIFEST_FORMAT}")
+        kernels = [KernelEntry(**k) for k in raw.pop("kernels")]
+        return cls(kernels=kernels, **raw)
+
+    def write(self, directory: Path) -> Path:
+        path = Path(directory) / MANIFEST_NAME
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def read(cls, directory: Path) -> "Manifest":
+        return cls.from_json((Path(directory) / MANIFEST_NAME).read_text())
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

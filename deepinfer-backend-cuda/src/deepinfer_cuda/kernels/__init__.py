@@ -1,0 +1,11 @@
+"""Triton kernels of the CUDA backend, one module per op; importing this package imports Triton.
+
+:data:`ALL` lists every kernel the kernel-set builder compiles ahead of time.
+"""
+
+from __future__ import annotations
+
+from deepinfer_cuda.kernel_set.dispatch import TritonKernel
+from deepinfer_cuda.kernels import rms_norm
+
+ALL: tuple[TritonKernel, ...] = (rms_norm.KERNEL,)

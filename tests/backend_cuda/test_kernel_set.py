@@ -1,0 +1,152 @@
+"""Kernel sets without a GPU: the AOT builder's manifest and cubins, and the cubin-or-JIT decision."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import struct
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from deepinfer.ops.registry import OpTable, op_defs  # noqa: E402
+from deepinfer_cuda.arch import ARCHS, SM90A, SUPPORTED_CAPABILITIES, rms_norm_config  # noqa: E402
+from deepinfer_cuda.kernel_set.build import build_kernel_set  # noqa: E402
+from deepinfer_cuda.kernel_set.dispatch import KernelSet, TritonKernel  # noqa: E402
+from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, Manifest, sha256_bytes, variant_key  # noqa: E402
+from deepinfer_cuda.kernel_set.specialize import signature_of  # noqa: E402
+from deepinfer_cuda.kernels import ALL  # noqa: E402
+from deepinfer_cuda.kernels import rms_norm as rms_mod  # noqa: E402
+from deepinfer_cuda.ops import OVERRIDES  # noqa: E402
+from deepinfer_cuda.plugin import CudaBackend  # noqa: E402
+
+EM_CUDA = 190
+
+
+def _cubin_sm(data: bytes) -> int:
+    """SM number from a cubin's ELF header (e_flags holds it in bits 8-15 for current CUDA ELF ABIs)."""
+    assert data[:4] == b"\x7fELF" and data[4] == 2, "not a 64-bit ELF"
+    assert struct.unpack_from("<H", data, 18)[0] == EM_CUDA, "ELF machine is not CUDA"
+    flags = struct.unpack_from("<I", data, 48)[0]
+    return (flags >> 8) & 0xFF
+
+
+@pytest.fixture(scope="module")
+def sm90_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernel_set")
+    return out, build_kernel_set(out, [SM90A], ["rms_norm"])
+
+
+def test_build_writes_manifest_and_cubins_for_sm90a(sm90_set):
+    out, manifest = sm90_set
+    expected = rms_mod._aot_variants(SM90A)
+    assert manifest.triton_version == triton.__version__ and manifest.archs == ["sm_90a"]
+    assert len(manifest.kernels) == len(expected) > 0
+    assert Manifest.read(out) == manifest  # the JSON round-trips exactly
+    param_names = [p.name for p in rms_mod.KERNEL.params]
+    keys = set()
+    for entry in manifest.kernels:
+        data = (out / entry.cubin).read_bytes()
+        assert sha256_bytes(data) == entry.sha256
+        assert _cubin_sm(data) == 90, entry.cubin
+        assert entry.entry.encode() in data  # the symbol cuModuleGetFunction will look up
+        assert entry.arch == "sm_90a" and entry.num_ctas == 1 and entry.shared >= 0
+        # Launch ABI: explicit params in the kernel's parameter order, then Triton's hidden pointers.
+        names = [n for n, _ in entry.signature]
+        assert names == [n for n in param_names if n in names]
+        assert set(names) | set(entry.constexprs) == set(param_names)
+        assert len(entry.ptx_params) == len(names) + len(entry.hidden_params)
+        assert all(t == ".u64" for t in entry.ptx_params[len(names):])
+        assert entry.key == variant_key(entry.kernel, entry.arch, dict(map(tuple, entry.signature)),
+                                        entry.constexprs, entry.num_warps, entry.num_stages)
+        cfg = rms_norm_config(SM90A, entry.constexprs["N"])
+        assert (entry.num_warps, entry.constexprs["BLOCK_ROWS"]) == (cfg.num_warps, cfg.block_rows)
+        keys.add(entry.key)
+    assert len(keys) == len(manifest.kernels)  # one cubin per specialization
+    raw = json.loads((out / MANIFEST_NAME).read_text())
+    assert raw["format"] == 1 and raw["built_with"]["triton"] == triton.__version__
+
+
+def test_hidden_params_match_this_triton(sm90_set):
+    # Triton 3.9's launcher passes two trailing scratch pointers; the manifest must say the same.
+    _, manifest = sm90_set
+    major_minor = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    if major_minor >= (3, 5):
+        assert {tuple(e.hidden_params) for e in manifest.kernels} == {("global_scratch", "profile_scratch")}
+
+
+def _key_for(x2, weight, y):
+    grid, cfg, args = rms_mod.launch_args(x2, weight, y, 1e-6, SM90A)
+    sig, const = signature_of(rms_mod.KERNEL.params, args)
+    return variant_key("rms_norm", "sm_90a", sig, const, cfg.num_warps, cfg.num_stages)
+
+
+def test_runtime_key_of_contiguous_inputs_finds_its_cubin(sm90_set):
+    out, _ = sm90_set
+    ks = KernelSet(out)
+    assert ks.refusal is None and ks.entries
+    for dim in rms_mod.AOT_DIMS:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(3, dim, dtype=dtype)
+            for w in (torch.ones(dim, dtype=dtype), None):
+                assert _key_for(x, w, torch.empty_like(x)) in ks.entries, (dim, dtype, w is None)
+    # A single row keys the same as many (the row count is never specialized).
+    x = torch.randn(1, 4096, dtype=torch.bfloat16)
+    assert _key_for(x, None, torch.empty_like(x)) in ks.entries
+
+
+def test_jit_fallback_when_no_cubin_matches(sm90_set, caplog):
+    out, _ = sm90_set
+    ks = KernelSet(out)
+    base = torch.randn(4 * 4096 + 1, dtype=torch.bfloat16)
+    unaligned = base[1:].view(4, 4096)  # 2-byte offset: Triton would compile an unaligned variant
+    fp16 = torch.randn(4, 4096, dtype=torch.float16)
+    odd = torch.randn(4, 3000, dtype=torch.bfloat16)  # a width nobody compiled ahead of time
+    for x in (unaligned, fp16, odd):
+        assert _key_for(x, None, torch.empty_like(x)) not in ks.entries
+    # The dispatcher's decision (no GPU needed to refuse): None means Triton JIT, and it says why.
+    from deepinfer_cuda.kernel_set import dispatch
+
+    previous = dispatch._active
+    dispatch._active = ks
+    try:
+        with caplog.at_level(logging.INFO, logger="deepinfer.cuda.kernel_set"):
+            assert rms_mod.KERNEL._resolve(_key_for(odd, None, torch.empty_like(odd)), SM90A, 0) is None
+    finally:
+        dispatch._active = previous
+    assert "no cubin was built for this specialization" in caplog.text and "using Triton JIT" in caplog.text
+
+
+def test_kernel_set_refused_on_triton_mismatch_or_missing_manifest(sm90_set, tmp_path):
+    out, manifest = sm90_set
+    other = dataclasses.replace(manifest, triton_version="0.0.1")
+    other.write(tmp_path)
+    ks = KernelSet(tmp_path)
+    assert ks.entries == {} and "built by triton 0.0.1" in ks.refusal and triton.__version__ in ks.refusal
+    assert "no manifest.json" in KernelSet(tmp_path / "absent").refusal
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"format": 99}))
+    assert "format 99" in KernelSet(tmp_path).refusal
+    assert KernelSet.disabled().refusal == "kernel sets are disabled"
+
+
+def test_every_kernel_is_listed_once_and_compiles_for_every_arch():
+    assert len({k.name for k in ALL}) == len(ALL)
+    assert all(isinstance(k, TritonKernel) for k in ALL)
+    for kernel in ALL:
+        for arch in ARCHS:
+            assert kernel.aot_variants(arch), f"{kernel.name} has no AOT variants for {arch.name}"
+
+
+def test_overrides_use_core_op_names_and_signatures():
+    defs = op_defs()
+    table = OpTable(OVERRIDES, "nvidia")  # raises on unknown op names
+    assert table.overridden == frozenset(OVERRIDES)
+    for name, impl in OVERRIDES.items():
+        ref = inspect.signature(defs[name].reference)
+        assert list(inspect.signature(impl).parameters) == list(ref.parameters), name
+    assert CudaBackend().load_ops() is OVERRIDES
+    assert set(SUPPORTED_CAPABILITIES) == {a.capability for a in ARCHS}
