@@ -3,17 +3,20 @@
 ``SamplingParams(so_args=...)`` names the grammar; :func:`parse_so_args` validates it,
 :func:`grammar_compiler` compiles it (cached per tokenizer), a :class:`GrammarMatcher` follows one
 request through it, :func:`fill_token_bitmask` builds the step's CPU bitmask, and the
-``apply_token_bitmask`` op masks the logits on the device.  See ``docs/structured_output.md``.
+``apply_token_bitmask`` op masks the logits on the device.  :class:`GrammarMaskProvider` bundles
+this for the engine (the sampler's ``TokenMaskProvider`` hook).  See ``docs/structured_output.md``.
 """
 
 from deepinfer.structured.bitmask import allocate_token_bitmask, fill_draft_token_bitmask, fill_token_bitmask
 from deepinfer.structured.compiler import GrammarCompiler, grammar_compiler, xgrammar_message
 from deepinfer.structured.matcher import GrammarMatcher, bitmask_width, token_allowed
+from deepinfer.structured.provider import GrammarMaskProvider
 from deepinfer.structured.spec import SO_ARGS_KINDS, GrammarSpec, parse_so_args
 
 __all__ = [
     "SO_ARGS_KINDS",
     "GrammarCompiler",
+    "GrammarMaskProvider",
     "GrammarMatcher",
     "GrammarSpec",
     "allocate_token_bitmask",
