@@ -1,0 +1,32 @@
+"""Where each sequence of a ragged batch lives: its rows in the flat batch and its chunk's first position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class RaggedLayout:
+    offsets: list[int]  # first row of each sequence in the flat batch
+    lens: list[int]  # new tokens of each sequence
+    starts: list[int]  # absolute position of each sequence's first new token (its state's num_tokens)
+    seq_ids: torch.Tensor  # [T] int64: sequence index of every row
+
+    @classmethod
+    def build(cls, seq_lens: list[int], starts: list[int], device: torch.device) -> "RaggedLayout":
+        offsets, total = [], 0
+        for n in seq_lens:
+            offsets.append(total)
+            total += n
+        seq_ids = torch.repeat_interleave(
+            torch.arange(len(seq_lens), device=device), torch.tensor(seq_lens, device=device)
+        )
+        return cls(offsets, list(seq_lens), list(starts), seq_ids)
+
+    def rows(self, i: int) -> slice:
+        return slice(self.offsets[i], self.offsets[i] + self.lens[i])
+
+    def __len__(self) -> int:
+        return len(self.lens)

@@ -1,0 +1,199 @@
+"""DeepSeek-V4 checkpoint tensors: the released names and shapes, validation, and loading.
+
+Names are the released checkpoint's (``layers.N.attn.wq_a.weight``, ``layers.N.ffn.experts.E.w1.weight``,
+``layers.N.hc_attn_fn``, ...), which is also what ``save_pretrained`` of the transformers model writes.
+A ``model.`` prefix is accepted, and so are the few top-level names transformers writes differently
+(``embed_tokens.weight``, ``hc_head.hc_fn``, ...).  A quantized weight is ``X.weight`` plus ``X.scale``:
+FP8 e4m3 with block scales, or MXFP4 (e2m1 packed in int8/uint8) with one e8m0 scale per 32 columns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
+from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, SLIDING, DeepseekV4Config
+from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor
+
+_ALIASES = {
+    "embed_tokens.weight": "embed.weight",
+    "lm_head.weight": "head.weight",
+    "hc_head.hc_fn": "hc_head_fn",
+    "hc_head.hc_base": "hc_head_base",
+    "hc_head.hc_scale": "hc_head_scale",
+}
+#: Kept in fp32 whatever the model dtype (mHC, sinks, position biases, router bias, norms), as the reference does.
+_FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias|\w*norm\.weight)$")
+_FP8_DTYPES = ("F8_E4M3",)
+_FP4_DTYPES = ("I8", "U8")
+
+
+def canonical_name(name: str) -> str:
+    """The released checkpoint's name for a tensor name as found on disk."""
+    name = name.removeprefix("model.")
+    return _ALIASES.get(name, name)
+
+
+def keeps_fp32(name: str) -> bool:
+    return _FP32.search(name) is not None
+
+
+def expected_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the main model (MTP layers excluded) with its dense shape."""
+    d, n_hc, heads, hd = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim
+    hc_out = (2 + n_hc) * n_hc
+    inter = cfg.moe_intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed.weight": (cfg.vocab_size, d),
+        "norm.weight": (d,),
+        "hc_head_fn": (n_hc, n_hc * d),
+        "hc_head_base": (n_hc,),
+        "hc_head_scale": (1,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["head.weight"] = (cfg.vocab_size, d)
+    for i, (kind, ratio, mlp) in enumerate(zip(cfg.layer_types, cfg.compress_ratios, cfg.mlp_layer_types)):
+        p = f"layers.{i}."
+        shapes.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,)})
+        for site in ("attn", "ffn"):
+            shapes.update({f"{p}hc_{site}_fn": (hc_out, n_hc * d), f"{p}hc_{site}_base": (hc_out,),
+                           f"{p}hc_{site}_scale": (3,)})
+        a = p + "attn."
+        shapes.update({
+            a + "wq_a.weight": (cfg.q_lora_rank, d),
+            a + "q_norm.weight": (cfg.q_lora_rank,),
+            a + "wq_b.weight": (heads * hd, cfg.q_lora_rank),
+            a + "wkv.weight": (hd, d),
+            a + "norm.weight": (hd,),
+            a + "wo_a.weight": (cfg.o_groups * cfg.o_lora_rank, heads * hd // cfg.o_groups),
+            a + "wo_b.weight": (d, cfg.o_groups * cfg.o_lora_rank),
+            a + "attn_sink": (heads,),
+        })
+        if kind != SLIDING:
+            width = (2 if kind == CSA else 1) * hd  # CSA projects two overlapping series
+            _compressor(shapes, a + "compressor.", d, width, hd, ratio)
+        if kind == CSA:
+            ih = cfg.index_head_dim
+            shapes.update({
+                a + "indexer.wq_b.weight": (cfg.index_n_heads * ih, cfg.q_lora_rank),
+                a + "indexer.weights_proj.weight": (cfg.index_n_heads, d),
+            })
+            _compressor(shapes, a + "indexer.compressor.", d, 2 * ih, ih, ratio)
+        f = p + "ffn."
+        shapes[f + "gate.weight"] = (cfg.n_routed_experts, d)
+        if mlp == HASH_MOE:
+            shapes[f + "gate.tid2eid"] = (cfg.vocab_size, cfg.num_experts_per_tok)
+        else:
+            shapes[f + "gate.bias"] = (cfg.n_routed_experts,)
+        for e in range(cfg.n_routed_experts):
+            _mlp(shapes, f"{f}experts.{e}.", d, inter)
+        _mlp(shapes, f + "shared_experts.", d, inter * cfg.n_shared_experts)
+    return shapes
+
+
+def _compressor(shapes: dict, prefix: str, d: int, width: int, out_dim: int, ratio: int) -> None:
+    shapes.update({prefix + "wkv.weight": (width, d), prefix + "wgate.weight": (width, d),
+                   prefix + "ape": (ratio, width), prefix + "norm.weight": (out_dim,)})
+
+
+def _mlp(shapes: dict, prefix: str, d: int, inter: int) -> None:
+    shapes.update({prefix + "w1.weight": (inter, d), prefix + "w3.weight": (inter, d), prefix + "w2.weight": (d, inter)})
+
+
+Stored = torch.Tensor | QuantizedTensor
+
+
+@dataclass(slots=True)
+class V4Weights:
+    """Tensors as stored (quantized ones stay quantized), on the target device, by released name."""
+
+    tensors: dict[str, Stored]
+    mtp: dict[str, Stored] = field(default_factory=dict)  # `mtp.*`, kept for speculative decoding
+
+
+def _mismatch(name: str, expected: tuple[int, ...], actual: tuple[int, ...]) -> str:
+    return f"{name}: expected shape {tuple(expected)}, checkpoint has {tuple(actual)}"
+
+
+class _Reader:
+    """Pairs ``X.weight`` with ``X.scale``, checks shapes against the config, loads and converts tensors."""
+
+    def __init__(self, ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device):
+        self.ckpt, self.cfg, self.dtype, self.device = ckpt, cfg, dtype, device
+        self.block = cfg.quant.weight_block_size if cfg.quant is not None else (128, 128)
+        self.on_disk: dict[str, str] = {}
+        for raw in ckpt.names():
+            name = canonical_name(raw)
+            if name in self.on_disk:
+                raise CheckpointError(f"{name}: stored twice, as {self.on_disk[name]!r} and {raw!r}")
+            self.on_disk[name] = raw
+
+    def quant_format(self, weight: str) -> str | None:
+        scale = weight.removesuffix(".weight") + ".scale"
+        if not weight.endswith(".weight") or scale not in self.on_disk:
+            return None
+        dtype = self.ckpt.dtype_name(self.on_disk[weight])
+        if dtype in _FP8_DTYPES:
+            return FP8_BLOCK
+        if dtype in _FP4_DTYPES:
+            return MXFP4
+        raise CheckpointError(f"{weight}: has a .scale but dtype {dtype} is neither FP8 e4m3 nor packed FP4")
+
+    def check(self, name: str, shape: tuple[int, ...]) -> list[str]:
+        """Problems with tensor ``name`` (and its scale) against its dense ``shape``."""
+        actual = self.ckpt.shape(self.on_disk[name])
+        fmt = self.quant_format(name)
+        if fmt is None:
+            return [] if actual == shape else [_mismatch(name, shape, actual)]
+        scale = name.removesuffix(".weight") + ".scale"
+        actual_scale = self.ckpt.shape(self.on_disk[scale])
+        if len(shape) != 2:
+            return [f"{name}: only 2-D weights can be quantized, expected dense shape {shape}"]
+        rows, cols = shape
+        if fmt == FP8_BLOCK:
+            bn, bk = self.block
+            data_shape, scale_shape = shape, (-(-rows // bn), -(-cols // bk))
+        else:
+            data_shape, scale_shape = (rows, cols // 2), (rows, cols // 32)
+        problems = [] if actual == data_shape else [_mismatch(f"{name} ({fmt} data)", data_shape, actual)]
+        if actual_scale != scale_shape:
+            problems.append(_mismatch(f"{scale} ({fmt} scales)", scale_shape, actual_scale))
+        return problems
+
+    def load(self, name: str, shape: tuple[int, ...] | None) -> Stored:
+        fmt = self.quant_format(name)
+        tensor = self.ckpt.get(self.on_disk[name]).to(self.device)
+        if fmt is not None:
+            scale = self.ckpt.get(self.on_disk[name.removesuffix(".weight") + ".scale"]).to(self.device)
+            logical = shape or (tensor.shape[0], tensor.shape[1] * (2 if fmt == MXFP4 else 1))
+            block = self.block if fmt == FP8_BLOCK else (1, 32)
+            return QuantizedTensor(fmt, tensor, scale, tuple(logical), tuple(block))
+        if not tensor.is_floating_point():
+            return tensor.long()
+        return tensor.to(torch.float32 if keeps_fp32(name) else self.dtype)
+
+
+def read_weights(
+    ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device
+) -> V4Weights:
+    """Check every name and shape from the headers, then load.  Raises :class:`CheckpointError` listing
+    each missing, unexpected or mis-shaped tensor with its name and both shapes."""
+    reader = _Reader(ckpt, cfg, dtype, device)
+    expected = expected_shapes(cfg)
+    scales = {n.removesuffix(".weight") + ".scale" for n in expected if reader.quant_format(n)}
+    mtp = sorted(n for n in reader.on_disk if n.startswith("mtp."))
+    problems = [f"{n}: missing (expected shape {expected[n]})" for n in expected if n not in reader.on_disk]
+    unexpected = set(reader.on_disk) - set(expected) - scales - set(mtp)
+    problems += [f"{n}: unexpected tensor of shape {ckpt.shape(reader.on_disk[n])}" for n in sorted(unexpected)]
+    for name, shape in expected.items():
+        if name in reader.on_disk:
+            problems += reader.check(name, shape)
+    if problems:
+        head = f"checkpoint {ckpt.directory} does not match its config ({len(problems)} problems):\n  "
+        raise CheckpointError(head + "\n  ".join(problems))
+    tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
+    mtp_tensors = {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    return V4Weights(tensors, mtp_tensors)

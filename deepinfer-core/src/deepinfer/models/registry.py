@@ -1,0 +1,53 @@
+"""``model_type`` (from config.json) → how to read that model's config and build it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class UnsupportedModelError(ValueError):
+    """config.json names a model type this version of DeepInfer cannot run."""
+
+
+@dataclass(slots=True, frozen=True)
+class ModelEntry:
+    read_config: Callable[[str | Path], Any]
+    load: Callable[..., Any]
+
+
+def _deepseek_v4() -> ModelEntry:
+    from deepinfer.models import deepseek_v4
+
+    return ModelEntry(deepseek_v4.DeepseekV4Config.from_file, deepseek_v4.load)
+
+
+#: Entries are resolved lazily so importing the registry builds nothing.
+MODELS: dict[str, Callable[[], ModelEntry]] = {"deepseek_v4": _deepseek_v4}
+NOT_YET: dict[str, str] = {
+    "deepseek_v41": "DeepSeek-V4.1 (model_type 'deepseek_v41') is not supported yet; "
+    "only DeepSeek-V4 ('deepseek_v4') can be loaded in this version",
+}
+
+
+def model_type_of(path: str | Path) -> str:
+    path = Path(path)
+    config = path / "config.json" if path.is_dir() else path
+    if not config.is_file():
+        raise FileNotFoundError(f"no config.json at {path}")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type is None:
+        raise UnsupportedModelError(f"{config} has no model_type")
+    return model_type
+
+
+def entry_for(path: str | Path) -> ModelEntry:
+    model_type = model_type_of(path)
+    if model_type in NOT_YET:
+        raise UnsupportedModelError(NOT_YET[model_type])
+    if model_type not in MODELS:
+        raise UnsupportedModelError(f"model_type {model_type!r} is not supported; supported: {sorted(MODELS)}")
+    return MODELS[model_type]()

@@ -1,0 +1,108 @@
+"""Manifold-constrained hyper-connections (mHC): the residual is ``hc_mult`` streams per token.
+
+Before each sublayer ``hc_pre`` reads the streams and returns the sublayer input (streams collapsed with
+``pre``) and the two mixing weights; after it, ``hc_post`` writes ``post * out + comb^T @ streams`` back.
+``hc_head`` is the final collapse before the model's last norm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer.ops.norm import rms_norm
+from deepinfer.ops.registry import OpSample, reference_op
+
+
+def _hc_params(n: int, dim: int, outputs: int, gen: torch.Generator):
+    fn = torch.randn(outputs, n * dim, generator=gen) * 0.05
+    base = torch.randn(outputs, generator=gen) * 0.5
+    return fn, base
+
+
+def _hc_pre_samples(dtype: torch.dtype, gen: torch.Generator):
+    for rows, n, dim in [(3, 4, 64), (17, 4, 256)]:
+        streams = torch.randn(rows, n, dim, generator=gen).to(dtype)
+        fn, base = _hc_params(n, dim, (2 + n) * n, gen)
+        scale = 1 + 0.1 * torch.randn(3, generator=gen)
+        yield OpSample((streams, fn, base, scale, 1e-6, 1e-6, 20), label=f"{rows}x{n}x{dim}")
+
+
+@reference_op(sample_inputs=_hc_pre_samples)
+def hc_pre(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mixing weights of one mHC site and the collapsed sublayer input.
+
+    streams: [T, N, D] (model dtype); fn: [(2+N)*N, N*D] fp32; base: [(2+N)*N] fp32; scale: [3] fp32
+    (pre, post, comb).  The flattened streams are RMS-normalised (unweighted) and projected by ``fn``;
+    ``pre = sigmoid(.) + hc_eps``, ``post = 2 * sigmoid(.)``, ``comb = softmax(.) + hc_eps`` then Sinkhorn
+    (column-normalise once, then ``sinkhorn_iters - 1`` row/column rounds) towards doubly stochastic.
+    Returns ``(collapsed [T, D] in streams.dtype, post [T, N] fp32, comb [T, N, N] fp32)``.
+    """
+    rows, n, _ = streams.shape
+    flat = rms_norm(streams.reshape(rows, -1).float(), None, norm_eps)
+    mixes = F.linear(flat, fn.float())
+    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.float().split([n, n, n * n])
+    pre_s, post_s, comb_s = scale.float().unbind(0)
+
+    pre = torch.sigmoid(pre_w * pre_s + pre_b) + hc_eps
+    post = 2 * torch.sigmoid(post_w * post_s + post_b)
+    comb = torch.softmax(comb_w.view(rows, n, n) * comb_s + comb_b.view(n, n), dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+
+    collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    return collapsed, post, comb
+
+
+def _hc_post_samples(dtype: torch.dtype, gen: torch.Generator):
+    for rows, n, dim in [(3, 4, 64), (17, 4, 256)]:
+        out = torch.randn(rows, dim, generator=gen).to(dtype)
+        streams = torch.randn(rows, n, dim, generator=gen).to(dtype)
+        post = 2 * torch.rand(rows, n, generator=gen)
+        comb = torch.softmax(torch.randn(rows, n, n, generator=gen), dim=-1)
+        yield OpSample((out, streams, post, comb), label=f"{rows}x{n}x{dim}")
+
+
+@reference_op(sample_inputs=_hc_post_samples)
+def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """New streams after a sublayer: ``new[k] = post[k] * out + sum_j comb[j, k] * streams[j]``.
+
+    out: [T, D]; streams: [T, N, D] (same dtype); post: [T, N] fp32; comb: [T, N, N] fp32.
+    Weights are cast to the stream dtype first, as the checkpoint's reference does.  Returns [T, N, D].
+    """
+    dtype = streams.dtype
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
+
+
+def _hc_head_samples(dtype: torch.dtype, gen: torch.Generator):
+    for rows, n, dim in [(3, 4, 64), (17, 4, 256)]:
+        streams = torch.randn(rows, n, dim, generator=gen).to(dtype)
+        fn, base = _hc_params(n, dim, n, gen)
+        scale = 1 + 0.1 * torch.randn(1, generator=gen)
+        yield OpSample((streams, fn, base, scale, 1e-6, 1e-6), label=f"{rows}x{n}x{dim}")
+
+
+@reference_op(sample_inputs=_hc_head_samples)
+def hc_head(
+    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float, hc_eps: float
+) -> torch.Tensor:
+    """Final collapse of the streams: ``sum_k pre_k * streams[k]``, ``pre = sigmoid(fn . norm(s) * scale + base) + hc_eps``.
+
+    streams: [T, N, D]; fn: [N, N*D] fp32; base: [N] fp32; scale: [1] fp32.  Returns [T, D] in streams.dtype.
+    """
+    rows = streams.shape[0]
+    flat = rms_norm(streams.reshape(rows, -1).float(), None, norm_eps)
+    mixes = F.linear(flat, fn.float())
+    pre = torch.sigmoid(mixes * scale.float() + base.float()) + hc_eps
+    return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

@@ -1,0 +1,63 @@
+"""Dequantization of the released checkpoint formats (FP8 block-scaled, MXFP4)."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.ops.registry import OpSample, reference_op
+
+#: e2m1 code -> value (bit 3 is the sign).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def scale_values(scale: torch.Tensor) -> torch.Tensor:
+    """Scales as fp32: e8m0 (``float8_e8m0fnu``, or raw exponent bytes in uint8) means ``2**(e - 127)``."""
+    if scale.dtype == torch.uint8:
+        scale = scale.view(torch.float8_e8m0fnu)
+    return scale.float()
+
+
+def _fp8_samples(dtype: torch.dtype, gen: torch.Generator):
+    for rows, cols, block in [(64, 96, (32, 32)), (300, 200, (128, 128))]:
+        data = (torch.randn(rows, cols, generator=gen) * 100).to(torch.float8_e4m3fn)
+        grid = (-(-rows // block[0]), -(-cols // block[1]))
+        exps = torch.randint(-12, 3, grid, generator=gen).float()
+        yield OpSample((data, torch.exp2(exps).to(torch.float8_e8m0fnu), *block, dtype), label=f"{rows}x{cols} ue8m0")
+        yield OpSample((data, torch.rand(grid, generator=gen) * 1e-2, *block, dtype), label=f"{rows}x{cols} fp32")
+
+
+@reference_op(sample_inputs=_fp8_samples)
+def dequant_fp8_block(
+    data: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """FP8 e4m3 weights with one scale per ``block_n x block_k`` block (edge blocks may be partial).
+
+    data: [N, K] float8_e4m3fn; scale: [ceil(N/block_n), ceil(K/block_k)] fp32, bf16, float8_e8m0fnu or uint8
+    e8m0 bytes.  Returns ``data * scale`` as [N, K] in ``dtype`` (products formed in fp32).
+    """
+    rows, cols = data.shape
+    s = scale_values(scale).repeat_interleave(block_n, dim=0)[:rows].repeat_interleave(block_k, dim=1)[:, :cols]
+    return (data.float() * s).to(dtype)
+
+
+def _mxfp4_samples(dtype: torch.dtype, gen: torch.Generator):
+    for shape in [(16, 64), (4, 48, 128)]:
+        packed = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=gen, dtype=torch.uint8)
+        exps = torch.randint(-10, 4, (*shape[:-1], shape[-1] // 32), generator=gen).float()
+        yield OpSample((packed, torch.exp2(exps).to(torch.float8_e8m0fnu), dtype), label=f"{shape}")
+        yield OpSample((packed.view(torch.int8), (exps + 127).to(torch.uint8), dtype), label=f"{shape} int8/u8")
+
+
+@reference_op(sample_inputs=_mxfp4_samples)
+def dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """MXFP4: e2m1 values packed two per byte (low nibble = even column), one e8m0 scale per 32 columns.
+
+    packed: [..., K/2] uint8 or int8; scale: [..., K/32] float8_e8m0fnu or uint8 exponent bytes.
+    Returns [..., K] in ``dtype``.
+    """
+    bytes_ = packed.view(torch.uint8).to(torch.int64)
+    codes = torch.stack((bytes_ & 0xF, bytes_ >> 4), dim=-1).flatten(-2)  # [..., K]
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    values = table[codes]
+    s = scale_values(scale).repeat_interleave(32, dim=-1)
+    return (values * s).to(dtype)
