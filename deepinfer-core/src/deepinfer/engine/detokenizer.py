@@ -44,6 +44,14 @@ class IncrementalDetokenizer:
         self.text += new
         return new
 
+    def flush(self) -> str:
+        """At the end of a sequence: emit held-back text even if it ends in an incomplete character."""
+        before = self._decode(self._ids[self._prefix : self._read])
+        new = self._decode(self._ids[self._prefix :])[len(before) :]
+        self._ids, self._prefix, self._read = [], 0, 0
+        self.text += new
+        return new
+
 
 def find_stop(text: str, num_new_chars: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
     """Earliest stop string that ends inside the last ``num_new_chars`` characters: (index, stop)."""

@@ -64,6 +64,9 @@ class OutputProcessor:
             self._add_text(seq, out, token, may_stop)
         if out.finish_reason is None and len(seq.token_ids) >= seq.request.max_total_tokens:
             out.finish_reason = "length"
+        if out.finish_reason is not None and not isinstance(out.stop_reason, str) and seq.detokenizer is not None:
+            seq.detokenizer.flush()  # no more tokens will complete a held-back partial character
+            out.text = seq.detokenizer.text
         return out.finish_reason is not None
 
     def _add_text(self, seq: Sequence, out: CompletionOutput, token: int, may_stop: bool) -> None:

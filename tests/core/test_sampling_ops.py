@@ -1,0 +1,150 @@
+"""Reference sampling ops: each against an independent statement of what it must compute."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from deepinfer.ops import OpTable, op_defs
+from deepinfer.ops.sampling import mix32, uniform_noise
+from deepinfer.testing import samples
+
+SAMPLING_OPS = ["apply_penalties", "filter_logits", "sample_tokens", "token_logprobs"]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return OpTable()
+
+
+@pytest.mark.parametrize("name", SAMPLING_OPS)
+def test_registered_with_docstring_and_runnable_samples(name):
+    op = op_defs()[name]
+    assert op.reference.__doc__ and "[N" in op.reference.__doc__
+    cases = samples(op, torch.float32)
+    assert cases
+    for case in cases:
+        op.reference(*case.args, **case.kwargs)
+
+
+def test_mix32_is_a_32_bit_bijection_sample():
+    x = torch.arange(0, 1 << 16, dtype=torch.int64) * 65537
+    h = mix32(x)
+    assert int(h.min()) >= 0 and int(h.max()) < 1 << 32
+    assert h.unique().numel() == x.numel()
+    # Avalanche: flipping one input bit flips about half the output bits.
+    flipped = mix32(x ^ 1)
+    bits = sum(int(((h ^ flipped) >> b & 1).sum()) for b in range(32)) / (32 * x.numel())
+    assert 0.45 < bits < 0.55
+
+
+def test_noise_depends_only_on_seed_step_token():
+    seeds = torch.tensor([3, 3, 4, -5], dtype=torch.int64)
+    steps = torch.tensor([0, 1, 0, 0], dtype=torch.int64)
+    u = uniform_noise(seeds, steps, 64)
+    assert ((u > 0) & (u < 1)).all()
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    alone = uniform_noise(seeds[3:], steps[3:], 64)
+    assert torch.equal(alone[0], u[3])  # no dependence on the other rows
+    assert torch.equal(uniform_noise(seeds, steps, 64), u)  # stateless
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    n = counts.sum()
+    expected = probs * n
+    stat = ((counts - expected) ** 2 / expected).sum()
+    dof = probs.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat.double() / 2))
+
+
+def test_sampling_matches_softmax_chi_square(ops):
+    """At temperature 1 the draws follow softmax(logits) (8 tokens, 6000 draws keyed by step)."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2]])
+    draws = 6000
+    rows = logits.expand(draws, -1).contiguous()
+    tokens = ops.sample_tokens(rows, torch.zeros(draws, dtype=torch.bool), torch.full((draws,), 1234),
+                               torch.arange(draws))
+    counts = torch.bincount(tokens, minlength=8).double()
+    assert _chi_square_p(counts, torch.softmax(logits[0].double(), -1)) > 1e-3
+    # A wrong distribution is rejected by the same test (it has power).
+    assert _chi_square_p(counts, torch.softmax(0.8 * logits[0].double(), -1)) < 1e-3
+
+
+def test_sampling_respects_excluded_tokens_and_greedy(ops):
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    logits[:, 10:] = float("-inf")
+    greedy = torch.tensor([True, False, True, False])
+    tokens = ops.sample_tokens(logits, greedy, torch.arange(4), torch.zeros(4, dtype=torch.int64))
+    assert (tokens < 10).all()
+    assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+
+
+def test_sampling_is_row_independent(ops):
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(1))
+    seeds, steps = torch.arange(6) * 77, torch.arange(6)
+    greedy = torch.zeros(6, dtype=torch.bool)
+    together = ops.sample_tokens(logits, greedy, seeds, steps)
+    for i in range(6):
+        assert ops.sample_tokens(logits[i:i + 1], greedy[i:i + 1], seeds[i:i + 1], steps[i:i + 1]) == together[i]
+
+
+def _filter(ops, logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    return ops.filter_logits(logits[None], torch.tensor([temperature]), torch.tensor([top_k]),
+                             torch.tensor([top_p]), torch.tensor([min_p]))[0]
+
+
+def test_filter_top_k_top_p_min_p_temperature(ops):
+    logits = torch.tensor([3.0, 1.0, 2.0, 0.0, -1.0, 2.5])
+    kept = lambda x: set(torch.isfinite(x).nonzero().flatten().tolist())  # noqa: E731
+    assert kept(_filter(ops, logits, top_k=2)) == {0, 5}
+    assert kept(_filter(ops, logits, top_k=100)) == set(range(6))
+    probs = torch.softmax(logits, -1)
+    # top_p: the smallest most-likely set whose mass reaches p.
+    order = probs.argsort(descending=True).tolist()
+    for p in (0.3, 0.6, 0.8, 0.95):
+        mass, expected = 0.0, set()
+        for t in order:
+            expected.add(t)
+            mass += probs[t].item()
+            if mass >= p:
+                break
+        assert kept(_filter(ops, logits, top_p=p)) == expected, p
+    # min_p: tokens below min_p * max probability go.
+    expected = {t for t in range(6) if probs[t] >= 0.2 * probs.max()}
+    assert kept(_filter(ops, logits, min_p=0.2)) == expected
+    # temperature scales the surviving logits.
+    torch.testing.assert_close(_filter(ops, logits, temperature=0.5), logits / 0.5)
+    # greedy rows (temperature 0) are left unscaled.
+    torch.testing.assert_close(_filter(ops, logits, temperature=0.0), logits)
+
+
+def test_penalties_follow_the_openai_formula(ops):
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
+    prompt_mask = torch.tensor([[True, False, False, False, True]])
+    counts = torch.tensor([[0, 2, 1, 0, 0]], dtype=torch.int32)
+    out = ops.apply_penalties(logits, prompt_mask, counts, torch.tensor([0.5]), torch.tensor([0.25]),
+                              torch.tensor([2.0]))
+    expected = []
+    for t, x in enumerate(logits[0].tolist()):
+        seen = bool(prompt_mask[0, t]) or counts[0, t] > 0
+        if seen:
+            x = x / 2.0 if x > 0 else x * 2.0
+        x -= 0.25 * int(counts[0, t]) + 0.5 * (counts[0, t] > 0)
+        expected.append(x)
+    torch.testing.assert_close(out[0], torch.tensor(expected))
+
+
+def test_token_logprobs_rank_and_top(ops):
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(2))
+    tokens = torch.tensor([0, 5, 39])
+    lp, rank, top_ids, top_lp = ops.token_logprobs(logits, tokens, 4)
+    ref = torch.log_softmax(logits.double(), -1)
+    for i in range(3):
+        assert math.isclose(lp[i].item(), ref[i, tokens[i]].item(), abs_tol=1e-6)
+        assert rank[i].item() == 1 + int((ref[i] > ref[i, tokens[i]]).sum())
+        assert top_ids[i].tolist() == ref[i].argsort(descending=True)[:4].tolist()
+        torch.testing.assert_close(top_lp[i].double(), ref[i, top_ids[i]], atol=1e-6, rtol=0)
+    _, _, none_ids, none_lp = ops.token_logprobs(logits, tokens, 0)
+    assert none_ids.shape == (3, 0) and none_lp.shape == (3, 0)
