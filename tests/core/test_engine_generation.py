@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_checks import chi_square_p
 from toy_model import ToyCausalLM, toy_tokenizer
 
 from deepinfer import LLM, SamplingParams
@@ -157,12 +158,6 @@ def test_seeded_sampling_is_reproducible(model, tokenizer):
     assert _one(d, **seeded).token_ids != _one(LLM.from_model(model, tokenizer, seed=1), **seeded).token_ids
 
 
-def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    stat = ((counts - expected) ** 2 / expected).sum()
-    return float(torch.special.gammaincc(torch.tensor((probs.numel() - 1) / 2, dtype=torch.float64), stat / 2))
-
-
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 5)])
 def test_first_token_follows_model_distribution(temperature, top_k):
     """n forked samples of one prompt are draws from softmax(logits / T) (truncated to top-k)."""
@@ -179,4 +174,4 @@ def test_first_token_follows_model_distribution(temperature, top_k):
     probs = torch.softmax(logits, -1)
     support = probs > 0
     assert counts[~support].sum() == 0
-    assert _chi_square_p(counts[support], probs[support]) > 1e-3
+    assert chi_square_p(counts[support], probs[support]) > 1e-3

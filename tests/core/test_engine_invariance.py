@@ -6,10 +6,9 @@ the state budget forces preemption and recompute must give the same tokens and l
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
+from engine_checks import assert_same_output, mixed_params, ragged_prompts
 from toy_model import ToyCausalLM, toy_tokenizer
 
 from deepinfer import LLM, SamplingParams
@@ -28,50 +27,17 @@ def model(tokenizer):
 
 
 def _prompts(vocab: int) -> list[list[int]]:
-    rng = random.Random(7)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 40))] for _ in range(8)]
+    return ragged_prompts(vocab)
 
 
 def _params() -> list[SamplingParams]:
-    """Greedy, seeded and filtered sampling mixed, all with logprobs and prompt logprobs."""
-    kinds = [
-        dict(temperature=0.0),
-        dict(temperature=1.0, seed=11),
-        dict(temperature=0.8, top_k=20, seed=12),
-        dict(temperature=1.2, top_p=0.9, seed=13),
-        dict(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5),
-        dict(temperature=1.0, min_p=0.05, frequency_penalty=0.4, seed=14),
-        dict(temperature=0.7, seed=15, n=2),
-        dict(temperature=1.0, seed=16, min_tokens=4),
-    ]
-    return [SamplingParams(max_tokens=MAX_TOKENS, logprobs=3, prompt_logprobs=2, ignore_eos=True, **k) for k in kinds]
+    return mixed_params(MAX_TOKENS)
 
 
 def _run(model, tokenizer, prompts, params, **limits):
     llm = LLM.from_model(model, tokenizer, **limits)
     outs = llm.generate(prompts, params, use_tqdm=False)
     return outs, llm.engine
-
-
-def _assert_same(a, b, tol=1e-5):
-    assert a.prompt_token_ids == b.prompt_token_ids
-    for pa, pb in zip(a.prompt_logprobs, b.prompt_logprobs):
-        if pa is None:
-            assert pb is None
-            continue
-        assert pa.keys() == pb.keys()
-        for t in pa:
-            assert abs(pa[t].logprob - pb[t].logprob) < tol
-            assert pa[t].rank == pb[t].rank
-    assert len(a.outputs) == len(b.outputs)
-    for ca, cb in zip(a.outputs, b.outputs):
-        assert ca.token_ids == cb.token_ids
-        assert ca.finish_reason == cb.finish_reason
-        assert abs(ca.cumulative_logprob - cb.cumulative_logprob) < tol * len(ca.token_ids)
-        for la, lb in zip(ca.logprobs, cb.logprobs):
-            assert la.keys() == lb.keys()
-            for t in la:
-                assert abs(la[t].logprob - lb[t].logprob) < tol
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +50,7 @@ def test_batch_of_ragged_requests_matches_alone(model, tokenizer, alone):
     outs, engine = _run(model, tokenizer, _prompts(model.vocab_size), _params())
     assert max(len(c) for c in model.forward_calls[-MAX_TOKENS:]) > 1  # really batched
     for a, b in zip(alone, outs):
-        _assert_same(a, b)
+        assert_same_output(a, b)
 
 
 def test_chunked_prefill_matches_alone(model, tokenizer, alone):
@@ -94,7 +60,7 @@ def test_chunked_prefill_matches_alone(model, tokenizer, alone):
     assert all(sum(s) <= 7 for s in steps)
     assert any(len(s) > 1 and max(s) > 1 for s in steps)  # prefill chunks mixed with decodes
     for a, b in zip(alone, outs):
-        _assert_same(a, b)
+        assert_same_output(a, b)
 
 
 def test_forced_preemption_matches_alone(model, tokenizer, alone):
@@ -105,7 +71,7 @@ def test_forced_preemption_matches_alone(model, tokenizer, alone):
     assert engine.num_preemptions > 0
     assert engine.state_cache.budget.used == 0 and len(engine.state_cache) == 0  # everything released
     for a, b in zip(alone, outs):
-        _assert_same(a, b)
+        assert_same_output(a, b)
 
 
 def test_prompt_logprobs_match_full_forward(model, tokenizer, alone):

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from engine_checks import chi_square_p
 
 from deepinfer.ops import OpTable, op_defs
 from deepinfer.ops.sampling import mix32, uniform_noise
@@ -51,14 +52,6 @@ def test_noise_depends_only_on_seed_step_token():
     assert torch.equal(uniform_noise(seeds, steps, 64), u)  # stateless
 
 
-def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    n = counts.sum()
-    expected = probs * n
-    stat = ((counts - expected) ** 2 / expected).sum()
-    dof = probs.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat.double() / 2))
-
-
 def test_sampling_matches_softmax_chi_square(ops):
     """At temperature 1 the draws follow softmax(logits) (8 tokens, 6000 draws keyed by step)."""
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2]])
@@ -67,9 +60,9 @@ def test_sampling_matches_softmax_chi_square(ops):
     tokens = ops.sample_tokens(rows, torch.zeros(draws, dtype=torch.bool), torch.full((draws,), 1234),
                                torch.arange(draws))
     counts = torch.bincount(tokens, minlength=8).double()
-    assert _chi_square_p(counts, torch.softmax(logits[0].double(), -1)) > 1e-3
+    assert chi_square_p(counts, torch.softmax(logits[0].double(), -1)) > 1e-3
     # A wrong distribution is rejected by the same test (it has power).
-    assert _chi_square_p(counts, torch.softmax(0.8 * logits[0].double(), -1)) < 1e-3
+    assert chi_square_p(counts, torch.softmax(0.8 * logits[0].double(), -1)) < 1e-3
 
 
 def test_sampling_respects_excluded_tokens_and_greedy(ops):

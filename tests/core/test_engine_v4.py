@@ -1,0 +1,122 @@
+"""The engine on a real (tiny, random) DeepSeek-V4 checkpoint, against transformers as the oracle.
+
+The checkpoint is saved by ``transformers.DeepseekV4ForCausalLM.save_pretrained`` (the released tensor
+names) with a small byte-level tokenizer, and loaded through ``LLM(model=<dir>)`` like a user would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from engine_checks import assert_same_output, mixed_params, ragged_prompts
+from toy_model import toy_tokenizer
+from v4_fixtures import SMALL, build_checkpoint, hf_logprobs
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.models import UnsupportedModelError
+
+PROMPTS = [
+    "Once upon a time", "The quick brown fox jumps over the lazy dog.", "Le café", "日本語",
+    "She liked to read books", "Numbers: 0 1 2 3", "def generate(prompt):", "x",
+    "Once upon a time there was a little girl who lived in a small house near the woods, and she",
+    "crème brûlée", "The", "sing songs and play in the park with her friends", "{ } [ ] ( )",
+    "a b c d e f g h i j k l m n o p q r s t u v w x y z", "Tokyo", "10 100 1000",
+]
+NEW_TOKENS = 8
+NEAR_TIE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tok = toy_tokenizer()
+    directory = tmp_path_factory.mktemp("tiny_v4_random")
+    _, hf = build_checkpoint(directory, {**SMALL, "vocab_size": len(tok)}, seed=0)
+    tok.save_pretrained(directory)
+    return directory, hf
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
+    return LLM(str(checkpoint[0]), dtype="float32")
+
+
+def test_loads_through_the_public_api(llm, checkpoint):
+    assert llm.engine.model.vocab_size == len(llm.tokenizer)
+    assert llm.engine.config.eos_token_ids == (1,)
+
+
+def test_greedy_matches_hf_generate(llm, checkpoint):
+    """16 prompts, greedy: equal to HF ``generate`` unless HF itself faced a near-tie on the way."""
+    hf = checkpoint[1]
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                        use_tqdm=False)
+    compared = 0
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            ref = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0, ids.shape[1]:].tolist()
+        logp = hf_logprobs(hf, torch.tensor(out.prompt_token_ids + ref))[len(out.prompt_token_ids) - 1 : -1]
+        top2 = logp.topk(2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        mine = out.outputs[0].token_ids
+        for i, (a, b) in enumerate(zip(mine, ref)):
+            if a != b:
+                assert margins[i] < NEAR_TIE, f"diverged at {i} with HF margin {margins[i]}"
+                break
+        else:
+            compared += 1
+    assert compared >= 12
+
+
+def test_prompt_logprobs_match_hf(llm, checkpoint):
+    hf = checkpoint[1]
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logprobs=3), use_tqdm=False)
+    for out in outs:
+        ids = out.prompt_token_ids
+        ref = hf_logprobs(hf, torch.tensor(ids))
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        for pos in range(1, len(ids)):
+            entry, expected = out.prompt_logprobs[pos], ref[pos - 1]
+            assert abs(entry[ids[pos]].logprob - expected[ids[pos]].item()) < 1e-4
+            for t in expected.topk(3).indices.tolist():
+                if t in entry:
+                    assert abs(entry[t].logprob - expected[t].item()) < 1e-4
+
+
+#: Lengths that cross the state's 64-token page boundary while decoding, so a tight budget must preempt.
+RAGGED = [62, 3, 58, 17, 60, 33, 61, 45]
+RAGGED_NEW = 10
+
+
+def _ragged(llm):
+    return ragged_prompts(llm.engine.model.vocab_size, seed=3, lengths=RAGGED)
+
+
+@pytest.fixture(scope="module")
+def v4_alone(llm):
+    return [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in zip(_ragged(llm), mixed_params(RAGGED_NEW))]
+
+
+@pytest.mark.parametrize("limits, preempts", [
+    (dict(), False),  # one batch of 8 ragged requests
+    (dict(max_num_batched_tokens=7), False),  # chunked prefill across windows, mixed with decodes
+    (dict(state_cache_sequences=3, max_num_batched_tokens=16), True),  # forced preemption and recompute
+], ids=["batch", "chunked", "preempted"])
+def test_batching_chunking_preemption_invariance(llm, v4_alone, limits, preempts):
+    """Same tokens and logprobs (within 1e-5, fp32) as each request run alone."""
+    model = llm.engine.model
+    limits = dict(limits)
+    room = limits.pop("state_cache_sequences", 64)
+    engine = LLM.from_model(model, llm.tokenizer, state_cache_bytes=room * model.state_bytes(max(RAGGED)), **limits)
+    outs = engine.generate(_ragged(llm), mixed_params(RAGGED_NEW), use_tqdm=False)
+    assert (engine.engine.num_preemptions > 0) == preempts
+    for a, b in zip(v4_alone, outs):
+        assert_same_output(a, b)
+
+
+def test_v41_checkpoint_is_refused_clearly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
+    with pytest.raises(UnsupportedModelError, match="not supported yet"):
+        LLM(str(tmp_path))
