@@ -57,7 +57,9 @@ class GrammarCompiler:
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be the model's vocabulary size (an int >= 1), got {vocab_size!r}")
         stops = list(stop_token_ids) if stop_token_ids else None
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stops
+        )
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(self.tokenizer_info.stop_token_ids)
         self.max_cached = max_cached
@@ -109,7 +111,9 @@ class GrammarCompiler:
             if spec.kind == "regex":
                 return self._xgr.compile_regex(spec.source)
             if spec.kind == "json_schema":
-                return self._xgr.compile_json_schema(spec.source, any_whitespace=JSON_ANY_WHITESPACE, strict_mode=JSON_STRICT)
+                return self._xgr.compile_json_schema(
+                    spec.source, any_whitespace=JSON_ANY_WHITESPACE, strict_mode=JSON_STRICT
+                )
             return self._xgr.compile_grammar(spec.source, root_rule_name="root")
         except (RuntimeError, ValueError, TypeError) as e:
             raise ValueError(f"so_args[{spec.kind!r}]: invalid {_KIND_LABEL[spec.kind]}: {xgrammar_message(e)}") from e
