@@ -156,3 +156,83 @@ def assert_matches_hf(actual: torch.Tensor, expected: torch.Tensor, atol: float 
     clear = (top2[:, 0] - top2[:, 1]) > margin
     same = actual.argmax(-1) == expected.argmax(-1)
     assert bool(same[clear].all()), f"argmax differs at positions {torch.nonzero(clear & ~same).flatten().tolist()}"
+
+
+def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a single-file checkpoint, by stored name."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(directory) / "model.safetensors"))
+
+
+def write_checkpoint(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """A single-file safetensors checkpoint with ``config`` as config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+#: Projections the released checkpoints store in FP8 (compressor, indexer, embedding and head stay BF16).
+_DENSE_QUANTIZED = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".shared_experts.")
+
+
+def quantize_checkpoint(
+    source: str | Path,
+    target: str | Path,
+    *,
+    expert_dtype: str = "fp4",
+    block: tuple[int, int] = (128, 128),
+    scale_format: str = "ue8m0",
+) -> tuple[Path, Path]:
+    """Quantize a saved checkpoint as released: dense projections FP8 e4m3 with block scales, routed experts
+    MXFP4 (``expert_dtype="fp4"``) or FP8.  Writes ``target/quantized`` and ``target/dequantized`` (the same
+    model with every quantized weight replaced by its dequantized fp32 value, computed here independently)."""
+    import json
+
+    from deepinfer.quant import quantize_fp8_block, quantize_mxfp4
+
+    source, target = Path(source), Path(target)
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block), "scale_fmt": scale_format,
+                                     "expert_dtype": expert_dtype}
+    quantized, dequantized = {}, {}
+    for name, w in read_tensors(source).items():
+        expert = ".ffn.experts." in name
+        if not name.endswith(".weight") or not (expert or any(p in name for p in _DENSE_QUANTIZED)):
+            quantized[name] = dequantized[name] = w
+            continue
+        stem = name.removesuffix(".weight")
+        if expert and expert_dtype == "fp4":
+            q = quantize_mxfp4(w)
+            quantized[name], quantized[stem + ".scale"] = q.data.view(torch.int8), q.scale  # packed as released
+            dequantized[name] = _dequant_mxfp4(q.data, q.scale)
+        else:
+            q = quantize_fp8_block(w, block, scale_format)
+            quantized[name], quantized[stem + ".scale"] = q.data, q.scale
+            dequantized[name] = _dequant_fp8(q.data, q.scale, block)
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    return (write_checkpoint(target / "quantized", quantized, config),
+            write_checkpoint(target / "dequantized", dequantized, plain))
+
+
+def _dequant_fp8(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    out = data.float().clone()
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            out[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] *= scale[i, j].float()
+    return out
+
+
+def _dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    table = torch.tensor(magnitudes + [-m for m in magnitudes])
+    low, high = table[(packed & 0xF).long()], table[(packed >> 4).long()]
+    values = torch.stack([low, high], dim=-1).flatten(-2)
+    return values * scale.float().repeat_interleave(32, dim=-1)
