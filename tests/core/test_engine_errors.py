@@ -47,7 +47,7 @@ CASES = {
     "logprobs above max_logprobs": ("hello", SamplingParams(logprobs=6), "max_logprobs=5"),
     "stop token outside vocab": ("hello", SamplingParams(stop_token_ids=[1000]), "stop_token_ids [1000]"),
     "n above max_num_seqs": ("hello", SamplingParams(n=5), "max_num_seqs=4"),
-    "so_args without structured output": ("hello", SamplingParams(so_args={"regex": "a+"}), "so_args"),
+    "invalid grammar": ("hello", SamplingParams(so_args={"regex": "a("}), "so_args['regex']: invalid regular"),
     "not a SamplingParams": ("hello", {"temperature": 0}, "must be a SamplingParams"),
 }
 

@@ -175,3 +175,19 @@ def test_first_token_follows_model_distribution(temperature, top_k):
     support = probs > 0
     assert counts[~support].sum() == 0
     assert chi_square_p(counts[support], probs[support]) > 1e-3
+
+
+def test_structured_output_mixes_with_free_requests(llm, tokenizer):
+    """so_args constrains its request (and each of its n completions); free neighbours are unaffected."""
+    import re
+
+    pattern = r"[a-z]{2,6} [0-9]{1,3}"
+    free = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    constrained = SamplingParams(temperature=1.0, seed=8, n=2, max_tokens=30, so_args={"regex": pattern})
+    greedy_constrained = SamplingParams(temperature=0, max_tokens=30, so_args={"regex": pattern}, min_tokens=3)
+    outs = llm.generate([PROMPT, PROMPT, PROMPT], [free, constrained, greedy_constrained], use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == _one(llm, temperature=0, max_tokens=10, ignore_eos=True).token_ids
+    for out in outs[1:]:
+        for comp in out.outputs:
+            assert re.fullmatch(pattern, comp.text), comp.text
+            assert comp.finish_reason == "stop" and comp.token_ids[-1] == tokenizer.eos_token_id

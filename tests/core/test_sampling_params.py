@@ -42,10 +42,11 @@ def test_defaults_are_valid_and_vllm_like():
         (dict(seed=1, seq_seed=2), "seed", "alias"),
         (dict(ignore_eos=1), "ignore_eos", "bool"),
         (dict(skip_special_tokens=None), "skip_special_tokens", "bool"),
-        (dict(so_args={"regex": "a", "ebnf": "b"}), "so_args", "exactly one"),
-        (dict(so_args={"grammar": "x"}), "so_args", "exactly one"),
+        (dict(so_args={"regex": "a", "ebnf": "b"}), "so_args", "exactly one of 'regex'"),
+        (dict(so_args={"grammar": "x"}), "so_args", "exactly one of 'regex'"),
+        (dict(so_args="a+"), "so_args", "exactly one of 'regex'"),
         (dict(so_args={"regex": 3}), "so_args['regex']", "non-empty string"),
-        (dict(so_args={"json_schema": 3}), "so_args['json_schema']", "or a dict"),
+        (dict(so_args={"json_schema": 3}), "so_args['json_schema']", "a dict or a JSON string"),
     ],
 )
 def test_invalid_values_name_field_and_range(kwargs, field, allowed):

@@ -8,8 +8,6 @@ from typing import Any
 
 #: Most top-k alternatives a request may ask for per position (``logprobs`` / ``prompt_logprobs``).
 MAX_LOGPROBS = 20
-#: Keys of ``so_args``; exactly one must be present (the structured-output engine interprets it).
-STRUCTURED_OUTPUT_KINDS = ("regex", "json_schema", "ebnf")
 
 #: ``temperature`` below this samples greedily (dividing logits by it would overflow them).
 GREEDY_TEMPERATURE = 1e-5
@@ -121,16 +119,11 @@ class SamplingParams:
         self.seq_seed = self.seed = self.seq_seed if self.seq_seed is not None else self.seed
 
     def _check_so_args(self) -> None:
-        so = self.so_args
-        if so is None:
-            return
-        if not isinstance(so, dict) or len(so) != 1 or next(iter(so)) not in STRUCTURED_OUTPUT_KINDS:
-            raise ValueError(f"so_args must be a dict with exactly one of the keys {STRUCTURED_OUTPUT_KINDS}, got {so!r}")
-        kind, spec = next(iter(so.items()))
-        allowed = (str, dict) if kind == "json_schema" else (str,)
-        if not isinstance(spec, allowed) or (isinstance(spec, str) and not spec):
-            expected = "a non-empty string or a dict" if kind == "json_schema" else "a non-empty string"
-            raise ValueError(f"so_args[{kind!r}] must be {expected}, got {spec!r}")
+        """Shape only (one known key, right value type); the grammar itself is compiled per request."""
+        if self.so_args is not None:
+            from deepinfer.structured.spec import parse_so_args
+
+            parse_so_args(self.so_args)
 
     @property
     def greedy(self) -> bool:

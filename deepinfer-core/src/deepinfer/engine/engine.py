@@ -54,7 +54,7 @@ class Engine:
         self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks)
         self.outputs = OutputProcessor(tokenizer, config.eos_token_ids)
-        self.token_masks = token_masks
+        self.token_masks: Any = token_masks
         self._seed_rng = random.Random(config.seed)
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
@@ -74,7 +74,8 @@ class Engine:
                 raise RequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
             text, token_ids = normalize_prompt(prompt, self.tokenizer)
             check_request(token_ids, params, self.config, self.model.vocab_size, self.model.state_bytes,
-                          self.token_masks is not None)
+                          self.tokenizer is not None)
+            grammars = self._grammars(params)
         except RequestError as exc:
             logger.warning("request %s rejected: %s", request_id, exc)
             return RequestOutput(request_id, text, [] if text is not None else _ids_or_empty(prompt), None,
@@ -92,12 +93,28 @@ class Engine:
         )
         base_seed = params.seq_seed if params.seq_seed is not None else self._seed_rng.getrandbits(64)
         for index in range(params.n):
-            seq = Sequence(next(self._seq_ids), request, index, list(token_ids), fork_seed(base_seed, index))
+            seq = Sequence(next(self._seq_ids), request, index, list(token_ids), fork_seed(base_seed, index),
+                           grammar=grammars[index])
             request.sequences.append(seq)
             self.seqs[seq.seq_id] = seq
         self.scheduler.add(request)
         self.num_prompt_tokens += len(token_ids)
         return None
+
+    def _grammars(self, params: SamplingParams) -> list[Any]:
+        """One grammar matcher per completion (``None`` without ``so_args``); a bad grammar rejects the request."""
+        if params.so_args is None:
+            return [None] * params.n
+        if self.token_masks is None:  # built on first use: compiling grammars needs xgrammar
+            from deepinfer.structured import GrammarMaskProvider
+
+            self.token_masks = GrammarMaskProvider(self.tokenizer, self.model.vocab_size, self.config.eos_token_ids)
+            self.runner.token_masks = self.token_masks
+        try:
+            first = self.token_masks.matcher(params.so_args)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        return [first] + [first.fork() for _ in range(params.n - 1)]
 
     def abort_request(self, request: Request) -> None:
         for seq in request.sequences:

@@ -1,7 +1,8 @@
 """Apply sampled tokens to sequences: append, detokenize, check stop conditions, build outputs.
 
 Stop rules (vLLM's): before ``min_tokens`` output tokens only the length limits apply.  Then EOS
-(unless ``ignore_eos``) and ``stop_token_ids`` finish with ``"stop"``; the stop token stays in
+(unless ``ignore_eos``) and ``stop_token_ids`` finish with ``"stop"``, as does a structured-output
+grammar that has accepted its stop token (whatever ``min_tokens``); the stop token stays in
 ``token_ids`` but adds no text.  A stop string finishes with ``"stop"`` and the text is cut before it
 (or after it with ``include_stop_str_in_output``).  Reaching ``max_tokens`` or ``max_model_len``
 finishes with ``"length"``.
@@ -55,9 +56,18 @@ class OutputProcessor:
         if out.logprobs is not None:
             out.logprobs.append(self._position_logprobs(tl))
 
+        grammar_done = False
+        if seq.grammar is not None:
+            if not seq.grammar.accept(token):  # cannot happen for a token drawn under the grammar's mask
+                seq.request.error = f"internal error: the grammar rejected sampled token {token}"
+                out.finish_reason = "stop"
+                return True
+            grammar_done = seq.grammar.is_terminated()  # it accepted a stop token; nothing more is allowed
+
         may_stop = seq.num_output >= params.min_tokens
-        if may_stop and not params.ignore_eos and token in self.eos_token_ids:
+        if grammar_done or (may_stop and not params.ignore_eos and token in self.eos_token_ids):
             out.finish_reason = "stop"
+            out.stop_reason = None if token in self.eos_token_ids else token
         elif may_stop and params.stop_token_ids and token in params.stop_token_ids:
             out.finish_reason, out.stop_reason = "stop", token
         else:
@@ -97,4 +107,5 @@ class OutputProcessor:
             prompt_logprobs=request.prompt_logprobs,
             outputs=outputs,
             finished=request.finished,
+            error=request.error,
         )

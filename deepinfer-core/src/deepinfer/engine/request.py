@@ -37,6 +37,8 @@ class Sequence:
     pending_forks: list["Sequence"] = field(default_factory=list)
     output: CompletionOutput | None = None
     detokenizer: object | None = None  # an IncrementalDetokenizer, set by the output processor
+    #: Structured output: this completion's ``GrammarMatcher`` (``None`` for free requests).
+    grammar: object | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -68,6 +70,8 @@ class Request:
     sequences: list[Sequence] = field(default_factory=list)
     #: Filled while the prompt runs when ``params.prompt_logprobs`` is set; entry 0 is ``None``.
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    #: Set when the request failed while running (e.g. its grammar rejected a sampled token).
+    error: str | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -37,7 +37,7 @@ def normalize_prompt(prompt: Any, tokenizer: Any) -> tuple[str | None, list[int]
 
 def check_request(
     token_ids: list[int], params: SamplingParams, config: EngineConfig, vocab_size: int,
-    state_bytes: Any, has_token_masks: bool,
+    state_bytes: Any, has_tokenizer: bool,
 ) -> None:
     """Raise ``RequestError`` when the request cannot run on this engine."""
     if not token_ids:
@@ -69,5 +69,5 @@ def check_request(
             f"n={params.n} copies of a {len(token_ids)}-token prompt need {need} bytes of model state; the state "
             f"cache holds {config.state_cache_bytes} (raise the state cache budget or lower n)"
         )
-    if params.so_args is not None and not has_token_masks:
-        raise RequestError("so_args (structured output) is not available in this engine yet")
+    if params.so_args is not None and not has_tokenizer:
+        raise RequestError("so_args (structured output) needs the model's tokenizer; this LLM was built without one")

@@ -122,7 +122,8 @@ class ModelRunner:
 
     @staticmethod
     def _sampling_row(seq: Sequence) -> SamplingRow:
-        return SamplingRow(seq.request.params, seq.seed, seq.num_output, seq.request.prompt_token_ids, seq.output_ids)
+        return SamplingRow(seq.request.params, seq.seed, seq.num_output, seq.request.prompt_token_ids, seq.output_ids,
+                           seq.grammar)
 
     def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]) -> list[TokenLogprobs]:
         """Raw-distribution logprob and rank of each chosen token, plus each row's top-``k``."""

@@ -26,10 +26,20 @@ class SamplingRow:
     step: int  # output position being sampled (0 for the first generated token)
     prompt_ids: list[int]
     output_ids: list[int]
+    #: The request's ``GrammarMatcher`` (structured output), read by the ``TokenMaskProvider``.
+    grammar: Any = None
 
 
 class TokenMaskProvider(Protocol):
-    """Hook for structured output: a per-row allowed-token bitmask (xgrammar layout), or ``None``."""
+    """Hook for structured output (``deepinfer.structured.GrammarMaskProvider`` is the implementation).
+
+    ``matcher(so_args)`` starts a request's grammar (``ValueError``: reject the request); per step,
+    ``token_bitmask`` gives the allowed tokens of each row (xgrammar layout), or ``None``.
+    """
+
+    def matcher(self, so_args: Any) -> Any:
+        """A new grammar matcher with ``accept(token) -> bool``, ``is_terminated()`` and ``fork()``."""
+        ...
 
     def token_bitmask(self, rows: Seq[SamplingRow], vocab_size: int, device: torch.device) -> torch.Tensor | None:
         """int32 ``[len(rows), ceil(vocab_size / 32)]``; rows without a grammar allow every token."""
@@ -107,8 +117,11 @@ class Sampler:
         )
 
     def _banned_until_min_tokens(self, row: SamplingRow) -> list[int]:
-        """EOS and stop tokens may not end the output before ``min_tokens`` tokens."""
+        """EOS and stop tokens may not end the output before ``min_tokens`` tokens.
+
+        Not under a grammar: a completed grammar allows only stop tokens, and banning them would leave none.
+        """
         p = row.params
-        if row.step >= p.min_tokens:
+        if row.step >= p.min_tokens or row.grammar is not None:
             return []
         return (list(self.eos_token_ids) if not p.ignore_eos else []) + list(p.stop_token_ids or ())
