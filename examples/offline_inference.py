@@ -1,0 +1,43 @@
+"""Offline inference with DeepInfer: the same shape as vLLM's ``LLM.generate``.
+
+    python examples/offline_inference.py                      # embedded tiny model, offline, seconds on a CPU
+    python examples/offline_inference.py --model /path/to/DeepSeek-V4-checkpoint
+    DEEPINFER_HF_MODEL_DIR=/path/to/checkpoint python examples/offline_inference.py
+
+With no model configured, DeepInfer uses the tiny DeepSeek-V4 checkpoint that ships in the package
+(a toy trained on simple stories; it exercises the full V4 architecture but knows little English).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from deepinfer import LLM, SamplingParams
+
+PROMPTS = [
+    "Once upon a time, there was a little girl named Lily.",
+    "Tom had a big red ball.",
+    "One day, a small dog found a shiny key",
+    "The sun was warm. Mia and her mom went to the park.",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="checkpoint directory or Hugging Face repo id")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    llm = LLM(model=args.model, seed=0)
+    params = SamplingParams(temperature=args.temperature, top_p=0.95, max_tokens=args.max_tokens, seed=1234)
+    for output in llm.generate(PROMPTS, params):
+        completion = output.outputs[0]
+        print(f"\nPrompt: {output.prompt!r}\nOutput: {completion.text!r}  [{completion.finish_reason}, "
+              f"{len(completion.token_ids)} tokens]")
+
+
+if __name__ == "__main__":
+    main()
