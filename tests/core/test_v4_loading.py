@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from v4_fixtures import SMALL, build_checkpoint, random_tokens, read_tensors, run_chunked, write_checkpoint
+from v4_fixtures import SMALL, build_checkpoint, random_tokens, read_tensors, run_chunked, single_thread, write_checkpoint  # noqa: F401
 
 from deepinfer.models import CheckpointError, load_model
 from deepinfer.ops import OpTable

@@ -18,6 +18,7 @@ from v4_fixtures import (
     random_tokens,
     run_chunked,
     run_ragged,
+    single_thread,  # noqa: F401  (autouse)
 )
 
 from deepinfer.models import load_model
@@ -25,15 +26,6 @@ from deepinfer.ops import OpTable
 
 SMALL_LEN = 100  # 25 CSA entries (top-8 kept), 6 HCA entries, 16-token window
 RELEASED_LEN = 300  # 75 CSA entries (top-16), 2 HCA entries at rate 128, 128-token window
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops are faster on one thread, and a shared 2-core CI box then does not thrash."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _setup(tmp_path_factory, config, length, seed):

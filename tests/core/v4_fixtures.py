@@ -12,7 +12,19 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny ops run faster on one thread, and a shared 2-core CI machine then does not thrash.
+    Import this fixture into a test module to apply it there."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 #: Small enough for a 2-core CI machine, large enough that every component matters: windows of 16 tokens,
 #: CSA rate 4 / HCA rate 16, top-8 of the compressed entries, 16 indexer heads (exact top-k ties are rare).
@@ -43,6 +55,7 @@ SMALL: dict[str, Any] = dict(
     partial_rotary_factor=0.5,
     swiglu_limit=2.0,  # low enough that the clamp bites on random weights
     rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    max_position_embeddings=128,
 )
 
 #: The released geometry that matters for state: 128-token window, CSA rate 4, HCA rate 128.
@@ -56,6 +69,7 @@ RELEASED_RATES: dict[str, Any] = {
     "index_topk": 16,
     "swiglu_limit": 10.0,
     "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64},
+    "max_position_embeddings": 1024,
 }
 
 
