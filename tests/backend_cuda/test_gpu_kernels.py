@@ -43,35 +43,72 @@ def device_kernel_set(tmp_path_factory):
     return out
 
 
-def _rms_inputs():
+def _model_shape_cases():
+    """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
+    from deepinfer_cuda.kernels import hc_post, rms_norm, rope
+
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for rows, dim in [(1, 4096), (37, 4096), (256, 512), (3, 16384), (5, 20480), (100, 128), (7, 1280)]:
-        for dtype in (torch.bfloat16, torch.float32):
-            x = torch.randn(rows, dim, device="cuda", dtype=dtype, generator=gen)
-            w = 1 + 0.1 * torch.randn(dim, device="cuda", dtype=dtype, generator=gen)
-            yield x, w
-            yield x, None
+
+    def randn(*shape, dtype):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64))
+    for dtype in (torch.bfloat16, torch.float32):
+        for rows, dim in [(1, 4096), (37, 4096), (256, 512), (3, 16384), (5, 20480), (100, 128), (7, 1280)]:
+            x = randn(rows, dim, dtype=dtype)
+            yield rms_norm, (x, 1 + 0.1 * randn(dim, dtype=dtype), 1e-6)
+            yield rms_norm, (x, None, 1e-6)
+        for tokens in (1, 33):
+            positions = torch.randint(0, 1 << 20, (tokens,), device="cuda", generator=gen)
+            for shape in [(tokens, 64, 512), (tokens, 512), (tokens, 64, 128), (tokens, 128)]:
+                for inverse in (False, True):
+                    yield rope, (randn(*shape, dtype=dtype), positions, inv_freq, 1.0, inverse)
+            for dim in (4096, 5120):
+                post = 2 * torch.rand(tokens, 4, device="cuda", generator=gen)
+                comb = torch.softmax(randn(tokens, 4, 4, dtype=torch.float32), dim=-1)
+                yield hc_post, (randn(tokens, dim, dtype=dtype), randn(tokens, 4, dim, dtype=dtype), post, comb)
+
+
+def _call(module, args):
+    return getattr(module, module.KERNEL.name)(*args)
 
 
 @requires_cuda
 @pytest.mark.cuda
 def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
     from deepinfer_cuda.kernel_set.dispatch import use_kernel_set
-    from deepinfer_cuda.kernels.rms_norm import KERNEL, rms_norm
+    from deepinfer_cuda.kernels import ALL
 
-    cases = list(_rms_inputs())
+    cases = list(_model_shape_cases())
     try:
         ks = use_kernel_set(device_kernel_set)
         assert ks.refusal is None, ks.refusal
-        aot = [rms_norm(x, w, 1e-6) for x, w in cases]
-        assert KERNEL.launch_counts == {"cubin": len(cases), "jit": 0}
+        aot = [_call(m, a) for m, a in cases]
+        assert {k.name: k.launch_counts["jit"] for k in ALL} == {k.name: 0 for k in ALL}
+        assert sum(k.launch_counts["cubin"] for k in ALL) == len(cases)
         use_kernel_set(None)
-        jit = [rms_norm(x, w, 1e-6) for x, w in cases]
-        assert KERNEL.launch_counts == {"cubin": 0, "jit": len(cases)}
+        jit = [_call(m, a) for m, a in cases]
+        assert sum(k.launch_counts["jit"] for k in ALL) == len(cases)
     finally:
         use_kernel_set(device_kernel_set)
-    for (x, w), a, j in zip(cases, aot, jit):
-        assert torch.equal(a, j), f"AOT and JIT differ for {tuple(x.shape)} {x.dtype} weight={w is not None}"
+    for (m, args), a, j in zip(cases, aot, jit):
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in args]
+        assert torch.equal(a, j), f"{m.KERNEL.name}: AOT and JIT differ for {shapes}"
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_kernels_match_reference_at_model_shapes():
+    # Conformance samples are small; this checks the V4-Flash shapes (e.g. positions up to 2^20 for RoPE).
+    from deepinfer.ops.registry import op_defs
+    from deepinfer.testing import assert_close
+
+    defs = op_defs()
+    for module, args in _model_shape_cases():
+        op = defs[module.KERNEL.name]
+        dtype = args[0].dtype
+        expected = op.reference(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+        assert_close(_call(module, args), expected, dtype, op.tolerances[dtype], f"{op.name} {tuple(args[0].shape)}")
 
 
 @requires_cuda

@@ -28,11 +28,11 @@ EM_CUDA = 190
 
 
 def _cubin_sm(data: bytes) -> int:
-    """SM number from a cubin's ELF header (e_flags holds it in bits 8-15 for current CUDA ELF ABIs)."""
+    """SM number from a cubin's ELF header: e_flags bits 8-15 in the CUDA 13 ELF ABI (OSABI 0x41), else bits 0-7."""
     assert data[:4] == b"\x7fELF" and data[4] == 2, "not a 64-bit ELF"
     assert struct.unpack_from("<H", data, 18)[0] == EM_CUDA, "ELF machine is not CUDA"
     flags = struct.unpack_from("<I", data, 48)[0]
-    return (flags >> 8) & 0xFF
+    return (flags >> 8) & 0xFF if data[7] == 0x41 else flags & 0xFF
 
 
 @pytest.fixture(scope="module")

@@ -68,3 +68,22 @@ def rms_norm_config(arch: CudaArch, dim: int) -> LaunchConfig:
             return LaunchConfig(num_warps=4 if block * rows <= 4096 else 8, block_rows=rows)
         return LaunchConfig(num_warps=min(16, max(4, block // 512)))
     raise ValueError(f"no RMSNorm configuration for {arch.name}")
+
+
+def rope_config(arch: CudaArch, dim: int) -> LaunchConfig:
+    """Partial RoPE over rows of ``dim`` (head_dim 512 or index_head_dim 128): ~4K elements per program."""
+    block = max(16, 1 << (dim - 1).bit_length())
+    if arch.triton_arch in (90, 100):
+        return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // block))
+    raise ValueError(f"no RoPE configuration for {arch.name}")
+
+
+def hc_post_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
+    """mHC post: each program writes all streams of one token for a ``block_d`` slice of the hidden dim.
+
+    Returns (config, block_d).  1024 columns x 4 streams keeps 16 fp32 accumulators per thread at 8 warps.
+    """
+    if arch.triton_arch in (90, 100):
+        block_d = min(1024, max(16, 1 << (dim - 1).bit_length()))
+        return LaunchConfig(num_warps=4 if block_d <= 512 else 8), block_d
+    raise ValueError(f"no mHC post configuration for {arch.name}")

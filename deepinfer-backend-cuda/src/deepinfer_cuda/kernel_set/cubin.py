@@ -8,8 +8,11 @@ memory), ``32 * num_warps`` threads, the entry's dynamic shared memory.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
 
 from deepinfer_cuda.kernel_set.manifest import KernelEntry
 
@@ -28,19 +31,27 @@ def param_ctype(sig_type: str) -> type:
 
 
 def _driver() -> Any:
-    try:
-        from cuda.bindings import driver  # cuda-python >= 12.6
-    except ImportError:  # pragma: no cover - older layout
-        from cuda import cuda as driver
-    return driver
+    global _DRIVER
+    if _DRIVER is None:
+        try:
+            from cuda.bindings import driver  # cuda-python >= 12.6
+        except ImportError:  # pragma: no cover - older layout
+            from cuda import cuda as driver
+        _DRIVER = driver
+        global _SUCCESS
+        _SUCCESS = driver.CUresult.CUDA_SUCCESS
+    return _DRIVER
+
+
+_DRIVER: Any = None
+_SUCCESS: Any = None
 
 
 def _check(result: Any, what: str) -> Any:
     """Unpack a cuda-python ``(CUresult, *values)`` tuple, raising on error."""
-    driver = _driver()
     err, *values = result if isinstance(result, tuple) else (result,)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _, msg = driver.cuGetErrorString(err)
+    if err != _SUCCESS:
+        _, msg = _driver().cuGetErrorString(err)
         raise RuntimeError(f"{what} failed: {err.name if hasattr(err, 'name') else err}: "
                            f"{msg.decode() if isinstance(msg, bytes) else msg}")
     return values[0] if len(values) == 1 else tuple(values)
@@ -49,7 +60,8 @@ def _check(result: Any, what: str) -> Any:
 class CubinFunction:
     """One loaded cubin on one device, ready to launch."""
 
-    __slots__ = ("entry", "device_index", "_module", "_function", "_names", "_ctypes", "_n_hidden", "_threads")
+    __slots__ = ("entry", "device_index", "_module", "_function", "_names", "_storage", "_params", "_params_addr",
+                 "_threads", "_lock")
 
     def __init__(self, entry: KernelEntry, cubin: bytes, device_index: int):
         driver = _driver()
@@ -76,9 +88,14 @@ class CubinFunction:
                 self._function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 optin - static), "cuFuncSetAttribute")
         self._names = [name for name, _ in entry.signature]
-        self._ctypes = [param_ctype(ty) for _, ty in entry.signature]
-        self._n_hidden = len(entry.hidden_params)
+        # Parameter storage is allocated once and refilled per launch: cuLaunchKernel copies the values
+        # before it returns, and the lock keeps two threads from interleaving their fills.
+        self._storage = [param_ctype(ty)() for _, ty in entry.signature]
+        self._storage += [ctypes.c_uint64(0) for _ in entry.hidden_params]
+        self._params = (ctypes.c_void_p * len(self._storage))(*[ctypes.addressof(v) for v in self._storage])
+        self._params_addr = ctypes.addressof(self._params)
         self._threads = 32 * entry.num_warps
+        self._lock = threading.Lock()
 
     def launch(self, grid: Sequence[int], stream: int, args: Mapping[str, Any]) -> None:
         """Launch on ``stream`` (a raw ``cudaStream_t``); ``args`` holds at least the explicit params by name.
@@ -88,10 +105,9 @@ class CubinFunction:
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         if gx * gy * gz == 0:
             return
-        values = [args[n] for n in self._names]
-        storage = [ct(v.data_ptr() if hasattr(v, "data_ptr") else v) for ct, v in zip(self._ctypes, values)]
-        storage += [ctypes.c_uint64(0) for _ in range(self._n_hidden)]
-        params = (ctypes.c_void_p * len(storage))(*[ctypes.addressof(s) for s in storage])
-        driver = _driver()
-        _check(driver.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
-                                     ctypes.addressof(params), 0), f"cuLaunchKernel({self.entry.entry})")
+        with self._lock:
+            for slot, name in zip(self._storage, self._names):
+                value = args[name]
+                slot.value = value.data_ptr() if isinstance(value, torch.Tensor) else value
+            _check(_DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
+                                          self._params_addr, 0), "cuLaunchKernel")

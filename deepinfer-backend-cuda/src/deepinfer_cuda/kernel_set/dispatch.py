@@ -8,10 +8,11 @@ it runs the JIT, which compiles the very same variant.  Which path a variant tak
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,29 @@ def use_kernel_set(kernel_set: KernelSet | Path | None) -> KernelSet:
 _KERNELS: list["TritonKernel"] = []
 
 
+@contextlib.contextmanager
+def on_device(device_index: int) -> Iterator[None]:
+    """Make ``device_index`` current for a launch; free when it already is (the common case)."""
+    import torch
+
+    if torch.cuda.current_device() == device_index:
+        yield
+    else:
+        with torch.cuda.device(device_index):
+            yield
+_UNRESOLVED = object()
+
+
+def _current_stream(device_index: int) -> int:
+    """torch's current raw stream handle on ``device_index`` (the private call Triton's launcher uses too)."""
+    import torch
+
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 @functools.cache
 def device_arch(device_index: int) -> CudaArch | None:
     """The kernel-set architecture of CUDA device ``device_index`` (None: the set has none for it)."""
@@ -120,7 +144,7 @@ class TritonKernel:
         self.params: list[ParamInfo] = params_of(jit_fn)
         #: Launches per path since the last reset: {"cubin": n, "jit": n}.
         self.launch_counts: dict[str, int] = {"cubin": 0, "jit": 0}
-        self._resolved: dict[tuple[str, int], CubinFunction | None] = {}
+        self._resolved: dict[tuple[Any, ...], CubinFunction | None] = {}
         _KERNELS.append(self)
 
     def reset(self) -> None:
@@ -132,19 +156,40 @@ class TritonKernel:
         import torch
 
         device_index = torch.cuda.current_device()
-        signature, constexprs = signature_of(self.params, args)
-        arch = device_arch(device_index)
-        key = variant_key(self.name, arch.name if arch else "?", signature, constexprs, num_warps, num_stages)
-        slot = (key, device_index)
-        if slot not in self._resolved:
-            self._resolved[slot] = self._resolve(key, arch, device_index)
-        fn = self._resolved[slot]
+        slot = (self._fast_spec(args), num_warps, num_stages, device_index)
+        fn = self._resolved.get(slot, _UNRESOLVED)
+        if fn is _UNRESOLVED:
+            arch = device_arch(device_index)
+            signature, constexprs = signature_of(self.params, args)
+            key = variant_key(self.name, arch.name if arch else "?", signature, constexprs, num_warps, num_stages)
+            fn = self._resolved[slot] = self._resolve(key, arch, device_index)
         if fn is not None:
-            fn.launch(grid, torch.cuda.current_stream(device_index).cuda_stream, args)
+            fn.launch(grid, _current_stream(device_index), args)
             self.launch_counts["cubin"] += 1
         else:
             self.jit_fn[grid](**args, num_warps=num_warps, num_stages=num_stages)
             self.launch_counts["jit"] += 1
+
+    def _fast_spec(self, args: dict[str, Any]) -> tuple[Any, ...]:
+        """A hashable summary at least as fine as Triton's specialization, cheap enough for every launch."""
+        import torch
+
+        parts: list[Any] = []
+        for p in self.params:
+            v = args[p.name]
+            if p.is_constexpr:
+                parts.append(v)
+            elif isinstance(v, torch.Tensor):
+                parts.append((v.dtype, v.data_ptr() & 15 == 0))
+            elif isinstance(v, bool):
+                parts.append(bool)
+            elif isinstance(v, int):
+                parts.append((v == 1, v & 15 == 0, -(2**31) <= v < 2**31, v >= 2**63))
+            elif isinstance(v, float):
+                parts.append(float)
+            else:
+                parts.append(v)
+        return tuple(parts)
 
     def _resolve(self, key: str, arch: CudaArch | None, device_index: int) -> CubinFunction | None:
         ks = active_kernel_set()

@@ -10,6 +10,7 @@ the same one, so the runtime computes it from the live arguments exactly as Trit
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +58,12 @@ class ParamInfo:
 
 def params_of(jit_fn: Any) -> list[ParamInfo]:
     """Read the parameter list (with do_not_specialize flags) off a ``triton.JITFunction``."""
+    params = getattr(jit_fn, "params", None)
+    if params is None:  # Triton's interpreter (TRITON_INTERPRET=1) keeps only the Python function
+        sig = inspect.signature(jit_fn.fn)
+        return [ParamInfo(n, "constexpr" in str(p.annotation)) for n, p in sig.parameters.items()]
     return [ParamInfo(p.name, bool(p.is_constexpr), not p.do_not_specialize, not p.do_not_specialize_on_alignment)
-            for p in jit_fn.params]
+            for p in params]
 
 
 def specialize_arg(value: Any, specialize: bool = True, align: bool = True) -> tuple[str, Any]:

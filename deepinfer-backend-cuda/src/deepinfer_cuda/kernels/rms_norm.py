@@ -6,13 +6,15 @@ Each row is reduced by itself in a fixed order, so results do not depend on the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch
+from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch, on_device
 
 #: Row widths compiled ahead of time: V4 hidden 4096, q_lora 1024, head 512, indexer head 128,
 #: mHC's flattened 4 x 4096; V4.1 hidden 5120, q_lora 1280, 4 x 5120; 64 for small configs and tests.
@@ -63,14 +65,20 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("rms_norm", _rms_norm_kernel, _aot_variants)
 
 
+@functools.cache
+def _plan(arch: CudaArch, dim: int, has_weight: bool) -> tuple[LaunchConfig, dict[str, object]]:
+    cfg = rms_norm_config(arch, dim)
+    return cfg, _constexprs(dim, cfg, has_weight)
+
+
 def launch_args(x2: torch.Tensor, weight: torch.Tensor | None, y: torch.Tensor, eps: float,
                 arch: CudaArch) -> tuple[tuple[int], LaunchConfig, dict[str, object]]:
     """Grid, launch configuration and kernel arguments for rows ``x2`` [R, D] -> ``y`` [R, D] (no launch)."""
     n_rows, dim = x2.shape
-    cfg = rms_norm_config(arch, dim)
+    cfg, constexprs = _plan(arch, dim, weight is not None)
     args = dict(x_ptr=x2, w_ptr=weight, y_ptr=y, x_row_stride=x2.stride(0) if n_rows > 1 else dim,
-                y_row_stride=dim, n_rows=n_rows, eps=float(eps), **_constexprs(dim, cfg, weight is not None))
-    return (triton.cdiv(n_rows, cfg.block_rows),), cfg, args
+                y_row_stride=dim, n_rows=n_rows, eps=float(eps), **constexprs)
+    return ((n_rows + cfg.block_rows - 1) // cfg.block_rows,), cfg, args
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -84,10 +92,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         return y.view(x.shape)
     if weight is not None and weight.stride(-1) != 1:
         weight = weight.contiguous()
-    arch = device_arch(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    arch = device_arch(index)
     if arch is None:
         raise RuntimeError(f"no kernel configuration for the GPU of {x.device}")
     grid, cfg, args = launch_args(x2, weight, y, eps, arch)
-    with torch.cuda.device(x.device):
+    with on_device(index):
         KERNEL(grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args)
     return y.view(x.shape)

@@ -1,0 +1,114 @@
+"""Partial interleaved RoPE (and its inverse) as one Triton pass over rows of [T, D] or [T, H, D].
+
+Overrides core's ``rope(x, positions, inv_freq, attention_scaling=1.0, inverse=False)``
+(deepinfer/ops/rope.py).  The leading ``D - R`` channels are copied; each interleaved pair of the last ``R``
+rotates by ``position * inv_freq[i]``, computed in fp32 with libdevice's sin/cos (full range reduction:
+positions reach 10^6, where the fast ``sin.approx`` loses accuracy), once per token and pair.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from deepinfer_cuda.arch import CudaArch, LaunchConfig, rope_config
+from deepinfer_cuda.kernel_set.compile import Variant
+from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch, on_device
+
+#: (head_dim, rope_dim, heads) compiled ahead of time: V4 queries (64 heads) and the shared K=V latent (1)
+#: at head_dim 512, the lightning indexer's queries (64 heads) and keys (1) at 128; rope_dim 64 throughout.
+AOT_SHAPES = ((512, 64, 64), (512, 64, 1), (128, 64, 64), (128, 64, 1))
+AOT_DTYPES = ("bf16", "fp32")
+
+
+@triton.jit
+def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, y_ptr, x_token_stride, x_head_stride, scaling,
+                 D: tl.constexpr, HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_H: tl.constexpr, INVERSE: tl.constexpr):
+    # One program: one token, BLOCK_H of its heads.  The angle depends on (token, pair) only, so sin/cos
+    # are evaluated once per program for the HALF pairs and broadcast over the heads.
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < HEADS
+    src = x_ptr + token * x_token_stride + heads[:, None].to(tl.int64) * x_head_stride
+    dst = y_ptr + (token * HEADS + heads[:, None].to(tl.int64)) * D
+    # Leading D - 2*HALF channels pass through.
+    cols = tl.arange(0, BLOCK_D)
+    keep = head_ok[:, None] & (cols < D - 2 * HALF)[None, :]
+    tl.store(dst + cols[None, :], tl.load(src + cols[None, :], mask=keep), mask=keep)
+    # Trailing 2*HALF channels: interleaved pairs (x[2i], x[2i+1]) rotate by pos * inv_freq[i].
+    pairs = tl.arange(0, HALF)
+    angle = tl.load(pos_ptr + token).to(tl.float32) * tl.load(inv_freq_ptr + pairs)
+    cos = libdevice.cos(angle) * scaling
+    sin = libdevice.sin(angle) * scaling
+    if INVERSE:
+        sin = -sin
+    rot_cols = D - 2 * HALF + tl.arange(0, 2 * HALF)
+    x = tl.load(src + rot_cols[None, :], mask=head_ok[:, None], other=0.0)
+    even, odd = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_H, HALF, 2)))
+    out_even = even * cos[None, :] - odd * sin[None, :]
+    out_odd = odd * cos[None, :] + even * sin[None, :]
+    y = tl.reshape(tl.interleave(out_even, out_odd), (BLOCK_H, 2 * HALF))
+    tl.store(dst + rot_cols[None, :], y.to(x.dtype), mask=head_ok[:, None])
+
+
+@functools.cache
+def _plan(arch: CudaArch, dim: int, rope_dim: int, heads: int, inverse: bool) -> tuple[LaunchConfig, dict[str, object]]:
+    cfg = rope_config(arch, dim)
+    return cfg, {"D": dim, "HALF": rope_dim // 2, "HEADS": heads, "BLOCK_D": max(16, triton.next_power_of_2(dim)),
+                 "BLOCK_H": min(triton.next_power_of_2(heads), cfg.block_rows), "INVERSE": inverse}
+
+
+def _aot_variants(arch: CudaArch) -> list[Variant]:
+    variants = []
+    for dim, rope_dim, heads in AOT_SHAPES:
+        for dtype in AOT_DTYPES:
+            for inverse in (False, True):
+                cfg, const = _plan(arch, dim, rope_dim, heads, inverse)
+                sig = {"x_ptr": f"*{dtype}:D", "pos_ptr": "*i64:D", "inv_freq_ptr": "*fp32:D", "y_ptr": f"*{dtype}:D",
+                       "x_token_stride": "i32:D", "x_head_stride": "i32:D", "scaling": "fp32"}
+                variants.append(Variant(sig, dict(const), cfg.num_warps, cfg.num_stages))
+    return variants
+
+
+KERNEL = TritonKernel("rope", _rope_kernel, _aot_variants)
+
+
+def launch_args(x3: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, y: torch.Tensor,
+                attention_scaling: float, inverse: bool, arch: CudaArch):
+    """Grid, launch configuration and kernel arguments for x3 [T, H, D] (no launch)."""
+    tokens, heads, dim = x3.shape
+    cfg, const = _plan(arch, dim, 2 * inv_freq.numel(), heads, bool(inverse))
+    args = dict(x_ptr=x3, pos_ptr=positions, inv_freq_ptr=inv_freq, y_ptr=y,
+                x_token_stride=x3.stride(0) if tokens > 1 else heads * dim,
+                x_head_stride=x3.stride(1) if heads > 1 else dim, scaling=float(attention_scaling), **const)
+    return (tokens, triton.cdiv(heads, const["BLOCK_H"])), cfg, args
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+         inverse: bool = False) -> torch.Tensor:
+    """Rotate the last ``2 * len(inv_freq)`` channels of x [T, D] or [T, H, D] by position; returns a new tensor."""
+    dim = x.shape[-1]
+    half = inv_freq.numel()
+    if half & (half - 1) or 2 * half > dim:
+        raise ValueError(f"rope: {half} frequency pairs (a power of two, at most half of {dim}) expected")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    x3 = x if x.dim() == 3 else x.unsqueeze(1)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x3.shape[0] == 0 or x3.shape[1] == 0:
+        return y
+    positions = positions.to(device=x.device, dtype=torch.int64).contiguous()
+    inv_freq = inv_freq.to(device=x.device, dtype=torch.float32).contiguous()
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    arch = device_arch(index)
+    if arch is None:
+        raise RuntimeError(f"no kernel configuration for the GPU of {x.device}")
+    grid, cfg, args = launch_args(x3, positions, inv_freq, y, attention_scaling, inverse, arch)
+    with on_device(index):
+        KERNEL(grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args)
+    return y

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Time the CUDA backend's kernels against core's reference ops and the memory roofline (GPU host only).
+
+    python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
+
+The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
+kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+
+def _bench(fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e-3  # seconds
+
+
+def _graph_time(fn: Callable[[], object], calls: int = 20) -> float:
+    """Device time per call: ``calls`` calls captured in one CUDA graph, replayed (no host overhead)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return _bench(graph.replay) / calls
+
+
+def copy_bandwidth() -> float:
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = _bench(lambda: dst.copy_(src))
+    return 2 * src.numel() / t
+
+
+def rms_norm_rows() -> list[dict[str, object]]:
+    import torch
+
+    from deepinfer.ops.norm import rms_norm as reference
+    from deepinfer_cuda.kernels.rms_norm import KERNEL, rms_norm
+
+    out = []
+    shapes = [("prefill hidden", 1024, 4096), ("decode b64 hidden", 64, 4096), ("prefill per-head q", 1024 * 64, 512),
+              ("prefill mHC flat", 1024, 16384), ("decode b1 hidden", 1, 4096)]
+    for label, rows, dim in shapes:
+        x = torch.randn(rows, dim, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(dim, device="cuda", dtype=torch.bfloat16)
+        weight = None if "per-head" in label or "mHC" in label else w
+        nbytes = 2 * x.numel() * x.element_size() + (dim * 2 if weight is not None else 0)
+        ours = _bench(lambda: rms_norm(x, weight, 1e-6))
+        ours_graph = _graph_time(lambda: rms_norm(x, weight, 1e-6))
+        ref = _bench(lambda: reference(x, weight, 1e-6))
+        ref_graph = _graph_time(lambda: reference(x, weight, 1e-6))
+        out.append({"op": "rms_norm", "case": f"{label} {rows}x{dim} bf16", "bytes": nbytes, "ours_s": ours,
+                    "ours_graph_s": ours_graph, "reference_s": ref, "reference_graph_s": ref_graph,
+                    "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"})
+    return out
+
+
+def rope_and_hc_rows() -> list[dict[str, object]]:
+    import torch
+
+    from deepinfer.ops.mhc import hc_post as hc_reference
+    from deepinfer.ops.rope import rope as rope_reference
+    from deepinfer_cuda.kernels.hc_post import KERNEL as HC, hc_post
+    from deepinfer_cuda.kernels.rope import KERNEL as ROPE, rope
+
+    out = []
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64))
+    for label, tokens in [("prefill", 1024), ("decode b64", 64)]:
+        q = torch.randn(tokens, 64, 512, device="cuda", dtype=torch.bfloat16)
+        pos = torch.arange(tokens, device="cuda")
+        nbytes = 2 * q.numel() * 2
+        cases = [("rope", f"{label} q {tokens}x64x512 bf16", nbytes, lambda: rope(q, pos, inv_freq),
+                  lambda: rope_reference(q, pos, inv_freq), ROPE)]
+        o = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16)
+        st = torch.randn(tokens, 4, 4096, device="cuda", dtype=torch.bfloat16)
+        post = torch.rand(tokens, 4, device="cuda")
+        comb = torch.softmax(torch.randn(tokens, 4, 4, device="cuda"), -1)
+        cases.append(("hc_post", f"{label} {tokens}x4x4096 bf16", (o.numel() + 2 * st.numel()) * 2,
+                      lambda: hc_post(o, st, post, comb), lambda: hc_reference(o, st, post, comb), HC))
+        for op, case, nb, ours_fn, ref_fn, kernel in cases:
+            out.append({"op": op, "case": case, "bytes": nb, "ours_s": _bench(ours_fn),
+                        "ours_graph_s": _graph_time(ours_fn), "reference_s": _bench(ref_fn),
+                        "reference_graph_s": _graph_time(ref_fn),
+                        "path": "cubin" if kernel.launch_counts["cubin"] else "jit"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import triton
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    bw = copy_bandwidth()
+    rows = rms_norm_rows() + rope_and_hc_rows()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
+    print("eager = one call timed end to end (host launch cost included); graph = device time per call")
+    print(f"{'op':9} {'case':38} {'eager us':>8} {'ref us':>7} {'graph us':>8} {'ref gr':>7} {'floor':>6} "
+          f"{'%roof':>5} path")
+    for r in rows:
+        floor = r["bytes"] / bw
+        print(f"{r['op']:9} {r['case']:38} {r['ours_s'] * 1e6:8.1f} {r['reference_s'] * 1e6:7.1f} "
+              f"{r['ours_graph_s'] * 1e6:8.1f} {r['reference_graph_s'] * 1e6:7.1f} {floor * 1e6:6.1f} "
+              f"{100 * floor / r['ours_graph_s']:4.0f}% {r['path']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_bandwidth_Bps": bw, "device": torch.cuda.get_device_name(),
+                       "triton": triton.__version__, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
