@@ -74,6 +74,8 @@ def rope_and_hc_rows() -> list[dict[str, object]]:
     import torch
 
     from deepinfer.ops.mhc import hc_post as hc_reference
+    from deepinfer.ops.mhc import hc_pre as hc_pre_reference
+    from deepinfer_cuda.kernels.hc_pre import KERNEL as HC_PRE, hc_pre
     from deepinfer.ops.rope import rope as rope_reference
     from deepinfer_cuda.kernels.hc_post import KERNEL as HC, hc_post
     from deepinfer_cuda.kernels.rope import KERNEL as ROPE, rope
@@ -92,6 +94,11 @@ def rope_and_hc_rows() -> list[dict[str, object]]:
         comb = torch.softmax(torch.randn(tokens, 4, 4, device="cuda"), -1)
         cases.append(("hc_post", f"{label} {tokens}x4x4096 bf16", (o.numel() + 2 * st.numel()) * 2,
                       lambda: hc_post(o, st, post, comb), lambda: hc_reference(o, st, post, comb), HC))
+        fn = 0.05 * torch.randn(24, 16384, device="cuda")
+        base, scale = torch.randn(24, device="cuda"), 1 + 0.1 * torch.randn(3, device="cuda")
+        cases.append(("hc_pre", f"{label} {tokens}x4x4096 bf16", (st.numel() + o.numel()) * 2 + fn.numel() * 4,
+                      lambda: hc_pre(st, fn, base, scale, 1e-6, 1e-6, 20),
+                      lambda: hc_pre_reference(st, fn, base, scale, 1e-6, 1e-6, 20), HC_PRE))
         for op, case, nb, ours_fn, ref_fn, kernel in cases:
             out.append({"op": op, "case": case, "bytes": nb, "ours_s": _bench(ours_fn),
                         "ours_graph_s": _graph_time(ours_fn), "reference_s": _bench(ref_fn),

@@ -45,7 +45,7 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import hc_post, rms_norm, rope
+    from deepinfer_cuda.kernels import hc_post, hc_pre, rms_norm, rope
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -67,6 +67,10 @@ def _model_shape_cases():
                 post = 2 * torch.rand(tokens, 4, device="cuda", generator=gen)
                 comb = torch.softmax(randn(tokens, 4, 4, dtype=torch.float32), dim=-1)
                 yield hc_post, (randn(tokens, dim, dtype=dtype), randn(tokens, 4, dim, dtype=dtype), post, comb)
+                fn = 0.05 * randn(24, 4 * dim, dtype=torch.float32)
+                base = 0.5 * randn(24, dtype=torch.float32)
+                scale = 1 + 0.1 * randn(3, dtype=torch.float32)
+                yield hc_pre, (randn(tokens, 4, dim, dtype=dtype), fn, base, scale, 1e-6, 1e-6, 20)
 
 
 def _call(module, args):

@@ -87,3 +87,16 @@ def hc_post_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
         block_d = min(1024, max(16, 1 << (dim - 1).bit_length()))
         return LaunchConfig(num_warps=4 if block_d <= 512 else 8), block_d
     raise ValueError(f"no mHC post configuration for {arch.name}")
+
+
+def hc_pre_config(arch: CudaArch, n: int, dim: int) -> tuple[LaunchConfig, int, int]:
+    """mHC pre, one program per token: returns (config, block_k over the flattened n*dim, block_d of the collapse).
+
+    The projection streams its (2+n)*n rows of ``fn`` from L2 in block_k slices; 512 keeps the [n, n, block_k]
+    comb slice at 32 fp32 registers per thread with 8 warps.
+    """
+    if arch.triton_arch in (90, 100):
+        flat = n * dim
+        return LaunchConfig(num_warps=8), min(512, max(16, 1 << (flat - 1).bit_length())), \
+            min(1024, max(16, 1 << (dim - 1).bit_length()))
+    raise ValueError(f"no mHC pre configuration for {arch.name}")

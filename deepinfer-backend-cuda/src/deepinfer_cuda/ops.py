@@ -10,11 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 from deepinfer_cuda.kernels.hc_post import hc_post
+from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rope import rope
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
     "rope": rope,
+    "hc_pre": hc_pre,
     "hc_post": hc_post,
 }

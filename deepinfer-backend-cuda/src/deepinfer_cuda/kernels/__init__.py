@@ -6,6 +6,6 @@
 from __future__ import annotations
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
-from deepinfer_cuda.kernels import hc_post, rms_norm, rope
+from deepinfer_cuda.kernels import hc_post, hc_pre, rms_norm, rope
 
-ALL: tuple[TritonKernel, ...] = (rms_norm.KERNEL, rope.KERNEL, hc_post.KERNEL)
+ALL: tuple[TritonKernel, ...] = (rms_norm.KERNEL, rope.KERNEL, hc_pre.KERNEL, hc_post.KERNEL)
