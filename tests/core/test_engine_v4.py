@@ -116,6 +116,22 @@ def test_batching_chunking_preemption_invariance(llm, v4_alone, limits, preempts
         assert_same_output(a, b)
 
 
+def test_live_state_never_exceeds_the_reserved_budget(llm):
+    """The scheduler's byte accounting (model.state_bytes) bounds the memory the states really hold."""
+    model = llm.engine.model
+    small = LLM.from_model(model, llm.tokenizer, state_cache_bytes=3 * model.state_bytes(max(RAGGED)),
+                           max_num_batched_tokens=16)
+    engine = small.engine
+    for prompt, params in zip(_ragged(llm), mixed_params(RAGGED_NEW)):
+        assert engine.add_request(prompt, params) is None
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+        assert engine.state_cache.nbytes() <= engine.state_cache.budget.used <= engine.state_cache.budget.capacity
+    assert steps > len(RAGGED) and engine.num_preemptions > 0
+
+
 def test_v41_checkpoint_is_refused_clearly(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
     with pytest.raises(UnsupportedModelError, match="not supported yet"):
