@@ -97,7 +97,8 @@ def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
         use_kernel_set(device_kernel_set)
     for (m, args), a, j in zip(cases, aot, jit):
         shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in args]
-        assert torch.equal(a, j), f"{m.KERNEL.name}: AOT and JIT differ for {shapes}"
+        pairs = zip(a, j) if isinstance(a, tuple) else [(a, j)]
+        assert all(torch.equal(x, y) for x, y in pairs), f"{m.KERNEL.name}: AOT and JIT differ for {shapes}"
 
 
 @requires_cuda
