@@ -1,4 +1,4 @@
-"""Model resolution: local dirs, repo ids (offline here), DEEPINFER_HF_MODEL_DIR, the cached default, the embedded model."""
+"""Model resolution: local dirs, repo ids (offline here), DEEPINFER_HF_MODEL_DIR, cached default, embedded model."""
 
 from __future__ import annotations
 

@@ -76,9 +76,13 @@ class SamplingParams:
             if not _is_real(value) or not -2 <= value <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
         if not _is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty!r}")
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty!r}"
+            )
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 or None (up to max_model_len), got {self.max_tokens!r}")
+            raise ValueError(
+                f"max_tokens must be an integer >= 1 or None (up to max_model_len), got {self.max_tokens!r}"
+            )
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -115,7 +119,9 @@ class SamplingParams:
             if value is not None and (not _is_int(value) or not _SEED_LOW <= value < _SEED_HIGH):
                 raise ValueError(f"{name} must be None or an integer in [-2**63, 2**64), got {value!r}")
         if self.seq_seed is not None and self.seed is not None and self.seq_seed != self.seed:
-            raise ValueError(f"seed is an alias of seq_seed; got both with different values ({self.seed}, {self.seq_seed})")
+            raise ValueError(
+                f"seed is an alias of seq_seed; got both with different values ({self.seed}, {self.seq_seed})"
+            )
         self.seq_seed = self.seed = self.seq_seed if self.seq_seed is not None else self.seed
 
     def _check_so_args(self) -> None:

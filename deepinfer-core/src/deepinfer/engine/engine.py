@@ -63,7 +63,9 @@ class Engine:
         self.num_generated_tokens = 0
 
     # --- requests -------------------------------------------------------------------------------
-    def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> RequestOutput | None:
+    def add_request(
+        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> RequestOutput | None:
         """Queue one prompt.  A bad request is not queued: its error output is returned instead."""
         params = params if params is not None else SamplingParams()
         arrival = next(self._arrivals)

@@ -63,7 +63,8 @@ def _fit_max_model_len(requested: int | None, model: CausalLM, budget: int) -> i
             raise ValueError(f"max_model_len must be an integer in [2, {model_max}] for this model, got {requested!r}")
         if model.state_bytes(requested) > budget:
             raise ValueError(f"max_model_len={requested} needs {model.state_bytes(requested)} bytes of state for one "
-                             f"sequence; the state cache budget is {budget} bytes: lower max_model_len or raise the budget")
+                             f"sequence; the state cache budget is {budget} bytes: "
+                             "lower max_model_len or raise the budget")
         return requested
     if model.state_bytes(model_max) <= budget:
         return model_max

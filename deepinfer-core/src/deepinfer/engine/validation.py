@@ -44,7 +44,9 @@ def check_request(
         raise RequestError("prompt is empty (it has no tokens)")
     bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise RequestError(f"prompt token id {token_ids[bad]} at index {bad} is outside the vocabulary [0, {vocab_size})")
+        raise RequestError(
+            f"prompt token id {token_ids[bad]} at index {bad} is outside the vocabulary [0, {vocab_size})"
+        )
     if len(token_ids) >= config.max_model_len:
         raise RequestError(
             f"prompt has {len(token_ids)} tokens; max_model_len={config.max_model_len} allows at most "

@@ -178,7 +178,8 @@ def _compare_samples(actual: torch.Tensor, expected: torch.Tensor, sample: OpSam
     scores = torch.where(greedy[:, None], logits.double(), _race_scores(logits, seeds, steps))
     for i in (actual != expected).nonzero().flatten().tolist():
         gap = (scores[i, expected[i]] - scores[i, actual[i]]).item()
-        assert gap < 1e-4, f"sample_tokens row {i}: token {actual[i].item()} instead of {expected[i].item()} (gap {gap})"
+        assert gap < 1e-4, (f"sample_tokens row {i}: token {actual[i].item()} "
+                            f"instead of {expected[i].item()} (gap {gap})")
 
 
 @reference_op(sample_inputs=_sample_samples, dtypes=(torch.float32,), compare=_compare_samples)
@@ -208,5 +209,8 @@ def token_logprobs(
     logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp.gather(-1, token_ids[:, None])
     rank = (logp > chosen).sum(dim=-1) + 1
-    top_logprobs, top_ids = torch.topk(logp, num_top, dim=-1) if num_top > 0 else (logp[:, :0], token_ids[:, None][:, :0])
+    if num_top > 0:
+        top_logprobs, top_ids = torch.topk(logp, num_top, dim=-1)
+    else:
+        top_logprobs, top_ids = logp[:, :0], token_ids[:, None][:, :0]
     return chosen[:, 0], rank, top_ids, top_logprobs

@@ -90,7 +90,8 @@ class ModelRunner:
         for chunk in sched.chunks:
             state = states.get(chunk.seq_id)
             if state.num_tokens != chunk.start:
-                raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, chunk starts at {chunk.start}")
+                raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
+                                   f"chunk starts at {chunk.start}")
             batch_states.append(state)
         batch = ForwardBatch(
             input_ids=torch.tensor(plan.input_ids, dtype=torch.int64, device=device),
