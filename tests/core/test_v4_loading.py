@@ -8,7 +8,15 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from v4_fixtures import SMALL, build_checkpoint, random_tokens, read_tensors, run_chunked, single_thread, write_checkpoint  # noqa: F401
+from v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)
+    SMALL,
+    build_checkpoint,
+    random_tokens,
+    read_tensors,
+    run_chunked,
+    single_thread,
+    write_checkpoint,
+)
 
 from deepinfer.models import CheckpointError, load_model
 from deepinfer.ops import OpTable

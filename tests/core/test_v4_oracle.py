@@ -71,7 +71,8 @@ def test_released_rates_token_by_token_after_prefill(released):
     state = model.new_state()
     prefill = 250
     with torch.no_grad():
-        out = [model.compute_logits(model.forward(ForwardBatch(tokens[:prefill], torch.arange(prefill), [prefill], [state])))]
+        batch = ForwardBatch(tokens[:prefill], torch.arange(prefill), [prefill], [state])
+        out = [model.compute_logits(model.forward(batch))]
         for pos in range(prefill, 270):
             batch = ForwardBatch(tokens[pos : pos + 1], torch.tensor([pos]), [1], [state])
             out.append(model.compute_logits(model.forward(batch)))

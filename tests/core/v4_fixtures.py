@@ -154,7 +154,8 @@ def run_ragged(model, sequences: list[torch.Tensor], schedule: list[list[int]]) 
             ids = torch.cat([sequences[i][done[i] : done[i] + step[i]] for i in members])
             positions = torch.cat([torch.arange(done[i], done[i] + step[i]) for i in members])
             lens = [step[i] for i in members]
-            logits = model.compute_logits(model.forward(ForwardBatch(ids, positions, lens, [states[i] for i in members])))
+            batch = ForwardBatch(ids, positions, lens, [states[i] for i in members])
+            logits = model.compute_logits(model.forward(batch))
             for i, rows in zip(members, logits.split(lens)):
                 out[i].append(rows)
                 done[i] += step[i]

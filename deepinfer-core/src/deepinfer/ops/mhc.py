@@ -97,7 +97,9 @@ def _hc_head_samples(dtype: torch.dtype, gen: torch.Generator):
 def hc_head(
     streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float, hc_eps: float
 ) -> torch.Tensor:
-    """Final collapse of the streams: ``sum_k pre_k * streams[k]``, ``pre = sigmoid(fn . norm(s) * scale + base) + hc_eps``.
+    """Final collapse of the streams: ``sum_k pre_k * streams[k]``.
+
+    ``pre = sigmoid(fn . norm(streams) * scale + base) + hc_eps`` (unweighted RMSNorm of the flattened streams).
 
     streams: [T, N, D]; fn: [N, N*D] fp32; base: [N] fp32; scale: [1] fp32.  Returns [T, D] in streams.dtype.
     """

@@ -31,7 +31,8 @@ class Compressor:
         inv_freq: torch.Tensor,
         rope_scaling: float,
     ):
-        self.ops, self.wkv, self.wgate, self.position_bias, self.norm_weight = ops, wkv, wgate, position_bias, norm_weight
+        self.ops, self.wkv, self.wgate = ops, wkv, wgate
+        self.position_bias, self.norm_weight = position_bias, norm_weight
         self.ratio, self.overlap, self.eps = ratio, overlap, eps
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
         self.width = wkv.shape[0]

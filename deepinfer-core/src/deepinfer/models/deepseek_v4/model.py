@@ -27,10 +27,11 @@ from deepinfer.quant import QuantizedTensor
 
 
 class HyperConnection:
-    """One mHC site's parameters: ``fn`` [(2+N)N, N*D], ``base``, ``scale`` [3] (all fp32)."""
+    """One mHC site (``<prefix>_fn`` [(2+N)N, N*D], ``_base``, ``_scale`` [3], all fp32): weights and collapse."""
 
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor):
-        self.ops, self.cfg, self.fn, self.base, self.scale = ops, cfg, fn, base, scale
+    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, get: Callable[[str], torch.Tensor], prefix: str):
+        self.ops, self.cfg = ops, cfg
+        self.fn, self.base, self.scale = get(prefix + "_fn"), get(prefix + "_base"), get(prefix + "_scale")
 
     def pre(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
@@ -43,8 +44,8 @@ class DecoderLayer:
     def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
-        self.attn_hc = HyperConnection(ops, cfg, get(p + "hc_attn_fn"), get(p + "hc_attn_base"), get(p + "hc_attn_scale"))
-        self.ffn_hc = HyperConnection(ops, cfg, get(p + "hc_ffn_fn"), get(p + "hc_ffn_base"), get(p + "hc_ffn_scale"))
+        self.attn_hc = HyperConnection(ops, cfg, get, p + "hc_attn")
+        self.ffn_hc = HyperConnection(ops, cfg, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
         self.attn = Attention(ops, cfg, layer, get)
         self.ffn = MoE(ops, cfg, layer, get)
@@ -81,7 +82,7 @@ class DeepseekV4ForCausalLM:
         self.embed = get("embed.weight")
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
         self.norm = get("norm.weight")
-        self.hc_head_fn, self.hc_head_base, self.hc_head_scale = get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale")
+        self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
         self.layers = [DecoderLayer(ops, cfg, i, get) for i in range(cfg.num_hidden_layers)]
 
     # --- state ----------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ class DeepseekV4ForCausalLM:
             streams = layer(streams, batch.input_ids, batch.positions, layout, [s.layers[i] for s in states])
         for state, n in zip(states, batch.seq_lens):
             state.num_tokens += n
-        hidden = ops.hc_head(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, cfg.rms_norm_eps, cfg.hc_eps)
+        hidden = ops.hc_head(streams, *self.hc_head, cfg.rms_norm_eps, cfg.hc_eps)
         return ops.rms_norm(hidden, self.norm, cfg.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -100,7 +100,8 @@ def _compressor(shapes: dict, prefix: str, d: int, width: int, out_dim: int, rat
 
 
 def _mlp(shapes: dict, prefix: str, d: int, inter: int) -> None:
-    shapes.update({prefix + "w1.weight": (inter, d), prefix + "w3.weight": (inter, d), prefix + "w2.weight": (d, inter)})
+    shapes.update({f"{prefix}w1.weight": (inter, d), f"{prefix}w3.weight": (inter, d)})
+    shapes[f"{prefix}w2.weight"] = (d, inter)
 
 
 Stored = torch.Tensor | QuantizedTensor
@@ -121,7 +122,9 @@ def _mismatch(name: str, expected: tuple[int, ...], actual: tuple[int, ...]) -> 
 class _Reader:
     """Pairs ``X.weight`` with ``X.scale``, checks shapes against the config, loads and converts tensors."""
 
-    def __init__(self, ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device
+    ):
         self.ckpt, self.cfg, self.dtype, self.device = ckpt, cfg, dtype, device
         self.block = cfg.quant.weight_block_size if cfg.quant is not None else (128, 128)
         self.on_disk: dict[str, str] = {}
