@@ -47,11 +47,56 @@ def test_masks_exactly_the_disallowed_tokens(vocab, dtype):
             assert token_allowed(bitmask, r, t) == bool(allowed[r, t])
 
 
-def test_agrees_with_xgrammar_kernel_including_sign_bit_words():
+@pytest.mark.parametrize("vocab, backend", [(8000, "cpu"), (8085, "torch_native")])
+def test_agrees_with_xgrammar_including_sign_bit_words(vocab, backend):
+    # xgrammar 0.2.9's C++ CPU kernel writes past the end of a row when vocab % 32 != 0, so it is
+    # compared only on a whole number of words; its torch implementation covers the ragged tail.
     gen = torch.Generator().manual_seed(7)
-    vocab = 129280 // 16 + 5  # not a multiple of 32
     bitmask = torch.randint(-(2**31), 2**31 - 1, (6, bitmask_width(vocab)), generator=gen, dtype=torch.int32)
     logits = torch.randn(6, vocab, generator=gen)
     expected = logits.clone()
-    xgr.apply_token_bitmask_inplace(expected, bitmask)
+    xgr.apply_token_bitmask_inplace(expected, bitmask, backend=backend)
     assert torch.equal(OpTable().apply_token_bitmask(logits, bitmask), expected)
+
+
+def _xgrammar_torch(logits, bitmask):
+    out = logits.clone()
+    xgr.apply_token_bitmask_inplace(out, bitmask, backend="torch_native")
+    return out
+
+
+def _reversed_bits(logits, bitmask):
+    """A plausible bug: most significant bit first within each word."""
+    shifts = 31 - torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(len(logits), -1)[:, : logits.shape[1]].bool()
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def _forgets_last_word(logits, bitmask):
+    """A plausible bug: only whole words of 32 tokens are masked, the tail of the vocabulary is not."""
+    full = logits.shape[1] // 32 * 32
+    out = logits.clone()
+    out[:, :full] = OpTable().apply_token_bitmask(logits[:, :full].contiguous(), bitmask[:, : full // 32].contiguous())
+    return out
+
+
+def _backend(impl):
+    from deepinfer.backends.cpu import CpuBackend
+
+    class Backend(CpuBackend):
+        name = f"bitmask_{impl.__name__.strip('_')}"
+
+        def load_ops(self):
+            return {"apply_token_bitmask": impl}
+
+    return Backend()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conformance_samples_accept_xgrammar_and_reject_plausible_bugs(dtype):
+    from deepinfer.testing import check_op
+
+    assert check_op(_backend(_xgrammar_torch), "apply_token_bitmask", dtype) >= 4
+    for buggy in (_reversed_bits, _forgets_last_word):
+        with pytest.raises(AssertionError):
+            check_op(_backend(buggy), "apply_token_bitmask", dtype)
