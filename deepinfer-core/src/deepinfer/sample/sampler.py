@@ -100,21 +100,25 @@ class Sampler:
         if token_bitmask is not None:
             x = self.ops.apply_token_bitmask(x, token_bitmask)
 
-        greedy = [p.greedy for p in params]
-        if not all(greedy):
-            x = self.ops.filter_logits(
-                x,
-                torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-                torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-                torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-                torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+        tokens = x.argmax(dim=-1)
+        drawn = [i for i, p in enumerate(params) if not p.greedy]
+        if drawn:  # only the rows that sample pay for truncation and noise
+            ps, rs = [params[i] for i in drawn], [rows[i] for i in drawn]
+            index = torch.tensor(drawn, dtype=torch.int64, device=device)
+            xs = self.ops.filter_logits(
+                x[index],
+                torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=device),
+                torch.tensor([p.top_k for p in ps], dtype=torch.int64, device=device),
+                torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=device),
+                torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=device),
             )
-        return self.ops.sample_tokens(
-            x,
-            torch.tensor(greedy, dtype=torch.bool, device=device),
-            torch.tensor([_signed64(r.seed) for r in rows], dtype=torch.int64, device=device),
-            torch.tensor([r.step for r in rows], dtype=torch.int64, device=device),
-        )
+            tokens[index] = self.ops.sample_tokens(
+                xs,
+                torch.zeros(len(drawn), dtype=torch.bool, device=device),
+                torch.tensor([_signed64(r.seed) for r in rs], dtype=torch.int64, device=device),
+                torch.tensor([r.step for r in rs], dtype=torch.int64, device=device),
+            )
+        return tokens
 
     def _banned_until_min_tokens(self, row: SamplingRow) -> list[int]:
         """EOS and stop tokens may not end the output before ``min_tokens`` tokens.
