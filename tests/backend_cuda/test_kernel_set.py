@@ -79,10 +79,10 @@ def test_hidden_params_match_this_triton(sm90_set):
         assert {tuple(e.hidden_params) for e in manifest.kernels} == {("global_scratch", "profile_scratch")}
 
 
-def _key_for(x2, weight, y):
-    grid, cfg, args = rms_mod.launch_args(x2, weight, y, 1e-6, SM90A)
-    sig, const = signature_of(rms_mod.KERNEL.params, args)
-    return variant_key("rms_norm", "sm_90a", sig, const, cfg.num_warps, cfg.num_stages)
+def _key_for(x, weight):
+    launch = rms_mod.prepare(x, weight, 1e-6, arch=SM90A)
+    sig, const = signature_of(rms_mod.KERNEL.params, launch.args)
+    return variant_key("rms_norm", "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)
 
 
 def test_runtime_key_of_contiguous_inputs_finds_its_cubin(sm90_set):
@@ -93,10 +93,10 @@ def test_runtime_key_of_contiguous_inputs_finds_its_cubin(sm90_set):
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(3, dim, dtype=dtype)
             for w in (torch.ones(dim, dtype=dtype), None):
-                assert _key_for(x, w, torch.empty_like(x)) in ks.entries, (dim, dtype, w is None)
+                assert _key_for(x, w) in ks.entries, (dim, dtype, w is None)
     # A single row keys the same as many (the row count is never specialized).
     x = torch.randn(1, 4096, dtype=torch.bfloat16)
-    assert _key_for(x, None, torch.empty_like(x)) in ks.entries
+    assert _key_for(x, None) in ks.entries
 
 
 def test_jit_fallback_when_no_cubin_matches(sm90_set, caplog):
@@ -107,7 +107,7 @@ def test_jit_fallback_when_no_cubin_matches(sm90_set, caplog):
     fp16 = torch.randn(4, 4096, dtype=torch.float16)
     odd = torch.randn(4, 3000, dtype=torch.bfloat16)  # a width nobody compiled ahead of time
     for x in (unaligned, fp16, odd):
-        assert _key_for(x, None, torch.empty_like(x)) not in ks.entries
+        assert _key_for(x, None) not in ks.entries
     # The dispatcher's decision (no GPU needed to refuse): None means Triton JIT, and it says why.
     from deepinfer_cuda.kernel_set import dispatch
 
@@ -115,7 +115,7 @@ def test_jit_fallback_when_no_cubin_matches(sm90_set, caplog):
     dispatch._active = ks
     try:
         with caplog.at_level(logging.INFO, logger="deepinfer.cuda.kernel_set"):
-            assert rms_mod.KERNEL._resolve(_key_for(odd, None, torch.empty_like(odd)), SM90A, 0) is None
+            assert rms_mod.KERNEL._resolve(_key_for(odd, None), SM90A, 0) is None
     finally:
         dispatch._active = previous
     assert "no cubin was built for this specialization" in caplog.text and "using Triton JIT" in caplog.text

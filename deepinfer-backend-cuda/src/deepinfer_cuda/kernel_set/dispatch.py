@@ -12,11 +12,12 @@ import contextlib
 import functools
 import logging
 import threading
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from deepinfer_cuda.arch import CudaArch, arch_for_capability
+from deepinfer_cuda.arch import CudaArch, LaunchConfig, arch_for_capability
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.cubin import CubinFunction
 from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, KernelEntry, Manifest, sha256_bytes, variant_key
@@ -96,6 +97,38 @@ def use_kernel_set(kernel_set: KernelSet | Path | None) -> KernelSet:
 
 
 _KERNELS: list["TritonKernel"] = []
+
+
+@dataclass(slots=True)
+class Launch:
+    """One planned launch, built by a kernel module's ``prepare(*op_args, arch=...)`` without touching a GPU.
+
+    ``result`` is what the op returns once the kernel has run (outputs allocated on the inputs' device), so the
+    same plan runs through a cubin, the JIT, or Triton's CPU interpreter in tests.
+    """
+
+    grid: tuple[int, ...]
+    config: LaunchConfig
+    args: dict[str, Any]
+    result: Any
+
+    def run(self, kernel: "TritonKernel", device_index: int) -> Any:
+        if all(g > 0 for g in self.grid):
+            with on_device(device_index):
+                kernel(self.grid, num_warps=self.config.num_warps, num_stages=self.config.num_stages, **self.args)
+        return self.result
+
+
+def cuda_target(t: Any) -> tuple[int, CudaArch]:
+    """(device index, kernel-set architecture) of the CUDA tensor ``t``; raises where the set has no arch."""
+    import torch
+
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    arch = device_arch(index)
+    if arch is None:
+        raise RuntimeError(f"no kernel configuration for the GPU of {t.device} "
+                           f"(capability {torch.cuda.get_device_capability(index)})")
+    return index, arch
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_post_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch, on_device
+from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
 AOT_SHAPES = ((4, 4096), (4, 5120))
@@ -62,17 +62,9 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("hc_post", _hc_post_kernel, _aot_variants)
 
 
-def launch_args(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor,
-                arch: CudaArch):
-    """Grid, launch configuration and kernel arguments (contiguous inputs; no launch)."""
-    tokens, n, dim = streams.shape
-    cfg, const = _plan(arch, n, dim)
-    args = dict(out_ptr=out, streams_ptr=streams, post_ptr=post, comb_ptr=comb, y_ptr=y, **const)
-    return (tokens, triton.cdiv(dim, const["BLOCK_D"])), cfg, args
-
-
-def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """New streams [T, N, D] after a sublayer; out [T, D], streams [T, N, D], post [T, N] fp32, comb [T, N, N] fp32."""
+def prepare(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, *,
+            arch: CudaArch) -> Launch:
+    """Plan ``hc_post(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     tokens, n, dim = streams.shape
     if n & (n - 1):
         raise ValueError(f"hc_post: {n} streams; the kernel needs a power of two")
@@ -80,13 +72,12 @@ def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
     post = post.to(torch.float32).contiguous()
     comb = comb.to(torch.float32).contiguous()
     y = torch.empty_like(streams)
-    if tokens == 0:
-        return y
-    index = streams.device.index if streams.device.index is not None else torch.cuda.current_device()
-    arch = device_arch(index)
-    if arch is None:
-        raise RuntimeError(f"no kernel configuration for the GPU of {streams.device}")
-    grid, cfg, args = launch_args(out, streams, post, comb, y, arch)
-    with on_device(index):
-        KERNEL(grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args)
-    return y
+    cfg, const = _plan(arch, n, dim)
+    args = dict(out_ptr=out, streams_ptr=streams, post_ptr=post, comb_ptr=comb, y_ptr=y, **const)
+    return Launch((tokens, triton.cdiv(dim, const["BLOCK_D"])), cfg, args, y)
+
+
+def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """New streams [T, N, D] after a sublayer; out [T, D], streams [T, N, D], post [T, N] fp32, comb [T, N, N] fp32."""
+    index, arch = cuda_target(streams)
+    return prepare(out, streams, post, comb, arch=arch).run(KERNEL, index)

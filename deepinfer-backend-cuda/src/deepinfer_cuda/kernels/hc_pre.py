@@ -17,7 +17,7 @@ import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_pre_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch, on_device
+from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
 AOT_SHAPES = ((4, 4096), (4, 5120))
@@ -95,21 +95,9 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("hc_pre", _hc_pre_kernel, _aot_variants)
 
 
-def launch_args(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-                collapsed: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, norm_eps: float, hc_eps: float,
-                sinkhorn_iters: int, arch: CudaArch):
-    """Grid, launch configuration and kernel arguments (contiguous inputs; no launch)."""
-    tokens, n, dim = streams.shape
-    cfg, const = _plan(arch, n, dim)
-    args = dict(streams_ptr=streams, fn_ptr=fn, base_ptr=base, scale_ptr=scale, collapsed_ptr=collapsed,
-                post_ptr=post, comb_ptr=comb, norm_eps=float(norm_eps), hc_eps=float(hc_eps),
-                sinkhorn_iters=int(sinkhorn_iters), **const)
-    return (tokens,), cfg, args
-
-
-def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-           hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(collapsed [T, D] in streams.dtype, post [T, N] fp32, comb [T, N, N] fp32) of one mHC site."""
+def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch) -> Launch:
+    """Plan ``hc_pre(...)`` for ``arch``: outputs allocated, arguments built, nothing launched."""
     tokens, n, dim = streams.shape
     if n & (n - 1) or sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1")
@@ -118,14 +106,15 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     collapsed = torch.empty((tokens, dim), dtype=streams.dtype, device=streams.device)
     post = torch.empty((tokens, n), dtype=torch.float32, device=streams.device)
     comb = torch.empty((tokens, n, n), dtype=torch.float32, device=streams.device)
-    if tokens == 0:
-        return collapsed, post, comb
-    index = streams.device.index if streams.device.index is not None else torch.cuda.current_device()
-    arch = device_arch(index)
-    if arch is None:
-        raise RuntimeError(f"no kernel configuration for the GPU of {streams.device}")
-    grid, cfg, args = launch_args(streams, fn, base, scale, collapsed, post, comb, norm_eps, hc_eps,
-                                  sinkhorn_iters, arch)
-    with on_device(index):
-        KERNEL(grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args)
-    return collapsed, post, comb
+    cfg, const = _plan(arch, n, dim)
+    args = dict(streams_ptr=streams, fn_ptr=fn, base_ptr=base, scale_ptr=scale, collapsed_ptr=collapsed,
+                post_ptr=post, comb_ptr=comb, norm_eps=float(norm_eps), hc_eps=float(hc_eps),
+                sinkhorn_iters=int(sinkhorn_iters), **const)
+    return Launch((tokens,), cfg, args, (collapsed, post, comb))
+
+
+def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+           hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(collapsed [T, D] in streams.dtype, post [T, N] fp32, comb [T, N, N] fp32) of one mHC site."""
+    index, arch = cuda_target(streams)
+    return prepare(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, arch=arch).run(KERNEL, index)

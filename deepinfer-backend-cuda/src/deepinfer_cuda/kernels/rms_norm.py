@@ -14,7 +14,7 @@ import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch, on_device
+from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 
 #: Row widths compiled ahead of time: V4 hidden 4096, q_lora 1024, head 512, indexer head 128,
 #: mHC's flattened 4 x 4096; V4.1 hidden 5120, q_lora 1280, 4 x 5120; 64 for small configs and tests.
@@ -71,32 +71,24 @@ def _plan(arch: CudaArch, dim: int, has_weight: bool) -> tuple[LaunchConfig, dic
     return cfg, _constexprs(dim, cfg, has_weight)
 
 
-def launch_args(x2: torch.Tensor, weight: torch.Tensor | None, y: torch.Tensor, eps: float,
-                arch: CudaArch) -> tuple[tuple[int], LaunchConfig, dict[str, object]]:
-    """Grid, launch configuration and kernel arguments for rows ``x2`` [R, D] -> ``y`` [R, D] (no launch)."""
-    n_rows, dim = x2.shape
-    cfg, constexprs = _plan(arch, dim, weight is not None)
-    args = dict(x_ptr=x2, w_ptr=weight, y_ptr=y, x_row_stride=x2.stride(0) if n_rows > 1 else dim,
-                y_row_stride=dim, n_rows=n_rows, eps=float(eps), **constexprs)
-    return ((n_rows + cfg.block_rows - 1) // cfg.block_rows,), cfg, args
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim in fp32, returned in ``x.dtype``; x [..., D], weight [D] or None."""
+def prepare(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, arch: CudaArch) -> Launch:
+    """Plan ``rms_norm(x, weight, eps)`` for ``arch``: output allocated, arguments built, nothing launched."""
     dim = x.shape[-1]
     if x.stride(-1) != 1:
         x = x.contiguous()
     x2 = x.reshape(-1, dim)
-    y = torch.empty((x2.shape[0], dim), dtype=x.dtype, device=x.device)
-    if x2.shape[0] == 0 or dim == 0:
-        return y.view(x.shape)
+    n_rows = x2.shape[0]
+    y = torch.empty((n_rows, dim), dtype=x.dtype, device=x.device)
     if weight is not None and weight.stride(-1) != 1:
         weight = weight.contiguous()
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    arch = device_arch(index)
-    if arch is None:
-        raise RuntimeError(f"no kernel configuration for the GPU of {x.device}")
-    grid, cfg, args = launch_args(x2, weight, y, eps, arch)
-    with on_device(index):
-        KERNEL(grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args)
-    return y.view(x.shape)
+    cfg, constexprs = _plan(arch, dim, weight is not None)
+    args = dict(x_ptr=x2, w_ptr=weight, y_ptr=y, x_row_stride=x2.stride(0) if n_rows > 1 else dim,
+                y_row_stride=dim, n_rows=n_rows, eps=float(eps), **constexprs)
+    grid = ((n_rows + cfg.block_rows - 1) // cfg.block_rows if dim else 0,)
+    return Launch(grid, cfg, args, y.view(x.shape))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in fp32, returned in ``x.dtype``; x [..., D], weight [D] or None."""
+    index, arch = cuda_target(x)
+    return prepare(x, weight, eps, arch=arch).run(KERNEL, index)

@@ -17,7 +17,7 @@ from triton.language.extra import libdevice
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rope_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import TritonKernel, device_arch, on_device
+from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 
 #: (head_dim, rope_dim, heads) compiled ahead of time: V4 queries (64 heads) and the shared K=V latent (1)
 #: at head_dim 512, the lightning indexer's queries (64 heads) and keys (1) at 128; rope_dim 64 throughout.
@@ -78,20 +78,9 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("rope", _rope_kernel, _aot_variants)
 
 
-def launch_args(x3: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, y: torch.Tensor,
-                attention_scaling: float, inverse: bool, arch: CudaArch):
-    """Grid, launch configuration and kernel arguments for x3 [T, H, D] (no launch)."""
-    tokens, heads, dim = x3.shape
-    cfg, const = _plan(arch, dim, 2 * inv_freq.numel(), heads, bool(inverse))
-    args = dict(x_ptr=x3, pos_ptr=positions, inv_freq_ptr=inv_freq, y_ptr=y,
-                x_token_stride=x3.stride(0) if tokens > 1 else heads * dim,
-                x_head_stride=x3.stride(1) if heads > 1 else dim, scaling=float(attention_scaling), **const)
-    return (tokens, triton.cdiv(heads, const["BLOCK_H"])), cfg, args
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
-         inverse: bool = False) -> torch.Tensor:
-    """Rotate the last ``2 * len(inv_freq)`` channels of x [T, D] or [T, H, D] by position; returns a new tensor."""
+def prepare(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+            inverse: bool = False, *, arch: CudaArch) -> Launch:
+    """Plan ``rope(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     dim = x.shape[-1]
     half = inv_freq.numel()
     if half & (half - 1) or 2 * half > dim:
@@ -99,16 +88,19 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, atten
     if x.stride(-1) != 1:
         x = x.contiguous()
     x3 = x if x.dim() == 3 else x.unsqueeze(1)
+    tokens, heads, _ = x3.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x3.shape[0] == 0 or x3.shape[1] == 0:
-        return y
     positions = positions.to(device=x.device, dtype=torch.int64).contiguous()
     inv_freq = inv_freq.to(device=x.device, dtype=torch.float32).contiguous()
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    arch = device_arch(index)
-    if arch is None:
-        raise RuntimeError(f"no kernel configuration for the GPU of {x.device}")
-    grid, cfg, args = launch_args(x3, positions, inv_freq, y, attention_scaling, inverse, arch)
-    with on_device(index):
-        KERNEL(grid, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args)
-    return y
+    cfg, const = _plan(arch, dim, 2 * half, heads, bool(inverse))
+    args = dict(x_ptr=x3, pos_ptr=positions, inv_freq_ptr=inv_freq, y_ptr=y,
+                x_token_stride=x3.stride(0) if tokens > 1 else heads * dim,
+                x_head_stride=x3.stride(1) if heads > 1 else dim, scaling=float(attention_scaling), **const)
+    return Launch((tokens, triton.cdiv(heads, const["BLOCK_H"])), cfg, args, y)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+         inverse: bool = False) -> torch.Tensor:
+    """Rotate the last ``2 * len(inv_freq)`` channels of x [T, D] or [T, H, D] by position; returns a new tensor."""
+    index, arch = cuda_target(x)
+    return prepare(x, positions, inv_freq, attention_scaling, inverse, arch=arch).run(KERNEL, index)
