@@ -32,7 +32,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     llm = LLM(model=args.model, seed=0)
-    params = SamplingParams(temperature=args.temperature, top_p=0.95, max_tokens=args.max_tokens, seed=1234)
+    # No per-request seed: each request draws its own from LLM(seed=0), so reruns reproduce.
+    params = SamplingParams(temperature=args.temperature, top_p=0.95, max_tokens=args.max_tokens)
     for output in llm.generate(PROMPTS, params):
         completion = output.outputs[0]
         print(f"\nPrompt: {output.prompt!r}\nOutput: {completion.text!r}  [{completion.finish_reason}, "
