@@ -1,0 +1,407 @@
+"""Train the tiny DeepSeek-V4 checkpoint that DeepInfer ships as its offline default model.
+
+What it is: a ~3M-parameter `transformers.DeepseekV4ForCausalLM` (every V4 block kind: sliding-window,
+CSA ratio 4 with the lightning indexer, HCA ratio 128, mHC with 4 streams, hash-MoE then routed MoE with
+a shared expert, attention sinks, grouped output projection; no MTP layer) with a byte-level BPE
+tokenizer, trained for a few minutes on simple English stories that this script generates from a small
+grammar.  It exists so `examples/offline_inference.py` and the end-to-end tests run offline in seconds
+and print words rather than noise.
+
+What it is not: a language model.  It knows only the story grammar below; its text is locally
+coherent (grammatical sentences, names carried through a story) and nothing more.  The lightning
+indexer gets no gradient through its top-k (as in HF's model) and keeps its random initialisation.
+
+Run (2 CPU cores, about 15 minutes for the default 1200 steps):
+
+    .venv/bin/python tools/train_tiny_v4.py \
+        --out deepinfer-core/src/deepinfer/assets/tiny_v4 --steps 1200 --seed 0
+
+Everything (corpus, tokenizer, hash routes, initialisation, batches) derives from --seed, so a rerun
+with the same flags and torch version reproduces the checkpoint up to floating-point kernel order.
+The output dir gets config.json, model.safetensors (bf16 matrices; mHC, norms, sinks, router bias
+and compressor position biases in fp32), tokenizer.json + tokenizer_config.json,
+generation_config.json and a sample of the corpus is printed for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+# On a shared 2-core machine, spinning OpenMP workers starve each other (3x slower); must precede torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    DeepseekV4Config,
+    DeepseekV4ForCausalLM,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+)
+
+BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"  # ids 0, 1, 2 as in DeepSeek
+
+# --------------------------------------------------------------------------------------------------
+# Corpus: a small grammar of children's stories.  Characters keep their name and pronoun through a
+# story, so the model has something to carry across sentences (and across the sliding window).
+# --------------------------------------------------------------------------------------------------
+
+GIRLS = ["Lily", "Mia", "Anna", "Sara", "Lucy", "Emma", "Zoe", "Ella", "Rose", "Amy", "Kate", "Nora", "Ivy", "Ruby",
+         "Maya", "Grace"]
+BOYS = ["Tom", "Ben", "Max", "Sam", "Leo", "Jack", "Tim", "Finn", "Noah", "Ollie", "Jake", "Dan", "Oscar", "Eli",
+        "Hugo", "Luke"]
+KINDS = {  # kind -> pronoun
+    "girl": "she", "boy": "he", "dog": "he", "cat": "she", "bunny": "she", "bear": "he",
+    "bird": "she", "fox": "he", "duck": "she", "mouse": "he", "frog": "he", "pig": "she", "owl": "she",
+    "lion": "he", "goat": "he", "sheep": "she", "turtle": "he", "squirrel": "she",
+}
+SIZES = ["little", "small", "big", "tiny", "young"]
+TRAITS = ["happy", "kind", "brave", "curious", "shy", "funny", "clever", "gentle", "busy", "sleepy", "silly", "quiet",
+          "strong", "polite"]
+HOMES = ["in a small house", "near the woods", "by the sea", "on a big farm", "in a quiet town",
+         "next to a river", "on a green hill", "in the city"]
+LIKES = ["play in the park", "draw pictures", "sing songs", "read books", "run in the grass",
+         "look at the stars", "help her mom", "bake cakes", "swim in the lake", "climb trees",
+         "pick flowers", "play with blocks", "ride a bike", "jump in the puddles", "dance in the kitchen",
+         "build sand castles", "watch the birds", "play the drum"]
+PLACES = ["park", "forest", "beach", "garden", "market", "school", "zoo", "lake", "farm", "library", "river", "hill",
+          "bakery", "playground", "pond"]
+COLORS = ["red", "blue", "green", "yellow", "shiny", "soft", "old", "pretty", "big", "little", "purple", "orange",
+          "golden", "striped"]
+THINGS = ["ball", "box", "hat", "kite", "book", "shell", "key", "cup", "stone", "toy car", "flower",
+          "feather", "map", "bell", "spoon", "sock", "blanket", "drum", "balloon", "ring", "basket", "lamp",
+          "puzzle", "boat"]
+SPOTS = ["under a tree", "behind a rock", "near the pond", "in the sand", "on the path",
+         "under the bed", "in the grass", "by the fence", "next to a bench", "inside a box", "at the top of the hill",
+         "under a leaf"]
+FEELINGS_GOOD = ["happy", "excited", "glad", "proud", "surprised"]
+FEELINGS_BAD = ["sad", "scared", "worried", "upset", "tired"]
+PROBLEMS = [("it was stuck in a tree", "used a long stick to get it down"),
+            ("it was very dirty", "washed it with soap and water"),
+            ("it was broken", "fixed it with some tape"),
+            ("it was too heavy to carry", "pushed it all the way home"),
+            ("it fell into the water", "pulled it out with a net"),
+            ("the wind blew it away", "ran after it until they caught it")]
+WEATHER = ["The sun was warm.", "The sky was blue.", "It was a rainy day.", "The wind was cold.",
+           "It was a sunny morning.", "The clouds were gray."]
+FOODS = ["apples", "cookies", "bread", "soup", "cake", "carrots", "berries", "pie", "pancakes", "honey", "grapes",
+         "cheese", "muffins"]
+SAYINGS_GOOD = ["Look what I found!", "This is the best day ever!", "Thank you so much!",
+                "I love it!", "Wow, how pretty!", "Can we play again tomorrow?"]
+SAYINGS_HELP = ["Can you help me?", "Please help me!", "What should I do?", "I need a friend."]
+ENDINGS = ["They played together until the sun went down.", "They ate {food} and laughed.",
+           "They went home and had a nice dinner.", "That night, {name} slept with a big smile.",
+           "They became best friends.", "They shared the {thing} and had fun all day."]
+MORALS = ["From that day on, {name} always helped {pos} friends.",
+          "{Name} learned that it is good to share.", "{Name} learned to be brave.",
+          "{Name} knew that friends make everything better.", ""]
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+class StoryGenerator:
+    """Draws one short story from the grammar above; all randomness comes from one `random.Random`."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def character(self, exclude: str = "") -> tuple[str, str, str]:
+        """(name, kind, pronoun); people get human names, animals get either."""
+        kind = self.rng.choice(list(KINDS))
+        pron = KINDS[kind]
+        pool = GIRLS if pron == "she" else BOYS
+        name = self.rng.choice([n for n in pool if n != exclude])
+        return name, kind, pron
+
+    def story(self) -> str:
+        pick = self.rng.choice
+        name, kind, pron = self.character()
+        friend, fkind, _ = self.character(exclude=name)
+        pos = "her" if pron == "she" else "his"
+        Pron = pron.capitalize()
+        size, trait = pick(SIZES), pick(TRAITS)
+        like = pick(LIKES).replace("her mom", f"{pos} mom")
+        color, thing, spot, place = pick(COLORS), pick(THINGS), pick(SPOTS), pick(PLACES)
+        s: list[str] = []
+
+        intro = pick([
+            f"Once upon a time, there was {article(size)} {size} {kind} named {name}.",
+            f"There once was {article(trait)} {trait} {kind} called {name}.",
+            f"{name} was {article(size)} {size} {kind} who lived {pick(HOMES)}.",
+            f"Once upon a time, {article(trait)} {trait} {kind} named {name} lived {pick(HOMES)}.",
+        ])
+        s.append(intro)
+        s.append(pick([f"{Pron} liked to {like}.", f"{Pron} loved to {like}.",
+                       f"Every day, {name} liked to {like}.", f"{Pron} was very {trait}."]))
+        if self.rng.random() < 0.5:
+            s.append(pick(WEATHER))
+        s.append(pick([
+            f"One day, {name} went to the {place} and found {article(color)} {color} {thing} {spot}.",
+            f"One day, {pron} found {article(color)} {color} {thing} {spot}.",
+            f"One morning, {name} saw {article(color)} {color} {thing} {spot}.",
+        ]))
+        s.append(pick([f"{Pron} was very {pick(FEELINGS_GOOD)}.", f"\"{pick(SAYINGS_GOOD)}\" said {name}.",
+                       f"{name} picked up the {thing} and smiled."]))
+
+        if self.rng.random() < 0.7:  # a problem, a friend, a fix
+            problem, fix = pick(PROBLEMS)
+            s.append(f"But {problem}.")
+            s.append(f"{name} felt {pick(FEELINGS_BAD)}.")
+            s.append(pick([f"Then {pron} saw {pos} friend {friend}, the {fkind}.",
+                           f"Just then, {article(fkind)} {fkind} named {friend} came by."]))
+            s.append(f"\"{pick(SAYINGS_HELP)}\" asked {name}.")
+            s.append(pick([f"\"Yes, I can help you,\" said {friend}.", f"{friend} said, \"Do not worry. I will help.\"",
+                           f"{friend} nodded and smiled."]))
+            s.append(f"Together, they {fix}.")
+            s.append(f"{name} was {pick(FEELINGS_GOOD)} again.")
+        else:  # a friend comes to play
+            s.append(pick([f"{name} took the {thing} to the {place} to show {pos} friend {friend}.",
+                           f"Then {pron} ran to show the {thing} to {friend}, the {fkind}."]))
+            s.append(f"\"What a {color} {thing}!\" said {friend}.")
+
+        s.append(pick(ENDINGS).format(name=name, food=pick(FOODS), thing=thing))
+        moral = pick(MORALS).format(name=name, Name=name, pos=pos)
+        if moral:
+            s.append(moral)
+        if self.rng.random() < 0.3:
+            s.append("The end.")
+        return " ".join(s)
+
+
+def build_corpus(n_stories: int, seed: int) -> list[str]:
+    gen = StoryGenerator(random.Random(seed))
+    return [gen.story() for _ in range(n_stories)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer: byte-level BPE, bos prepended by the post-processor (as DeepSeek's tokenizer does).
+# --------------------------------------------------------------------------------------------------
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, model_max_length=1 << 20
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Model: the smallest config that still has every V4 block kind.
+# --------------------------------------------------------------------------------------------------
+
+
+def tiny_config(tokenizer: PreTrainedTokenizerFast) -> DeepseekV4Config:
+    """5 layers: SWA, SWA, CSA, HCA, CSA (the released schedule, cut short); hash-MoE in layer 0 only.
+
+    The sliding window is 32 (released: 128) so that ordinary prompts already wrap the SWA ring and
+    lean on compressed entries; index_topk 8 < the 32 CSA entries of a 128-token prompt.
+    """
+    return DeepseekV4Config(
+        vocab_size=len(tokenizer),
+        hidden_size=192,
+        num_hidden_layers=5,
+        layer_types=[
+            "sliding_attention",
+            "sliding_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+            "compressed_sparse_attention",
+        ],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe", "moe"],
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=64,
+        partial_rotary_factor=0.25,  # 16 rope channels (released: 64 of 512)
+        q_lora_rank=96,
+        o_groups=2,
+        o_lora_rank=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=128,
+        index_n_heads=16,
+        index_head_dim=32,
+        index_topk=8,
+        sliding_window=32,
+        num_nextn_predict_layers=0,
+        max_position_embeddings=1 << 20,
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 16.0,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+
+
+def set_hash_routes(model: DeepseekV4ForCausalLM, seed: int) -> None:
+    """Fill each hash-MoE layer's frozen `tid2eid` with distinct random experts per token.
+
+    HF initialises the table to zeros (real values come from the checkpoint), which would send every
+    token to expert 0 twice."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    for layer in model.model.layers:
+        if layer.mlp.is_hash:
+            table = torch.stack([torch.randperm(cfg.n_routed_experts, generator=gen)[: cfg.num_experts_per_tok]
+                                 for _ in range(cfg.vocab_size)])
+            layer.mlp.gate.tid2eid.copy_(table)
+
+
+# --------------------------------------------------------------------------------------------------
+# Training: stories packed into fixed-length rows (bos story eos bos story eos ...), AdamW, cosine LR.
+# --------------------------------------------------------------------------------------------------
+
+
+def pack(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int) -> torch.Tensor:
+    """[rows, seq_len] int64; rows are longer than the HCA ratio, so HCA entries appear in training."""
+    stream: list[int] = []
+    for ids in tokenizer(texts).input_ids:  # each starts with bos
+        stream.extend(ids)
+        stream.append(tokenizer.eos_token_id)
+    rows = len(stream) // seq_len
+    return torch.tensor(stream[: rows * seq_len], dtype=torch.long).view(rows, seq_len)
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def eval_loss(model: DeepseekV4ForCausalLM, rows: torch.Tensor, batch: int) -> float:
+    model.eval()
+    losses = [model(input_ids=rows[i : i + batch], labels=rows[i : i + batch]).loss.item()
+              for i in range(0, len(rows), batch)]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def train(model: DeepseekV4ForCausalLM, rows: torch.Tensor, held_out: torch.Tensor, args: argparse.Namespace) -> float:
+    """Returns the mean training loss over the last 50 steps."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n.split(".")[-2]]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "hc" not in n.split(".")[-2])]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(args.seed)
+    model.train()
+    recent: list[float] = []
+    start = time.time()
+    for step in range(args.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, warmup=min(50, args.steps // 10 + 1))
+        batch = rows[torch.randint(len(rows), (args.batch,), generator=gen)]
+        out = model(input_ids=batch, labels=batch, output_router_logits=True)  # + load-balancing aux loss
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        recent = (recent + [out.loss.item()])[-50:]
+        if step % 50 == 0 or step == args.steps - 1:
+            print(f"step {step:5d}  loss {out.loss.item():.3f}  avg50 {sum(recent) / len(recent):.3f}  "
+                  f"{time.time() - start:6.0f}s", flush=True)
+    print(f"held-out loss {eval_loss(model, held_out, args.batch):.3f}")
+    return sum(recent) / len(recent)
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving and checking.
+# --------------------------------------------------------------------------------------------------
+
+
+def cast_for_shipping(model: DeepseekV4ForCausalLM) -> None:
+    """bf16 everywhere except what V4 keeps in fp32 (mHC, sinks, norms, router bias, position biases)."""
+    keep = set(model._keep_in_fp32_modules_strict)
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.is_floating_point() and not keep.intersection(name.split(".")):
+            tensor.data = tensor.data.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+
+
+def sample(model_dir: Path, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy continuations from the saved checkpoint, loaded the way any user would load it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    outs = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        outs.append(tokenizer.decode(gen[0], skip_special_tokens=True))
+    return outs
+
+
+PROMPTS = ["Once upon a time, there was a", "One day, Lily went to the", "Tom was a little dog who",
+           "\"Can you help me?\" asked"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("deepinfer-core/src/deepinfer/assets/tiny_v4"))
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--stories", type=int, default=40000)
+    parser.add_argument("--vocab", type=int, default=2048, help="upper bound; BPE stops at whole words")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t0 = time.time()
+    stories = build_corpus(args.stories, args.seed)
+    held_out_stories = build_corpus(200, args.seed + 1)
+    print("sample story:", stories[0])
+    tokenizer = train_tokenizer(stories, args.vocab)
+    rows, held_out = pack(tokenizer, stories, args.seq_len), pack(tokenizer, held_out_stories, args.seq_len)
+    print(f"vocab {len(tokenizer)}, {rows.numel()} training tokens in {len(rows)} rows of {args.seq_len}")
+
+    model = DeepseekV4ForCausalLM(tiny_config(tokenizer))
+    set_hash_routes(model, args.seed)
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    final_loss = train(model, rows, held_out, args)
+
+    cast_for_shipping(model)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    print(f"final train loss (last 50 steps) {final_loss:.3f}; wall {time.time() - t0:.0f}s; saved to {args.out}")
+    for text in sample(args.out, PROMPTS, max_new_tokens=60):
+        print("---", text)
+
+
+if __name__ == "__main__":
+    main()
