@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, Rows, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import fixed_chunks, in_row_tiles, padded_width
 
 #: Queries per block in the reference, bounding the gathered [block, K, D] keys.
 _QUERY_BLOCK = 256
@@ -19,9 +21,27 @@ def _sparse_attention_samples(dtype: torch.dtype, gen: torch.Generator):
         indices[:, 0] = torch.randint(0, pool, (rows,), generator=gen)  # every query sees at least one row
         sinks = torch.randn(heads, generator=gen)
         yield OpSample((q, kv, indices, sinks, dim**-0.5), label=f"{rows}x{heads}x{dim} K={width}")
+    # A ragged batch as the engine builds it: each query's list ends early, the rest is -1 padding.
+    rows, heads, dim, pool, width = 21, 8, 128, 200, 150
+    q = torch.randn(rows, heads, dim, generator=gen).to(dtype)
+    kv = torch.randn(pool, dim, generator=gen).to(dtype)
+    indices = torch.randint(0, pool, (rows, width), generator=gen)
+    ends = torch.randint(1, width + 1, (rows,), generator=gen)
+    indices[torch.arange(width)[None, :] >= ends[:, None]] = -1
+    sinks = torch.randn(heads, generator=gen)
+    yield OpSample((q, kv, indices, sinks, dim**-0.5), label=f"{rows}x{heads}x{dim} ragged K<={width}")
 
 
-@reference_op(sample_inputs=_sparse_attention_samples)
+def _attention_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
+    """Keep ``rows`` of the queries and trim index columns no kept query uses (padding other queries added)."""
+    q, kv, indices, sinks, scale = sample.args
+    idx = indices[rows]
+    used = (idx >= 0).any(dim=0).nonzero()
+    width = int(used.max()) + 1 if used.numel() else 1
+    return OpSample((q[rows], kv, idx[:, :width], sinks, scale), dict(sample.kwargs), sample.label)
+
+
+@reference_op(sample_inputs=_sparse_attention_samples, rows=Rows((0, 2), _attention_rows))
 def sparse_attention(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -45,3 +65,43 @@ def sparse_attention(
         probs = torch.softmax(combined, dim=-1)[..., :-1]
         out[rows] = torch.einsum("thk,tkd->thd", probs, keys).to(q.dtype)
     return out
+
+
+def _attend_in_chunks(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One tile of queries, keys taken in fixed chunks of columns; the softmax's sums run chunk after chunk."""
+    last = int((indices >= 0).any(dim=0).nonzero().max()) + 1 if bool((indices >= 0).any()) else 1
+    chunks = fixed_chunks(last)
+    qf = q.float()
+    keys, logits = [], []
+    for cols in chunks:
+        idx = indices[:, cols]
+        k = kv[idx.clamp(min=0)].float()  # [t, C, D]
+        keys.append(k)
+        logits.append((torch.einsum("thd,tcd->thc", qf, k) * scale).masked_fill((idx < 0).unsqueeze(1), float("-inf")))
+    sink = sinks.float().view(1, -1).expand(q.shape[0], -1)  # [t, H]
+    top = sink
+    for chunk in logits:
+        top = torch.maximum(top, chunk.amax(dim=-1))
+    total = torch.exp(sink - top)
+    weights = []
+    for chunk in logits:
+        w = torch.exp(chunk - top.unsqueeze(-1))
+        total = total + w.sum(dim=-1)
+        weights.append(w)
+    out = torch.zeros_like(qf)
+    for w, k in zip(weights, keys):
+        out = out + torch.einsum("thc,tcd->thd", w / total.unsqueeze(-1), k)
+    return out.to(q.dtype)
+
+
+@batch_invariant_reference(sparse_attention)
+def sparse_attention_fixed_order(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Fixed tiles of 16 queries and fixed chunks of 64 key slots: the index width, which the longest
+    sequence of the batch sets, only appends all-masked chunks, whose exact zeros change no sum."""
+    width = padded_width(indices.shape[1])
+    indices = F.pad(indices, (0, width - indices.shape[1]), value=-1)
+    return in_row_tiles(_attend_in_chunks, (q, kv, indices, sinks, scale), rows=(0, 2))

@@ -18,7 +18,7 @@ def _compress_pool_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((kv0, score0), label=f"{windows}x{slots}x{dim} empty half")
 
 
-@reference_op(sample_inputs=_compress_pool_samples)
+@reference_op(sample_inputs=_compress_pool_samples, rows=(0, 1))
 def compress_pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
     """Per channel, a softmax over a window's slots of ``score`` weighs the slots of ``kv``.
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, Rows, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import fixed_chunks, in_row_tiles, padded_width
 
 
 def _indexer_samples(dtype: torch.dtype, gen: torch.Generator):
@@ -16,6 +18,16 @@ def _indexer_samples(dtype: torch.dtype, gen: torch.Generator):
         limits = torch.randint(0, entries + 1, (rows,), generator=gen)
         yield OpSample((q, weights, keys, seq_ids, limits, topk, dim**-0.5, heads**-0.5), label=f"{rows}q {entries}e")
         yield OpSample((q, weights, keys, seq_ids, limits, entries + 3, dim**-0.5, heads**-0.5), label="k > entries")
+
+
+def _indexer_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
+    """Keep ``rows`` of the queries, only their sequences' keys, and only entries some kept query may see
+    (the batch pads keys to its longest sequence)."""
+    q, weights, keys, seq_ids, limits, *rest = sample.args
+    used, local = torch.unique(seq_ids[rows], return_inverse=True)
+    entries = max(1, int(limits[rows].max()))
+    args = (q[rows], weights[rows], keys[used, :entries], local, limits[rows], *rest)
+    return OpSample(args, dict(sample.kwargs), sample.label)
 
 
 def index_scores(
@@ -47,7 +59,8 @@ def _compare_selected_scores(actual, expected, sample: OpSample, dtype: torch.dt
     torch.testing.assert_close(picked(actual), picked(expected), atol=atol, rtol=atol)
 
 
-@reference_op(sample_inputs=_indexer_samples, compare=_compare_selected_scores)
+@reference_op(sample_inputs=_indexer_samples, compare=_compare_selected_scores,
+              rows=Rows((0, 1, 3, 4), _indexer_rows))
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -66,10 +79,39 @@ def indexer_topk(
     Returns [T, topk] int64 entry ids in descending score order, ``-1`` where fewer entries are valid.
     Ties are broken towards the lower entry id (a stable descending sort), so results are deterministic.
     """
-    scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+    return _top_entries(index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale), topk)
+
+
+def _top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """Ids of the ``topk`` best finite scores per row, best first, ties to the lower id; ``-1`` pads."""
     order = torch.sort(scores, dim=1, descending=True, stable=True)
     kept = min(topk, scores.shape[1])
     ids = torch.where(order.values[:, :kept] > float("-inf"), order.indices[:, :kept], -1)
     if kept < topk:
         ids = torch.cat([ids, ids.new_full((ids.shape[0], topk - kept), -1)], dim=1)
     return ids
+
+
+@batch_invariant_reference(indexer_topk)
+def indexer_topk_fixed_order(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_ids: torch.Tensor,
+    limits: torch.Tensor,
+    topk: int,
+    softmax_scale: float,
+    weights_scale: float,
+) -> torch.Tensor:
+    """Scores on fixed tiles of 16 queries against fixed chunks of 64 entries: neither the batch's size nor
+    its longest sequence (which sets how far keys are padded) changes a score's bits, so neither changes
+    the selection."""
+    entries = keys.shape[1]
+    keys = F.pad(keys, (0, 0, 0, padded_width(entries) - entries))
+
+    def tile_scores(q, weights, seq_ids, limits):
+        parts = [index_scores(q, weights, keys[:, cols], seq_ids, limits - cols.start, softmax_scale, weights_scale)
+                 for cols in fixed_chunks(keys.shape[1])]
+        return torch.cat(parts, dim=1)[:, :entries]
+
+    return _top_entries(in_row_tiles(tile_scores, (q, weights, seq_ids, limits), rows=(0, 1, 2, 3)), topk)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import in_row_tiles
 
 
 def _linear_samples(dtype: torch.dtype, gen: torch.Generator):
@@ -15,13 +16,19 @@ def _linear_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, w), label=f"{rows}x{k}->{n}")
 
 
-@reference_op(sample_inputs=_linear_samples)
+@reference_op(sample_inputs=_linear_samples, rows=(0,))
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` without bias.
 
     x: [..., K]; weight: [N, K], same dtype as x.  Returns [..., N] in x.dtype.
     """
     return F.linear(x, weight)
+
+
+@batch_invariant_reference(linear)
+def linear_in_tiles(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Fixed-shape GEMMs of 16 rows: the kernel, hence each row's reduction order, never depends on the batch."""
+    return in_row_tiles(F.linear, (x, weight), rows=(0,))
 
 
 def _grouped_linear_samples(dtype: torch.dtype, gen: torch.Generator):
@@ -31,7 +38,7 @@ def _grouped_linear_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, w), label=f"{rows}x{groups}x{k}->{n}")
 
 
-@reference_op(sample_inputs=_grouped_linear_samples)
+@reference_op(sample_inputs=_grouped_linear_samples, rows=(0,))
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Block-diagonal projection: group ``g`` of x is multiplied by row block ``g`` of weight.
 
@@ -42,6 +49,12 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.einsum("tgk,gnk->tgn", x, w)
 
 
+@batch_invariant_reference(grouped_linear)
+def grouped_linear_in_tiles(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The grouped GEMM on fixed tiles of 16 rows (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(grouped_linear, (x, weight), rows=(0,))
+
+
 def _embedding_samples(dtype: torch.dtype, gen: torch.Generator):
     for vocab, dim, rows in [(97, 64, 5), (1000, 256, 33)]:
         table = torch.randn(vocab, dim, generator=gen).to(dtype)
@@ -49,7 +62,7 @@ def _embedding_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((ids, table), label=f"{vocab}x{dim}[{rows}]")
 
 
-@reference_op(sample_inputs=_embedding_samples)
+@reference_op(sample_inputs=_embedding_samples, rows=(0,))
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rows of ``table`` for token ids.  ids: [T] int64; table: [V, D].  Returns [T, D] in table.dtype."""
     return table[ids]

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.ops.norm import rms_norm
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import in_row_tiles
 
 
 def _hc_params(n: int, dim: int, outputs: int, gen: torch.Generator):
@@ -28,7 +29,7 @@ def _hc_pre_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((streams, fn, base, scale, 1e-6, 1e-6, 20), label=f"{rows}x{n}x{dim}")
 
 
-@reference_op(sample_inputs=_hc_pre_samples)
+@reference_op(sample_inputs=_hc_pre_samples, rows=(0,))
 def hc_pre(
     streams: torch.Tensor,
     fn: torch.Tensor,
@@ -65,6 +66,12 @@ def hc_pre(
     return collapsed, post, comb
 
 
+@batch_invariant_reference(hc_pre)
+def hc_pre_in_tiles(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
+    """The mixing projection on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(hc_pre, (streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters), (0,))
+
+
 def _hc_post_samples(dtype: torch.dtype, gen: torch.Generator):
     for rows, n, dim in [(3, 4, 64), (17, 4, 256)]:
         out = torch.randn(rows, dim, generator=gen).to(dtype)
@@ -74,7 +81,7 @@ def _hc_post_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((out, streams, post, comb), label=f"{rows}x{n}x{dim}")
 
 
-@reference_op(sample_inputs=_hc_post_samples)
+@reference_op(sample_inputs=_hc_post_samples, rows=(0, 1, 2, 3))
 def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """New streams after a sublayer: ``new[k] = post[k] * out + sum_j comb[j, k] * streams[j]``.
 
@@ -85,6 +92,12 @@ def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
 
 
+@batch_invariant_reference(hc_post)
+def hc_post_in_tiles(out, streams, post, comb):
+    """The per-token stream mixing (a batched GEMM) on fixed tiles of 16 tokens."""
+    return in_row_tiles(hc_post, (out, streams, post, comb), (0, 1, 2, 3))
+
+
 def _hc_head_samples(dtype: torch.dtype, gen: torch.Generator):
     for rows, n, dim in [(3, 4, 64), (17, 4, 256)]:
         streams = torch.randn(rows, n, dim, generator=gen).to(dtype)
@@ -93,7 +106,7 @@ def _hc_head_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((streams, fn, base, scale, 1e-6, 1e-6), label=f"{rows}x{n}x{dim}")
 
 
-@reference_op(sample_inputs=_hc_head_samples)
+@reference_op(sample_inputs=_hc_head_samples, rows=(0,))
 def hc_head(
     streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float, hc_eps: float
 ) -> torch.Tensor:
@@ -108,3 +121,9 @@ def hc_head(
     mixes = F.linear(flat, fn.float())
     pre = torch.sigmoid(mixes * scale.float() + base.float()) + hc_eps
     return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+
+
+@batch_invariant_reference(hc_head)
+def hc_head_in_tiles(streams, fn, base, scale, norm_eps, hc_eps):
+    """The mixing projection on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(hc_head, (streams, fn, base, scale, norm_eps, hc_eps), (0,))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import in_row_tiles
 
 SCORE_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 
@@ -44,7 +45,7 @@ def _compare_routes(actual, expected, sample: OpSample, dtype: torch.dtype) -> N
     torch.testing.assert_close(aw.gather(1, ai.indices), ew.gather(1, ei.indices), atol=atol, rtol=atol)
 
 
-@reference_op(sample_inputs=_router_samples, compare=_compare_routes)
+@reference_op(sample_inputs=_router_samples, compare=_compare_routes, rows=(0,))
 def moe_router(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -65,6 +66,12 @@ def moe_router(
     return _normalized(scores, ids, routed_scaling_factor), ids
 
 
+@batch_invariant_reference(moe_router)
+def moe_router_in_tiles(x, weight, correction_bias, top_k, routed_scaling_factor, score_func):
+    """The router GEMM on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(moe_router, (x, weight, correction_bias, top_k, routed_scaling_factor, score_func), (0,))
+
+
 def _hash_router_samples(dtype: torch.dtype, gen: torch.Generator):
     for rows, hidden, experts, top_k in [(5, 64, 8, 2), (33, 256, 64, 6)]:
         x = torch.randn(rows, hidden, generator=gen).to(dtype)
@@ -73,7 +80,7 @@ def _hash_router_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, w, ids, 1.5, "sqrtsoftplus"), label=f"{rows}x{hidden} E={experts}")
 
 
-@reference_op(sample_inputs=_hash_router_samples)
+@reference_op(sample_inputs=_hash_router_samples, rows=(0, 2))
 def moe_hash_router(
     x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, routed_scaling_factor: float, score_func: str
 ) -> torch.Tensor:
@@ -86,6 +93,12 @@ def moe_hash_router(
     return _normalized(scores, ids, routed_scaling_factor)
 
 
+@batch_invariant_reference(moe_hash_router)
+def moe_hash_router_in_tiles(x, weight, ids, routed_scaling_factor, score_func):
+    """The router GEMM on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(moe_hash_router, (x, weight, ids, routed_scaling_factor, score_func), (0, 2))
+
+
 def _mlp_samples(dtype: torch.dtype, gen: torch.Generator):
     for rows, hidden, inter in [(5, 64, 32), (17, 256, 128)]:
         x = (3 * torch.randn(rows, hidden, generator=gen)).to(dtype)  # large enough for the clamp to bite
@@ -94,7 +107,7 @@ def _mlp_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, w13, w2, 10.0), label=f"{rows}x{hidden} I={inter}")
 
 
-@reference_op(sample_inputs=_mlp_samples)
+@reference_op(sample_inputs=_mlp_samples, rows=(0,))
 def swiglu_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
     """Clamped SwiGLU MLP: ``w2 @ (silu(min(g, L)) * clamp(u, -L, L))`` with ``[g; u] = w13 @ x``.
 
@@ -108,6 +121,12 @@ def swiglu_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, swiglu_limi
     return F.linear(F.silu(gate) * up, w2)
 
 
+@batch_invariant_reference(swiglu_mlp)
+def swiglu_mlp_in_tiles(x, w13, w2, swiglu_limit):
+    """Both GEMMs on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(swiglu_mlp, (x, w13, w2, swiglu_limit), (0,))
+
+
 def _experts_samples(dtype: torch.dtype, gen: torch.Generator):
     for rows, hidden, inter, experts, top_k in [(5, 64, 32, 4, 2), (33, 128, 64, 16, 6)]:
         x = (3 * torch.randn(rows, hidden, generator=gen)).to(dtype)
@@ -118,7 +137,7 @@ def _experts_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, ids, weights, w13, w2, 10.0), label=f"{rows}x{hidden} E={experts} k={top_k}")
 
 
-@reference_op(sample_inputs=_experts_samples)
+@reference_op(sample_inputs=_experts_samples, rows=(0, 1, 2))
 def moe_experts(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -137,4 +156,21 @@ def moe_experts(
         rows, slots = torch.where(ids == expert)
         y = swiglu_mlp(x[rows], w13[expert], w2[expert], swiglu_limit) * weights[rows, slots, None]
         out.index_add_(0, rows, y.to(out.dtype))
+    return out
+
+
+@batch_invariant_reference(moe_experts)
+def moe_experts_fixed_order(x, ids, weights, w13, w2, swiglu_limit):
+    """How many tokens an expert gets depends on the batch, so each expert runs its tokens in fixed tiles of
+    16.  A token's k weighted outputs are then added one at a time in ascending expert order (the reference's
+    order and rounding, in x.dtype), an order no other token can change."""
+    per_slot = x.new_zeros(*ids.shape, x.shape[-1])  # [T, k, H]
+    for expert in torch.unique(ids).tolist():
+        rows, slots = torch.where(ids == expert)
+        y = in_row_tiles(swiglu_mlp, (x[rows], w13[expert], w2[expert], swiglu_limit), (0,))
+        per_slot[rows, slots] = (y * weights[rows, slots, None]).to(x.dtype)
+    by_expert = torch.sort(ids, dim=1, stable=True).indices  # [T, k]
+    out = torch.zeros_like(x)
+    for j in range(ids.shape[1]):
+        out += per_slot.gather(1, by_expert[:, j, None, None].expand(-1, 1, x.shape[-1])).squeeze(1)
     return out

@@ -15,7 +15,7 @@ def _rms_norm_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, None, 1e-6), label=f"{rows}x{dim} unweighted")
 
 
-@reference_op(sample_inputs=_rms_norm_samples)
+@reference_op(sample_inputs=_rms_norm_samples, rows=(0,))
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, computed in fp32, returned in ``x.dtype``.
 

@@ -18,7 +18,7 @@ def _rope_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, positions, inv_freq), {"attention_scaling": 1.25}, label=f"{tuple(shape)} scaled")
 
 
-@reference_op(sample_inputs=_rope_samples)
+@reference_op(sample_inputs=_rope_samples, rows=(0, 1))
 def rope(
     x: torch.Tensor,
     positions: torch.Tensor,

@@ -99,7 +99,7 @@ def _logprob_samples(dtype: torch.dtype, gen: torch.Generator):
 # --------------------------------------------------------------------------------------------------
 
 
-@reference_op(sample_inputs=_penalty_samples, dtypes=(torch.float32,))
+@reference_op(sample_inputs=_penalty_samples, dtypes=(torch.float32,), rows=(0, 1, 2, 3, 4, 5))
 def apply_penalties(
     logits: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -125,7 +125,7 @@ def apply_penalties(
     return x.to(logits.dtype)
 
 
-@reference_op(sample_inputs=_filter_samples, dtypes=(torch.float32,))
+@reference_op(sample_inputs=_filter_samples, dtypes=(torch.float32,), rows=(0, 1, 2, 3, 4))
 def filter_logits(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -182,7 +182,7 @@ def _compare_samples(actual: torch.Tensor, expected: torch.Tensor, sample: OpSam
                             f"instead of {expected[i].item()} (gap {gap})")
 
 
-@reference_op(sample_inputs=_sample_samples, dtypes=(torch.float32,), compare=_compare_samples)
+@reference_op(sample_inputs=_sample_samples, dtypes=(torch.float32,), compare=_compare_samples, rows=(0, 1, 2, 3))
 def sample_tokens(logits: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Draw one token per row: argmax for greedy rows, else an exponential race with hashed noise.
 
@@ -196,7 +196,7 @@ def sample_tokens(logits: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tenso
     return torch.where(greedy, logits.argmax(dim=-1), drawn)
 
 
-@reference_op(sample_inputs=_logprob_samples, dtypes=(torch.float32,))
+@reference_op(sample_inputs=_logprob_samples, dtypes=(torch.float32,), rows=(0, 1))
 def token_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ def _bitmask_samples(dtype: torch.dtype, gen: torch.Generator):
     yield OpSample((logits, words), label=f"4x{vocab} random words")
 
 
-@reference_op(sample_inputs=_bitmask_samples, dtypes=(torch.float32, torch.bfloat16))
+@reference_op(sample_inputs=_bitmask_samples, dtypes=(torch.float32, torch.bfloat16), rows=(0, 1))
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Set the logits of disallowed tokens to -inf; returns new logits (the input is not modified).
 
