@@ -141,6 +141,7 @@ class LLM:
         """An LLM over an already-built model (tests, custom loaders).  ``limits`` as in ``__init__``."""
         from deepinfer.ops import OpTable
 
+        envs.check_consistency()
         self = cls.__new__(cls)
         eos = tuple(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(None, model, tokenizer)
         self._setup(model, tokenizer, ops if ops is not None else OpTable(), eos, token_masks=token_masks,
