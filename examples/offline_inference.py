@@ -17,7 +17,7 @@ from deepinfer import LLM, SamplingParams
 
 PROMPTS = [
     "Once upon a time, there was a little girl named Lily.",
-    "Tom had a big red ball.",
+    "Tom had a big red ball. One day,",
     "One day, a small dog found a shiny key",
     "The sun was warm. Mia and her mom went to the park.",
 ]
@@ -33,7 +33,7 @@ def main() -> None:
 
     llm = LLM(model=args.model, seed=0)
     # No per-request seed: each request draws its own from LLM(seed=0), so reruns reproduce.
-    params = SamplingParams(temperature=args.temperature, top_p=0.95, max_tokens=args.max_tokens)
+    params = SamplingParams(temperature=args.temperature, top_p=0.95, max_tokens=args.max_tokens, min_tokens=4)
     for output in llm.generate(PROMPTS, params):
         completion = output.outputs[0]
         print(f"\nPrompt: {output.prompt!r}\nOutput: {completion.text!r}  [{completion.finish_reason}, "
