@@ -100,3 +100,38 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> tuple[LaunchConfig, int, 
         return LaunchConfig(num_warps=8), min(512, max(16, 1 << (flat - 1).bit_length())), \
             min(1024, max(16, 1 << (dim - 1).bit_length()))
     raise ValueError(f"no mHC pre configuration for {arch.name}")
+
+
+@dataclass(slots=True, frozen=True)
+class MoeTiles:
+    """Tiles of the two MoE expert GEMMs: ``block_m`` slots of one expert per program, column / reduction tiles."""
+
+    block_m: int
+    up: LaunchConfig
+    up_block_n: int
+    up_block_k: int
+    down: LaunchConfig
+    down_block_n: int
+    down_block_k: int
+
+
+def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int) -> MoeTiles:
+    """Tiles for ``slots_per_expert`` = T*k // E, the mean number of token slots an expert receives (16-bit inputs).
+
+    Decode (< 32): each hit expert gets a handful of slots, so a program is a 16-row tile that streams a narrow
+    column slice of the expert's weights (32 gate + 32 up columns, 64 down columns) with a deep pipeline:
+    the step is bound by reading each hit expert once, and narrow tiles spread that read over every SM.
+    Prefill: 64-row tiles and 64-128 columns feed the tensor cores (wgmma on SM90).  Tiles never exceed the
+    padded problem dims (small test shapes).
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no MoE configuration for {arch.name}")
+
+    def fit(block: int, dim: int) -> int:
+        return max(16, min(block, 1 << (max(dim, 1) - 1).bit_length()))
+
+    if slots_per_expert < 32:
+        return MoeTiles(16, LaunchConfig(num_warps=4, num_stages=4), fit(32, inter), fit(256, hidden),
+                        LaunchConfig(num_warps=4, num_stages=4), fit(64, hidden), fit(256, inter))
+    return MoeTiles(64, LaunchConfig(num_warps=4, num_stages=4), fit(64, inter), fit(64, hidden),
+                    LaunchConfig(num_warps=4, num_stages=4), fit(128, hidden), fit(64, inter))

@@ -11,6 +11,7 @@ from typing import Any
 
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
+from deepinfer_cuda.kernels.moe_experts import moe_experts
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rope import rope
 
@@ -19,4 +20,5 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "rope": rope,
     "hc_pre": hc_pre,
     "hc_post": hc_post,
+    "moe_experts": moe_experts,
 }

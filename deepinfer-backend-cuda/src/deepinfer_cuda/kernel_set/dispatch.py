@@ -119,6 +119,20 @@ class Launch:
         return self.result
 
 
+@dataclass(slots=True)
+class LaunchChain:
+    """Launches of several kernels that run in order on the same stream, then ``finish()`` builds the op's result
+    (for ops that are more than one kernel, e.g. MoE experts: two GEMMs and a sum in torch)."""
+
+    steps: list[tuple["TritonKernel", Launch]]
+    finish: Callable[[], Any]
+
+    def run(self, device_index: int) -> Any:
+        for kernel, launch in self.steps:
+            launch.run(kernel, device_index)
+        return self.finish()
+
+
 def cuda_target(t: Any) -> tuple[int, CudaArch]:
     """(device index, kernel-set architecture) of the CUDA tensor ``t``; raises where the set has no arch."""
     import torch

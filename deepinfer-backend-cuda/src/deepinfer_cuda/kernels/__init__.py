@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
-from deepinfer_cuda.kernels import hc_post, hc_pre, rms_norm, rope
+from deepinfer_cuda.kernels import hc_post, hc_pre, moe_experts, rms_norm, rope
 
-ALL: tuple[TritonKernel, ...] = (rms_norm.KERNEL, rope.KERNEL, hc_pre.KERNEL, hc_post.KERNEL)
+ALL: tuple[TritonKernel, ...] = (
+    rms_norm.KERNEL, rope.KERNEL, hc_pre.KERNEL, hc_post.KERNEL, moe_experts.UP_KERNEL, moe_experts.DOWN_KERNEL,
+)

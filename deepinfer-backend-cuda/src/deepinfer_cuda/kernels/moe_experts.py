@@ -1,0 +1,241 @@
+"""Routed MoE experts as two grouped GEMMs over token slots sorted by expert, clamped SwiGLU fused into the first.
+
+Overrides core's ``moe_experts(x, ids, weights, w13, w2, swiglu_limit)`` (deepinfer/ops/moe.py).  The reference
+loops over the experts a batch hits in Python (a host sync per expert to find its rows, ~10 kernels each);
+here the routing is sorted on the device and every expert's tokens run in two launches, with no host sync:
+
+    plan (torch, on the device)   the T*k slots sorted by expert, cut into blocks of BLOCK_M slots of one expert
+    _moe_up_kernel                per (block, column tile): [g; u] = x[tokens] @ w13[e]^T, act = silu(min(g, L)) * clamp(u)
+    _moe_down_kernel              per (block, column tile): y = act @ w2[e]^T, scaled by the slot's routing weight
+    finish (torch)                out[t] = the token's k slot outputs added in increasing expert id
+
+Each program streams one column tile of one expert's weights once for up to BLOCK_M tokens, so decode reads
+each hit expert's weights once (memory-bound, the roofline's term) and prefill runs tensor-core tiles.
+Rounding follows the reference: the projections, the activation and the weighted output are rounded to the
+model dtype where the reference's tensors are, and each token's k outputs are added in the reference's order
+(increasing expert id, in the model dtype), so a row depends only on its own token and experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_experts_config
+from deepinfer_cuda.kernel_set.compile import Variant
+from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+
+#: (hidden, intermediate, top-k) compiled ahead of time: V4-Flash (4096, 2048, 6) and V4.1-Flash (5120, 2304, 6).
+AOT_SHAPES = ((4096, 2048, 6), (5120, 2304, 6))
+#: Work around Triton's CPU interpreter, which computes bf16 ``tl.dot`` wrongly and truncates fp32 -> bf16: multiply
+#: in fp32 (bf16 products are exact in fp32) and round to bf16 to nearest-even explicitly.  The same function as
+#: the GPU path; off on the GPU, turned on by the interpreter test.
+INTERPRETED = False
+#: Mean slots per expert compiled ahead of time: decode (a few tokens per expert) and prefill tiles; see arch.py.
+AOT_SLOTS_PER_EXPERT = (1, 96)
+
+
+@triton.jit
+def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """``v`` (fp32) rounded to ``dtype`` and back: where the reference holds a tensor in the model dtype."""
+    if INTERPRETED:  # round to nearest even by hand (bf16), so the interpreter's truncating cast is exact
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return v.to(dtype).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["n_blocks", "limit"])
+def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
+                   H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                   INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    block = tl.program_id(0)
+    start = tl.load(blocks_ptr + n_blocks + block)
+    end = tl.load(blocks_ptr + 2 * n_blocks + block)
+    if start >= end:  # past the last block of the batch: no slots
+        return
+    expert = tl.load(blocks_ptr + block).to(tl.int64)
+    rows = start + tl.arange(0, BLOCK_M)
+    row_ok = rows < end
+    tokens = (tl.load(order_ptr + rows, mask=row_ok, other=0) // TOPK).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < I
+    gate_rows = w13_ptr + expert * (2 * I * H) + cols.to(tl.int64)[None, :] * H  # [1, BLOCK_N]
+    up_rows = gate_rows + I * H
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < H
+        a = tl.load(x_ptr + tokens[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        wg = tl.load(gate_rows + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        wu = tl.load(up_rows + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if INTERPRETED:
+            acc_g = tl.dot(a.to(tl.float32), wg.to(tl.float32), acc_g, input_precision="ieee")
+            acc_u = tl.dot(a.to(tl.float32), wu.to(tl.float32), acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, wg, acc_g)
+            acc_u = tl.dot(a, wu, acc_u)
+    dtype = act_ptr.dtype.element_ty
+    g = _rounded(acc_g, dtype, INTERPRETED)  # the reference's projection output is in the model dtype
+    u = _rounded(acc_u, dtype, INTERPRETED)
+    if HAS_LIMIT:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    silu = _rounded(g / (1.0 + tl.exp(-g)), dtype, INTERPRETED)
+    act = _rounded(silu * u, dtype, INTERPRETED).to(dtype)
+    tl.store(act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], act, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["n_blocks"])
+def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
+                     H: tl.constexpr, I: tl.constexpr, INTERPRETED: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    block = tl.program_id(0)
+    start = tl.load(blocks_ptr + n_blocks + block)
+    end = tl.load(blocks_ptr + 2 * n_blocks + block)
+    if start >= end:
+        return
+    expert = tl.load(blocks_ptr + block).to(tl.int64)
+    rows = start + tl.arange(0, BLOCK_M)
+    row_ok = rows < end
+    slots = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < H
+    w_rows = w2_ptr + expert * (H * I) + cols.to(tl.int64)[None, :] * I  # [1, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < I
+        a = tl.load(act_ptr + rows.to(tl.int64)[:, None] * I + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        w = tl.load(w_rows + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        if INTERPRETED:
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+    dtype = slot_out_ptr.dtype.element_ty
+    scale = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 routing weight of each slot
+    y = _rounded(_rounded(acc, dtype, INTERPRETED) * scale[:, None], dtype, INTERPRETED).to(dtype)
+    tl.store(slot_out_ptr + slots[:, None] * H + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _constexprs(tiles: MoeTiles, hidden: int, inter: int, top_k: int, has_limit: bool):
+    up = {"H": hidden, "I": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "INTERPRETED": INTERPRETED,
+          "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.up_block_n, "BLOCK_K": tiles.up_block_k}
+    down = {"H": hidden, "I": inter, "INTERPRETED": INTERPRETED,
+            "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.down_block_n, "BLOCK_K": tiles.down_block_k}
+    return up, down
+
+
+def _aot_up_variants(arch: CudaArch) -> list[Variant]:
+    variants = []
+    for hidden, inter, top_k in AOT_SHAPES:
+        for per_expert in AOT_SLOTS_PER_EXPERT:
+            tiles = moe_experts_config(arch, per_expert, hidden, inter)
+            up, _ = _constexprs(tiles, hidden, inter, top_k, True)
+            sig = {"x_ptr": "*bf16:D", "w13_ptr": "*bf16:D", "act_ptr": "*bf16:D", "order_ptr": "*i32:D",
+                   "blocks_ptr": "*i32:D", "n_blocks": "i32", "limit": "fp32"}
+            variants.append(Variant(sig, up, tiles.up.num_warps, tiles.up.num_stages))
+    return variants
+
+
+def _aot_down_variants(arch: CudaArch) -> list[Variant]:
+    variants = []
+    for hidden, inter, top_k in AOT_SHAPES:
+        for per_expert in AOT_SLOTS_PER_EXPERT:
+            tiles = moe_experts_config(arch, per_expert, hidden, inter)
+            _, down = _constexprs(tiles, hidden, inter, top_k, True)
+            sig = {"act_ptr": "*bf16:D", "w2_ptr": "*bf16:D", "weights_ptr": "*fp32:D", "slot_out_ptr": "*bf16:D",
+                   "order_ptr": "*i32:D", "blocks_ptr": "*i32:D", "n_blocks": "i32"}
+            variants.append(Variant(sig, down, tiles.down.num_warps, tiles.down.num_stages))
+    return variants
+
+
+UP_KERNEL = TritonKernel("moe_experts_up", _moe_up_kernel, _aot_up_variants)
+DOWN_KERNEL = TritonKernel("moe_experts_down", _moe_down_kernel, _aot_down_variants)
+KERNEL = UP_KERNEL  # the module's first kernel (the interpreter test runs every step of the chain)
+
+
+def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots sorted by expert and their blocks, computed on the device without a host sync.
+
+    Returns ``order`` [T*k] int32 (sorted position -> slot ``t * k + j``) and ``blocks`` [3, B] int32: each
+    block's expert, first and end sorted position (``first == end`` marks the unused tail).  ``B`` is the
+    host-side bound ``T*k // block_m + min(E, T*k)`` on the number of blocks, so the grid needs no sync.
+    """
+    flat = ids.reshape(-1)
+    slots = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    seg_end = counts.cumsum(0)
+    n_blk = (counts + block_m - 1) // block_m
+    blk_end = n_blk.cumsum(0)
+    bound = slots // block_m + min(num_experts, slots)
+    b = torch.arange(bound, device=ids.device)
+    expert = torch.searchsorted(blk_end, b, right=True)
+    used = expert < num_experts
+    e = expert.clamp(max=num_experts - 1)
+    first = seg_end[e] - counts[e] + (b - (blk_end[e] - n_blk[e])) * block_m
+    end = torch.where(used, seg_end[e], 0)
+    first = torch.where(used, first, 0)
+    return order.to(torch.int32), torch.stack([e, first, end]).to(torch.int32).contiguous()
+
+
+def _reference(*args):
+    from deepinfer.ops.registry import op_defs
+
+    return op_defs()["moe_experts"].reference(*args)
+
+
+def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+            swiglu_limit: float | None, *, arch: CudaArch) -> LaunchChain:
+    """Plan ``moe_experts(...)`` for ``arch``: routing sorted, buffers allocated, two launches planned.
+
+    fp32 inputs (tests and fp32 oracle runs, never the bf16 model) take core's reference: in fp32 the kernel and
+    the reference differ by their own rounding (both ~8e-5 from fp64 at the conformance shapes, where
+    activations reach 100), which is more than fp32's conformance tolerance of 1e-5.
+    """
+    if x.dtype == torch.float32:
+        return LaunchChain([], lambda: _reference(x, ids, weights, w13, w2, swiglu_limit))
+    tokens, hidden = x.shape
+    top_k = ids.shape[1]
+    num_experts, two_inter, _ = w13.shape
+    inter = two_inter // 2
+    slots = tokens * top_k
+    tiles = moe_experts_config(arch, slots // max(1, num_experts), hidden, inter)
+    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    order, blocks = expert_blocks(ids, num_experts, tiles.block_m)
+    n_blocks = blocks.shape[1]
+    act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
+    slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
+    scale = weights.reshape(-1).to(torch.float32).contiguous()
+    up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None)
+    up = Launch((n_blocks, triton.cdiv(inter, tiles.up_block_n)), tiles.up,
+                dict(x_ptr=x, w13_ptr=w13, act_ptr=act, order_ptr=order, blocks_ptr=blocks, n_blocks=n_blocks,
+                     limit=float(swiglu_limit or 0.0), **up_c), act)
+    down = Launch((n_blocks, triton.cdiv(hidden, tiles.down_block_n)), tiles.down,
+                  dict(act_ptr=act, w2_ptr=w2, weights_ptr=scale, slot_out_ptr=slot_out, order_ptr=order,
+                       blocks_ptr=blocks, n_blocks=n_blocks, **down_c), slot_out)
+
+    def finish() -> torch.Tensor:
+        # The reference adds each token's expert outputs in increasing expert id, in the model dtype: so do we.
+        if slots == 0:
+            return torch.zeros_like(x)
+        per_slot = slot_out.view(tokens, top_k, hidden)
+        by_expert = torch.sort(ids, dim=1, stable=True).indices
+        out = per_slot.gather(1, by_expert[:, :1, None].expand(-1, -1, hidden)).squeeze(1)
+        for j in range(1, top_k):
+            out = out + per_slot.gather(1, by_expert[:, j : j + 1, None].expand(-1, -1, hidden)).squeeze(1)
+        return out
+
+    return LaunchChain([(UP_KERNEL, up), (DOWN_KERNEL, down)], finish)
+
+
+def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                swiglu_limit: float | None) -> torch.Tensor:
+    """Routed experts [T, H]: x [T, H]; ids [T, k] int64; weights [T, k] fp32; w13 [E, 2I, H]; w2 [E, H, I]."""
+    index, arch = cuda_target(x)
+    return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch).run(index)
