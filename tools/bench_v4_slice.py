@@ -10,10 +10,18 @@ The roofline of each case is max(bytes / copy bandwidth, FLOPs / bf16 matmul rat
 run: bytes = every weight the step touches once (routed experts: the expected number of distinct experts hit),
 FLOPs = 2 x touched-per-token parameters x tokens (attention-score FLOPs are left out: small at this context).
 
-    python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
+DeepInfer runs the same random weights (HF's parameters, renamed to the released checkpoint's names the way
+``save_pretrained`` does, without a round trip through disk) through ``DeepseekV4ForCausalLM.forward`` in bf16,
+once per op table of ``--variants``: ``nvidia`` (every CUDA override), ``nvidia-no-moe`` (the same without the
+MoE expert kernel: core's per-expert loop), ``reference`` (core's plain-PyTorch ops on the GPU).  A step is the
+model forward plus the logits of each sequence's last row, as for HF; hash-routing tables are randomised (HF's
+init leaves them zero, which sends every token of the first layers to expert 0).  ``--profile DIR`` also writes a
+torch.profiler table of one decode step (batch 16, nvidia ops) sorted by CUDA time and by CPU time.
 
-DeepInfer's own engine joins this table once the V4 model runs through the engine on the GPU (see
-docs/performance.md).  Needs transformers >= 5.24 (DeepseekV4ForCausalLM).
+    python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
+                                   [--variants nvidia,nvidia-no-moe,reference] [--profile DIR] [--no-hf]
+
+Needs transformers >= 5.24 (DeepseekV4ForCausalLM).
 """
 
 from __future__ import annotations
@@ -94,18 +102,30 @@ class ParamCounts:
         return read, per_token
 
 
-def hf_cases(cases: list[str]) -> tuple[list[dict[str, object]], ParamCounts]:
+def build_hf(device: str):
+    """The HF slice model in bf16 on ``device`` with its hash-routing tables randomised."""
     import torch
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
     cfg = DeepseekV4Config(**SLICE)
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
-    with torch.device(DEVICE):
+    with torch.device(device):
         model = DeepseekV4ForCausalLM(cfg).eval()
     torch.set_default_dtype(torch.float32)
-    counts = ParamCounts(model, cfg.n_routed_experts)
-    vocab = cfg.vocab_size
+    gen = torch.Generator(device=device).manual_seed(1)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("tid2eid"):  # k distinct experts per token id
+                noise = torch.rand(buf.shape[0], cfg.n_routed_experts, device=device, generator=gen)
+                buf.copy_(noise.argsort(dim=1)[:, : buf.shape[1]])
+    return model
+
+
+def hf_cases(model, cases: list[str]) -> list[dict[str, object]]:
+    import torch
+
+    vocab = model.config.vocab_size
     rows = []
     with torch.inference_mode():
         if "prefill" in cases:
@@ -132,37 +152,220 @@ def hf_cases(cases: list[str]) -> tuple[list[dict[str, object]], ParamCounts]:
                          "hf_s": statistics.median(steps[1:])})
             del cache, out
             torch.cuda.empty_cache()
-    return rows, counts
+    return rows
+
+
+class SwitchableOps:
+    """An op table the benchmark can swap under a built model (every layer keeps a reference to its ops)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __getattr__(self, name: str):
+        return getattr(self.table, name)
+
+
+def op_tables() -> dict[str, object]:
+    """The op tables of ``--variants`` by name."""
+    from deepinfer.ops import OpTable
+    from deepinfer_cuda.ops import OVERRIDES
+
+    return {
+        "nvidia": OpTable(OVERRIDES, "nvidia"),
+        "nvidia-no-moe": OpTable({k: v for k, v in OVERRIDES.items() if k != "moe_experts"}, "nvidia"),
+        "reference": OpTable(),
+    }
+
+
+def deepinfer_from_hf(hf_model, ops, dtype, device):
+    """DeepInfer's V4 model over the HF model's own parameters: renamed to the released names as
+    ``save_pretrained`` does (transformers' ``revert_weight_conversion``), fp32 where the loader keeps fp32."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from deepinfer.models.deepseek_v4 import DeepseekV4Config as V4Config
+    from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM as V4Model
+    from deepinfer.models.deepseek_v4.weights import V4Weights, canonical_name, expected_shapes, keeps_fp32
+
+    cfg = V4Config.from_dict(hf_model.config.to_dict())
+    released = revert_weight_conversion(hf_model, dict(hf_model.state_dict()))
+    tensors = {}
+    for raw, t in released.items():
+        name = canonical_name(raw)
+        if not t.is_floating_point():
+            tensors[name] = t.long()
+        else:
+            tensors[name] = t.to(torch.float32 if keeps_fp32(name) else dtype)
+    if cfg.tie_word_embeddings:
+        tensors.pop("head.weight", None)
+    expected = expected_shapes(cfg)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise KeyError(f"HF state dict lacks {missing[:5]} ({len(missing)} in all)")
+    tensors = {n: tensors[n] for n in expected}
+    assert all(tuple(tensors[n].shape) == s for n, s in expected.items())
+    return V4Model(cfg, V4Weights(tensors), ops=ops, dtype=dtype, device=torch.device(device))
+
+
+def _di_step(model, ids, positions, lens, states):
+    """One DeepInfer step: forward, then the logits of each sequence's last row."""
+    import torch
+
+    from deepinfer.models import ForwardBatch
+
+    hidden = model.forward(ForwardBatch(ids, positions, lens, states))
+    last = torch.cumsum(torch.tensor(lens, device=ids.device), 0) - 1
+    return model.compute_logits(hidden[last])
+
+
+def _di_prefill(model, tokens, chunk_seqs: int = 8):
+    """Fresh states holding ``tokens`` [B, S] (fed ``chunk_seqs`` sequences per forward)."""
+    import torch
+
+    batch, length = tokens.shape
+    states = [model.new_state() for _ in range(batch)]
+    positions = torch.arange(length, device=tokens.device)
+    for first in range(0, batch, chunk_seqs):
+        group = list(range(first, min(batch, first + chunk_seqs)))
+        _di_step(model, tokens[group].flatten(), positions.repeat(len(group)), [length] * len(group),
+                 [states[i] for i in group])
+    return states
+
+
+def deepinfer_cases(model, cases: list[str]) -> dict[str, float]:
+    """Seconds per case (same cases as :func:`hf_cases`)."""
+    import torch
+
+    vocab = model.vocab_size
+    out: dict[str, float] = {}
+    with torch.inference_mode():
+        if "prefill" in cases:
+            ids = torch.randint(0, vocab, (PREFILL,), device=DEVICE)
+            pos = torch.arange(PREFILL, device=DEVICE)
+            out[f"prefill 1x{PREFILL}"] = _time(lambda: _di_step(model, ids, pos, [PREFILL], [model.new_state()]), 3)
+        for case in cases:
+            if not case.startswith("decode"):
+                continue
+            batch = int(case[len("decode"):])
+            states = _di_prefill(model, torch.randint(0, vocab, (batch, CONTEXT), device=DEVICE))
+            steps = []
+            for step in range(6):
+                ids = torch.randint(0, vocab, (batch,), device=DEVICE)
+                pos = torch.full((batch,), CONTEXT + step, device=DEVICE)
+                _sync()
+                start = time.perf_counter()
+                _di_step(model, ids, pos, [1] * batch, states)
+                _sync()
+                steps.append(time.perf_counter() - start)
+            out[f"decode b{batch} ctx {CONTEXT}"] = statistics.median(steps[1:])
+            del states
+            torch.cuda.empty_cache()
+    return out
+
+
+def profile_decode(model, batch: int, directory: str) -> str:
+    """torch.profiler tables of one decode step at ``batch`` (after two warm-up steps); returns the CUDA one."""
+    import os
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(directory, exist_ok=True)
+    with torch.inference_mode():
+        states = _di_prefill(model, torch.randint(0, model.vocab_size, (batch, CONTEXT), device=DEVICE))
+
+        def step(i):
+            ids = torch.randint(0, model.vocab_size, (batch,), device=DEVICE)
+            pos = torch.full((batch,), CONTEXT + i, device=DEVICE)
+            _di_step(model, ids, pos, [1] * batch, states)
+
+        step(0)
+        step(1)
+        _sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step(2)
+            _sync()
+    averages = prof.key_averages()
+    by_cuda = averages.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60)
+    by_cpu = averages.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
+    with open(os.path.join(directory, f"profile_decode_b{batch}.txt"), "w") as f:
+        f.write("# sorted by self CUDA time\n" + by_cuda + "\n# sorted by total CPU time\n" + by_cpu)
+    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    syncs = sum(e.count for e in averages if "Synchronize" in e.key or e.key == "cudaMemcpyAsync")
+    return f"kernel launches {launches}, sync/memcpy calls {syncs}\n" + by_cuda
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    import transformers
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--cases", default="prefill,decode1,decode16,decode64")
+    parser.add_argument("--variants", default="nvidia,nvidia-no-moe,reference",
+                        help="DeepInfer op tables to time (empty: HF only)")
+    parser.add_argument("--profile", help="write a profile of one decode step (b16, nvidia) to this directory")
+    parser.add_argument("--no-hf", action="store_true", help="skip HF's timings (DeepInfer still uses its weights)")
     args = parser.parse_args(argv)
+    cases = args.cases.split(",")
+    variants = [v for v in args.variants.split(",") if v]
     bw, peak = measure_ceilings()
-    rows, counts = hf_cases(args.cases.split(","))
+    hf = build_hf(DEVICE)
+    counts = ParamCounts(hf, SLICE["n_routed_experts"])
+    rows = hf_cases(hf, cases) if not args.no_hf else [
+        {"case": c, "tokens": n, "hf_s": float("nan")}
+        for c, n in ([(f"prefill 1x{PREFILL}", PREFILL)] if "prefill" in cases else [])
+        + [(f"decode b{c[6:]} ctx {CONTEXT}", int(c[6:])) for c in cases if c.startswith("decode")]]
+    profile_text = None
+    if variants or args.profile:
+        tables = op_tables()
+        ops = SwitchableOps(tables["nvidia"])
+        model = deepinfer_from_hf(hf, ops, torch.bfloat16, DEVICE)
+        del hf
+        torch.cuda.empty_cache()
+        for variant in variants:
+            ops.table = tables[variant]
+            times = deepinfer_cases(model, cases)
+            for r in rows:
+                r[f"di_{variant}_s"] = times[r["case"]]
+            print(f"timed DeepInfer [{variant}]", flush=True)
+        if args.profile:
+            ops.table = tables["nvidia"]
+            profile_text = profile_decode(model, 16, args.profile)
+    report(rows, counts, bw, peak, variants)
+    if profile_text:
+        print("\nprofile of one decode step, batch 16, nvidia ops:\n" + profile_text)
+    if args.json:
+        import transformers
+
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "bf16_flops": peak,
+                       "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+def report(rows, counts: ParamCounts, bw: float, peak: float, variants: list[str]) -> None:
+    import torch
+    import transformers
+
     moe_layers = SLICE["num_hidden_layers"]
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  transformers {transformers.__version__}")
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s; params: "
           f"{counts.other / 1e9:.2f}B dense + {counts.experts / 1e9:.2f}B experts + {counts.embed / 1e9:.2f}B embed")
-    print(f"{'case':24} {'HF ms':>9} {'floor ms':>9} {'bound':>6} {'HF/floor':>9} {'tok/s HF':>9}")
+    head = f"{'case':22} {'floor ms':>8} {'bound':>6} {'HF ms':>8}" + "".join(f" {v + ' ms':>18}" for v in variants)
+    print(head + "  best/floor  tok/s best")
     for r in rows:
         read, per_token = counts.touched(r["tokens"], SLICE["num_experts_per_tok"], moe_layers)
         t_mem, t_math = 2 * read / bw, 2 * per_token * r["tokens"] / peak
         floor = max(t_mem, t_math)
         r.update(floor_s=floor, bound="memory" if t_mem >= t_math else "math", bytes=2 * read,
                  flops=2 * per_token * r["tokens"])
-        print(f"{r['case']:24} {r['hf_s'] * 1e3:9.2f} {floor * 1e3:9.3f} {r['bound']:>6} "
-              f"{r['hf_s'] / floor:8.1f}x {r['tokens'] / r['hf_s']:9.0f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_Bps": bw, "bf16_flops": peak,
-                       "torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}, f, indent=1)
-    return 0
+        ours = [r[f"di_{v}_s"] for v in variants]
+        best = min(ours) if ours else r["hf_s"]
+        line = f"{r['case']:22} {floor * 1e3:8.3f} {r['bound']:>6} {r['hf_s'] * 1e3:8.2f}"
+        line += "".join(f" {t * 1e3:18.2f}" for t in ours)
+        print(line + f"  {best / floor:9.1f}x {r['tokens'] / best:10.0f}")
+        if r["case"].startswith("prefill") and ours:
+            print(f"{'':22} MFU of the best: {r['flops'] / best / peak:.1%} (of the measured matmul rate)")
 
 
 if __name__ == "__main__":
