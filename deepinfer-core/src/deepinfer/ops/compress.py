@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import in_row_tiles
 
 
 def _compress_pool_samples(dtype: torch.dtype, gen: torch.Generator):
@@ -29,3 +30,10 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
     """
     weights = torch.softmax(score.float(), dim=1).to(kv.dtype)
     return (kv * weights).sum(dim=1)
+
+
+@batch_invariant_reference(compress_pool)
+def compress_pool_in_tiles(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    """Fixed tiles of 16 windows: CUDA's softmax and sum over the slots pick their kernel by the whole shape
+    (measured on an H200: fp32 results change with the number of windows)."""
+    return in_row_tiles(compress_pool, (kv, score), rows=(0, 1))

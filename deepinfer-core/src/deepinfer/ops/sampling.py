@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import in_row_tiles
 from deepinfer.sampling_params import GREEDY_TEMPERATURE
 
 _MASK32 = 0xFFFFFFFF
@@ -163,6 +164,13 @@ def filter_logits(
     # Threshold = the smallest kept logit; ties with it are kept too (order among ties is arbitrary).
     threshold = torch.where(keep_sorted, sorted_x, torch.full_like(sorted_x, float("inf"))).min(-1, keepdim=True)
     return torch.where(x < threshold.values, neg_inf, x)
+
+
+@batch_invariant_reference(filter_logits)
+def filter_logits_in_tiles(logits, temperature, top_k, top_p, min_p):
+    """Fixed tiles of 16 rows: on CUDA the softmax / cumsum behind top-p round by the batch's shape (measured
+    on an H200: a token at the top-p edge was kept in one batch and cut in another)."""
+    return in_row_tiles(filter_logits, (logits, temperature, top_k, top_p, min_p), rows=(0, 1, 2, 3, 4))
 
 
 def _race_scores(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
