@@ -2,6 +2,7 @@
 """Time the CUDA backend's kernels against core's reference ops and the memory roofline (GPU host only).
 
     python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
+    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
 kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
@@ -107,22 +108,70 @@ def rope_and_hc_rows() -> list[dict[str, object]]:
     return out
 
 
+def matmul_rate() -> float:
+    """bf16 FLOP/s of an 8192^3 matmul on random data (the compute ceiling)."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192**3 / _bench(lambda: a @ b)
+
+
+def moe_rows(peak: float) -> list[dict[str, object]]:
+    """Routed experts of one V4-Flash-slice layer (64 experts of 4096 -> 2048, top-6).  The reference loops over
+    the hit experts with a host sync each, so it cannot be captured: its graph column is left empty."""
+    import torch
+
+    from deepinfer.ops.moe import moe_experts as reference
+    from deepinfer_cuda.kernels.moe_experts import DOWN_KERNEL, UP_KERNEL, moe_experts
+
+    hidden, inter, experts, top_k = 4096, 2048, 64, 6
+    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda") * hidden**-0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda") * inter**-0.5).bfloat16()
+    out = []
+    for label, tokens in [("decode b1", 1), ("decode b16", 16), ("decode b64", 64), ("prefill", 1024)]:
+        x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        ids = torch.rand(tokens, experts, device="cuda").argsort(dim=1)[:, :top_k]
+        w = torch.rand(tokens, top_k, device="cuda")
+        hit = int(torch.unique(ids).numel())
+        nbytes = hit * 3 * inter * hidden * 2 + 2 * x.numel() * 2
+        flops = 2 * 3 * inter * hidden * tokens * top_k
+
+        def ours_fn():
+            return moe_experts(x, ids, w, w13, w2, 10.0)
+
+        row = {"op": "moe_experts", "case": f"{label} T={tokens} E={experts} k={top_k} bf16", "bytes": nbytes,
+               "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(ours_fn),
+               "ours_graph_s": _graph_time(ours_fn, calls=5),
+               "reference_s": _bench(lambda: reference(x, ids, w, w13, w2, 10.0)), "reference_graph_s": float("nan"),
+               "path": "cubin" if UP_KERNEL.launch_counts["cubin"] and DOWN_KERNEL.launch_counts["cubin"] else "jit"}
+        out.append(row)
+    return out
+
+
+_BW = [0.0]
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups to time: rms_norm, rope_hc, moe")
     args = parser.parse_args(argv)
-    bw = copy_bandwidth()
-    rows = rms_norm_rows() + rope_and_hc_rows()
+    groups = args.ops.split(",")
+    bw = _BW[0] = copy_bandwidth()
+    rows = (rms_norm_rows() if "rms_norm" in groups else []) + (rope_and_hc_rows() if "rope_hc" in groups else [])
+    if "moe" in groups:
+        rows += moe_rows(matmul_rate())
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
     print("eager = one call timed end to end (host launch cost included); graph = device time per call")
     print(f"{'op':9} {'case':38} {'eager us':>8} {'ref us':>7} {'graph us':>8} {'ref gr':>7} {'floor':>6} "
           f"{'%roof':>5} path")
     for r in rows:
-        floor = r["bytes"] / bw
+        floor = r.get("floor_s", r["bytes"] / bw)  # memory floor; MoE rows: max(memory, matmul) floor
         print(f"{r['op']:9} {r['case']:38} {r['ours_s'] * 1e6:8.1f} {r['reference_s'] * 1e6:7.1f} "
               f"{r['ours_graph_s'] * 1e6:8.1f} {r['reference_graph_s'] * 1e6:7.1f} {floor * 1e6:6.1f} "
               f"{100 * floor / r['ours_graph_s']:4.0f}% {r['path']}")
