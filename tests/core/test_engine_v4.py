@@ -56,7 +56,8 @@ def test_greedy_matches_hf_generate(llm, checkpoint):
     for out in outs:
         ids = torch.tensor([out.prompt_token_ids])
         with torch.no_grad():
-            ref = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0, ids.shape[1]:].tolist()
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                              do_sample=False)[0, ids.shape[1]:].tolist()
         logp = hf_logprobs(hf, torch.tensor(out.prompt_token_ids + ref))[len(out.prompt_token_ids) - 1 : -1]
         top2 = logp.topk(2, dim=-1).values
         margins = (top2[:, 0] - top2[:, 1]).tolist()
@@ -68,6 +69,51 @@ def test_greedy_matches_hf_generate(llm, checkpoint):
         else:
             compared += 1
     assert compared >= 12
+
+
+STORY_PROMPTS = [
+    "Once upon a time, there was a little girl named Lily.", "Tom had a big red ball. One day,",
+    "One day, a small dog found a shiny key", "The sun was warm. Mia and her mom went to the park.",
+    "Ben was a brave bear who lived", "It was a rainy day.", "Zoe picked up the", "They ate cookies and",
+    "Once upon a time, there was a small cat named Emma. She", "Max and Sam went to the beach",
+    "Lucy saw a kite stuck in a tree.", "The clouds were gray.", '"Can you help me?" asked', "That night,",
+    "Nora liked to read books", "Jack found a shell",
+]
+
+
+def test_embedded_model_greedy_matches_hf():
+    """The trained embedded checkpoint (real tokenizer): greedy stories equal HF's where margins allow."""
+    from transformers import DeepseekV4ForCausalLM
+
+    from deepinfer.engine.model_source import EMBEDDED_MODEL_DIR
+
+    if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip("the embedded tiny_v4 checkpoint is not in this checkout yet")
+    hf = DeepseekV4ForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, dtype=torch.float32).eval()
+    llm = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32")
+    outs = llm.generate(STORY_PROMPTS, SamplingParams(temperature=0, max_tokens=12, prompt_logprobs=0),
+                        use_tqdm=False)
+    exact = 0
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                              eos_token_id=list(llm.engine.config.eos_token_ids),
+                              pad_token_id=llm.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        logp = hf_logprobs(hf, torch.tensor(out.prompt_token_ids + ref))
+        for pos in range(1, len(out.prompt_token_ids)):  # prompt logprobs against the same oracle
+            tok = out.prompt_token_ids[pos]
+            assert abs(out.prompt_logprobs[pos][tok].logprob - logp[pos - 1, tok].item()) < 1e-4
+        top2 = logp[len(out.prompt_token_ids) - 1 :].topk(2, dim=-1).values
+        mine = out.outputs[0].token_ids
+        for i, (a, b) in enumerate(zip(mine, ref)):
+            if a != b:
+                assert (top2[i, 0] - top2[i, 1]).item() < NEAR_TIE, f"diverged at {i}"
+                break
+        else:
+            assert len(mine) == len(ref)
+            exact += 1
+    assert exact >= 14
 
 
 def test_prompt_logprobs_match_hf(llm, checkpoint):
