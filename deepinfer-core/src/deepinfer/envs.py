@@ -63,7 +63,11 @@ def nextn_decode() -> int:
 
 
 def batch_invariant() -> bool:
-    """``DEEPINFER_BATCH_INVARIANT``: a request's logits do not depend on the rest of the batch."""
+    """``DEEPINFER_BATCH_INVARIANT``: a request's logits are bitwise independent of the rest of the batch.
+
+    Read when an op table is built (it selects the batch-invariant op forms); together with
+    ``SamplingParams(seq_seed=...)`` it makes sampling deterministic.  See docs/reproducibility.md.
+    """
     return _flag("DEEPINFER_BATCH_INVARIANT", False)
 
 
