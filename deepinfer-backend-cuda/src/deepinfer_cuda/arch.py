@@ -115,14 +115,15 @@ class MoeTiles:
     down_block_k: int
 
 
-def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int) -> MoeTiles:
-    """Tiles for ``slots_per_expert`` = T*k // E, the mean number of token slots an expert receives (16-bit inputs).
+def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
+                       element_bytes: int = 2) -> MoeTiles:
+    """Tiles for ``slots_per_expert`` = T*k // E, the mean number of token slots an expert receives.
 
     Decode (< 32): each hit expert gets a handful of slots, so a program is a 16-row tile that streams a narrow
     column slice of the expert's weights (32 gate + 32 up columns, 64 down columns) with a deep pipeline:
     the step is bound by reading each hit expert once, and narrow tiles spread that read over every SM.
-    Prefill: 64-row tiles and 64-128 columns feed the tensor cores (wgmma on SM90).  Tiles never exceed the
-    padded problem dims (small test shapes).
+    Prefill: 64-row tiles and 64-128 columns feed the tensor cores (wgmma on SM90).  fp32 inputs (tests) halve
+    the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed the padded problem dims.
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no MoE configuration for {arch.name}")
@@ -130,8 +131,9 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
     def fit(block: int, dim: int) -> int:
         return max(16, min(block, 1 << (max(dim, 1) - 1).bit_length()))
 
+    wide = 2 if element_bytes > 2 else 1
+    stages = LaunchConfig(num_warps=4, num_stages=4 // wide)
     if slots_per_expert < 32:
-        return MoeTiles(16, LaunchConfig(num_warps=4, num_stages=4), fit(32, inter), fit(256, hidden),
-                        LaunchConfig(num_warps=4, num_stages=4), fit(64, hidden), fit(256, inter))
-    return MoeTiles(64, LaunchConfig(num_warps=4, num_stages=4), fit(64, inter), fit(64, hidden),
-                    LaunchConfig(num_warps=4, num_stages=4), fit(128, hidden), fit(64, inter))
+        return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
+                        stages, fit(64, hidden), fit(256 // wide, inter))
+    return MoeTiles(64, stages, fit(64, inter), fit(64 // wide, hidden), stages, fit(128, hidden), fit(64 // wide, inter))

@@ -13,7 +13,8 @@ Each program streams one column tile of one expert's weights once for up to BLOC
 each hit expert's weights once (memory-bound, the roofline's term) and prefill runs tensor-core tiles.
 Rounding follows the reference: the projections, the activation and the weighted output are rounded to the
 model dtype where the reference's tensors are, and each token's k outputs are added in the reference's order
-(increasing expert id, in the model dtype), so a row depends only on its own token and experts.
+(increasing expert id, in the model dtype), so a row depends only on its own token and experts.  fp32 inputs
+(tests, fp32 oracle runs) multiply with IEEE fp32 products, not TF32.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ AOT_SLOTS_PER_EXPERT = (1, 96)
 @triton.jit
 def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
     """``v`` (fp32) rounded to ``dtype`` and back: where the reference holds a tensor in the model dtype."""
-    if INTERPRETED:  # round to nearest even by hand (bf16), so the interpreter's truncating cast is exact
+    if INTERPRETED and dtype == tl.bfloat16:  # round to nearest even by hand: the interpreter's cast truncates
         bits = v.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True)
@@ -49,7 +50,8 @@ def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 @triton.jit(do_not_specialize=["n_blocks", "limit"])
 def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
                    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
-                   INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     block = tl.program_id(0)
     start = tl.load(blocks_ptr + n_blocks + block)
     end = tl.load(blocks_ptr + 2 * n_blocks + block)
@@ -71,7 +73,7 @@ def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, lim
         a = tl.load(x_ptr + tokens[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wg = tl.load(gate_rows + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
         wu = tl.load(up_rows + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if INTERPRETED:
+        if FP32_DOT:
             acc_g = tl.dot(a.to(tl.float32), wg.to(tl.float32), acc_g, input_precision="ieee")
             acc_u = tl.dot(a.to(tl.float32), wu.to(tl.float32), acc_u, input_precision="ieee")
         else:
@@ -90,7 +92,7 @@ def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, lim
 
 @triton.jit(do_not_specialize=["n_blocks"])
 def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
-                     H: tl.constexpr, I: tl.constexpr, INTERPRETED: tl.constexpr,
+                     H: tl.constexpr, I: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     block = tl.program_id(0)
     start = tl.load(blocks_ptr + n_blocks + block)
@@ -111,7 +113,7 @@ def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, bloc
         a = tl.load(act_ptr + rows.to(tl.int64)[:, None] * I + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
                     other=0.0)
         w = tl.load(w_rows + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        if INTERPRETED:
+        if FP32_DOT:
             acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
@@ -121,10 +123,12 @@ def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, bloc
     tl.store(slot_out_ptr + slots[:, None] * H + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _constexprs(tiles: MoeTiles, hidden: int, inter: int, top_k: int, has_limit: bool):
-    up = {"H": hidden, "I": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "INTERPRETED": INTERPRETED,
+def _constexprs(tiles: MoeTiles, hidden: int, inter: int, top_k: int, has_limit: bool, fp32: bool):
+    fp32_dot = fp32 or INTERPRETED  # fp32: IEEE products (no TF32), as the reference computes them
+    up = {"H": hidden, "I": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "FP32_DOT": fp32_dot,
+          "INTERPRETED": INTERPRETED,
           "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.up_block_n, "BLOCK_K": tiles.up_block_k}
-    down = {"H": hidden, "I": inter, "INTERPRETED": INTERPRETED,
+    down = {"H": hidden, "I": inter, "FP32_DOT": fp32_dot, "INTERPRETED": INTERPRETED,
             "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.down_block_n, "BLOCK_K": tiles.down_block_k}
     return up, down
 
@@ -134,7 +138,7 @@ def _aot_up_variants(arch: CudaArch) -> list[Variant]:
     for hidden, inter, top_k in AOT_SHAPES:
         for per_expert in AOT_SLOTS_PER_EXPERT:
             tiles = moe_experts_config(arch, per_expert, hidden, inter)
-            up, _ = _constexprs(tiles, hidden, inter, top_k, True)
+            up, _ = _constexprs(tiles, hidden, inter, top_k, True, False)
             sig = {"x_ptr": "*bf16:D", "w13_ptr": "*bf16:D", "act_ptr": "*bf16:D", "order_ptr": "*i32:D",
                    "blocks_ptr": "*i32:D", "n_blocks": "i32", "limit": "fp32"}
             variants.append(Variant(sig, up, tiles.up.num_warps, tiles.up.num_stages))
@@ -146,7 +150,7 @@ def _aot_down_variants(arch: CudaArch) -> list[Variant]:
     for hidden, inter, top_k in AOT_SHAPES:
         for per_expert in AOT_SLOTS_PER_EXPERT:
             tiles = moe_experts_config(arch, per_expert, hidden, inter)
-            _, down = _constexprs(tiles, hidden, inter, top_k, True)
+            _, down = _constexprs(tiles, hidden, inter, top_k, True, False)
             sig = {"act_ptr": "*bf16:D", "w2_ptr": "*bf16:D", "weights_ptr": "*fp32:D", "slot_out_ptr": "*bf16:D",
                    "order_ptr": "*i32:D", "blocks_ptr": "*i32:D", "n_blocks": "i32"}
             variants.append(Variant(sig, down, tiles.down.num_warps, tiles.down.num_stages))
@@ -184,35 +188,22 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
     return order.to(torch.int32), torch.stack([e, first, end]).to(torch.int32).contiguous()
 
 
-def _reference(*args):
-    from deepinfer.ops.registry import op_defs
-
-    return op_defs()["moe_experts"].reference(*args)
-
-
 def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             swiglu_limit: float | None, *, arch: CudaArch) -> LaunchChain:
-    """Plan ``moe_experts(...)`` for ``arch``: routing sorted, buffers allocated, two launches planned.
-
-    fp32 inputs (tests and fp32 oracle runs, never the bf16 model) take core's reference: in fp32 the kernel and
-    the reference differ by their own rounding (both ~8e-5 from fp64 at the conformance shapes, where
-    activations reach 100), which is more than fp32's conformance tolerance of 1e-5.
-    """
-    if x.dtype == torch.float32:
-        return LaunchChain([], lambda: _reference(x, ids, weights, w13, w2, swiglu_limit))
+    """Plan ``moe_experts(...)`` for ``arch``: routing sorted, buffers allocated, two launches planned."""
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     slots = tokens * top_k
-    tiles = moe_experts_config(arch, slots // max(1, num_experts), hidden, inter)
+    tiles = moe_experts_config(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     order, blocks = expert_blocks(ids, num_experts, tiles.block_m)
     n_blocks = blocks.shape[1]
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
     scale = weights.reshape(-1).to(torch.float32).contiguous()
-    up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None)
+    up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None, x.dtype == torch.float32)
     up = Launch((n_blocks, triton.cdiv(inter, tiles.up_block_n)), tiles.up,
                 dict(x_ptr=x, w13_ptr=w13, act_ptr=act, order_ptr=order, blocks_ptr=blocks, n_blocks=n_blocks,
                      limit=float(swiglu_limit or 0.0), **up_c), act)

@@ -137,7 +137,10 @@ def _experts_samples(dtype: torch.dtype, gen: torch.Generator):
         yield OpSample((x, ids, weights, w13, w2, 10.0), label=f"{rows}x{hidden} E={experts} k={top_k}")
 
 
-@reference_op(sample_inputs=_experts_samples, rows=(0, 1, 2))
+#: fp32: a few ulps of the largest activation.  The samples drive activations to ~100 and outputs to ~250 (the
+#: clamp must bite), where this reference itself is 8.6e-5 from an fp64 evaluation (2026-11-29), so a GEMM with
+#: any other summation order (cuBLAS, a Triton kernel) differs from it by more than the default 1e-5.
+@reference_op(sample_inputs=_experts_samples, rows=(0, 1, 2), tolerances={torch.float32: (3e-4, 1e-4)})
 def moe_experts(
     x: torch.Tensor,
     ids: torch.Tensor,
