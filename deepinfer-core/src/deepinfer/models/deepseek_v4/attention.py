@@ -88,7 +88,10 @@ class Attention:
             entries = self.compressor(x, layout, [s.compressor for s in states])
         if self.indexer is not None:
             picks = self.indexer(x, q_residual, positions, layout, [s.indexer for s in states])
-        pool, indices = self._gather_plan(kv, positions, layout, states, entries, picks)
+        if all(n == 1 for n in layout.lens):
+            pool, indices = self._decode_plan(kv, positions, layout, states, entries, picks)
+        else:
+            pool, indices = self._gather_plan(kv, positions, layout, states, entries, picks)
 
         out = ops.sparse_attention(q, pool, indices, self.sinks, self.head_dim**-0.5)
         out = ops.rope(out, positions, self.inv_freq, self.rope_scaling, inverse=True)
@@ -134,3 +137,43 @@ class Attention:
         width = max(r.shape[1] for r in rows_per_seq)
         padded = [torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) for r in rows_per_seq]
         return torch.cat(pool), torch.cat(padded)
+
+    def _decode_plan(
+        self,
+        kv: torch.Tensor,
+        positions: torch.Tensor,
+        layout: RaggedLayout,
+        states: list[LayerState],
+        entries: list[torch.Tensor] | None,
+        picks: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_gather_plan` for a batch of one new token per sequence (decode), in a fixed number of kernels
+        instead of ~20 per sequence: each SWA ring first takes its token (it then holds exactly the window
+        ending at the query), the pool is every ring then every sequence's entries, and each query's rows are
+        the same keys in the same order as :meth:`_gather_plan` gives."""
+        window, batch, device = self.window, len(states), kv.device
+        rings = []
+        for state in states:
+            if state.swa_ring.shape[0] == 0:
+                state.swa_ring = kv.new_zeros(window, kv.shape[-1])
+            rings.append(state.swa_ring)
+        # One multi-tensor copy for the whole batch (slots are host-side ints: position mod window).
+        torch._foreach_copy_([ring[start % window] for ring, start in zip(rings, layout.starts)], list(kv.unbind(0)))
+        key_pos = positions[:, None] + torch.arange(1 - window, 1, device=device)[None, :]  # [B, window], ascending
+        ring_rows = torch.arange(batch, device=device)[:, None] * window + key_pos % window
+        cols = [torch.where(key_pos >= 0, ring_rows, -1)]
+        if entries is None:
+            return torch.cat(rings), cols[0]
+        counts = [e.shape[0] for e in entries]
+        bases = [batch * window]
+        for n in counts[:-1]:
+            bases.append(bases[-1] + n)
+        base, count = torch.tensor([bases, counts], device=device)
+        if picks is not None:  # CSA: the indexer's top-k
+            ids = picks
+        else:  # HCA: every entry whose window is complete at the query
+            ids = torch.arange(max(counts), device=device).expand(batch, -1)
+            limit = torch.minimum(count, (positions + 1) // self.ratio)
+            ids = torch.where(ids < limit[:, None], ids, -1)
+        cols.append(torch.where(ids >= 0, base[:, None] + ids, -1))
+        return torch.cat(rings + list(entries)), torch.cat(cols, dim=1)

@@ -20,8 +20,8 @@ class RaggedLayout:
         for n in seq_lens:
             offsets.append(total)
             total += n
-        seq_ids = torch.repeat_interleave(
-            torch.arange(len(seq_lens), device=device), torch.tensor(seq_lens, device=device)
+        seq_ids = torch.repeat_interleave(  # output_size: the length is known here, so no device->host sync
+            torch.arange(len(seq_lens), device=device), torch.tensor(seq_lens, device=device), output_size=total
         )
         return cls(offsets, list(seq_lens), list(starts), seq_ids)
 
