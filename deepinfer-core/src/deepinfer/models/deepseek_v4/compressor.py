@@ -47,9 +47,10 @@ class Compressor:
         kv = torch.cat([state.pending_kv, kv])
         gate = torch.cat([state.pending_gate, gate])
         n = kv.shape[0] // r
-        state.pending_kv, state.pending_gate = kv[n * r :].clone(), gate[n * r :].clone()
-        if n == 0:
+        if n == 0:  # nothing closes (most decode steps): the concatenation is the new carry-over as it is
+            state.pending_kv, state.pending_gate = kv, gate
             return None
+        state.pending_kv, state.pending_gate = kv[n * r :].clone(), gate[n * r :].clone()
         kv, gate = kv[: n * r].view(n, r, -1), gate[: n * r].view(n, r, -1)
         score = gate.float() + self.position_bias
         if not self.overlap:
