@@ -16,7 +16,7 @@ once per op table of ``--variants``: ``nvidia`` (every CUDA override), ``nvidia-
 MoE expert kernel: core's per-expert loop), ``reference`` (core's plain-PyTorch ops on the GPU).  A step is the
 model forward plus the logits of each sequence's last row, as for HF; hash-routing tables are randomised (HF's
 init leaves them zero, which sends every token of the first layers to expert 0).  ``--profile DIR`` also writes a
-torch.profiler table of one decode step (batch 16, nvidia ops) sorted by CUDA time and by CPU time.
+torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops), by CUDA and by CPU time.
 
     python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
                                    [--variants nvidia,nvidia-no-moe,reference] [--profile DIR] [--no-hf]
@@ -263,14 +263,33 @@ def deepinfer_cases(model, cases: list[str]) -> dict[str, float]:
     return out
 
 
-def profile_decode(model, batch: int, directory: str) -> str:
-    """torch.profiler tables of one decode step at ``batch`` (after two warm-up steps); returns the CUDA one."""
+def _profiled(step, name: str, directory: str) -> str:
+    """Run ``step`` once under torch.profiler; write the CPU- and CUDA-sorted tables to ``directory/name.txt``
+    and return a summary line plus the CUDA-sorted table."""
     import os
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     os.makedirs(directory, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        _sync()
+    averages = prof.key_averages()
+    by_cuda = averages.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60)
+    by_cpu = averages.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
+    with open(os.path.join(directory, f"{name}.txt"), "w") as f:
+        f.write("# sorted by self CUDA time\n" + by_cuda + "\n# sorted by total CPU time\n" + by_cpu)
+    count = lambda pred: sum(e.count for e in averages if pred(e.key))  # noqa: E731
+    launches = count(lambda k: k in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    syncs = count(lambda k: k in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"))
+    to_host = count(lambda k: k.startswith("Memcpy DtoH"))
+    return f"{name}: kernel launches {launches}, host syncs {syncs}, device->host copies {to_host}\n" + by_cuda
+
+
+def profile_steps(model, batch: int, directory: str) -> str:
+    """Profiles of one decode step at ``batch`` (after two warm-up steps) and of one 1 x PREFILL prefill."""
+    import torch
+
     with torch.inference_mode():
         states = _di_prefill(model, torch.randint(0, model.vocab_size, (batch, CONTEXT), device=DEVICE))
 
@@ -282,17 +301,12 @@ def profile_decode(model, batch: int, directory: str) -> str:
         step(0)
         step(1)
         _sync()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            step(2)
-            _sync()
-    averages = prof.key_averages()
-    by_cuda = averages.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60)
-    by_cpu = averages.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
-    with open(os.path.join(directory, f"profile_decode_b{batch}.txt"), "w") as f:
-        f.write("# sorted by self CUDA time\n" + by_cuda + "\n# sorted by total CPU time\n" + by_cpu)
-    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
-    syncs = sum(e.count for e in averages if "Synchronize" in e.key or e.key == "cudaMemcpyAsync")
-    return f"kernel launches {launches}, sync/memcpy calls {syncs}\n" + by_cuda
+        decode = _profiled(lambda: step(2), f"profile_decode_b{batch}", directory)
+        ids = torch.randint(0, model.vocab_size, (PREFILL,), device=DEVICE)
+        pos = torch.arange(PREFILL, device=DEVICE)
+        prefill = _profiled(lambda: _di_step(model, ids, pos, [PREFILL], [model.new_state()]), "profile_prefill",
+                            directory)
+    return decode + "\n" + "\n".join(prefill.splitlines()[:18])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"timed DeepInfer [{variant}]", flush=True)
         if args.profile:
             ops.table = tables["nvidia"]
-            profile_text = profile_decode(model, 16, args.profile)
+            profile_text = profile_steps(model, 16, args.profile)
     report(rows, counts, bw, peak, variants)
     if profile_text:
-        print("\nprofile of one decode step, batch 16, nvidia ops:\n" + profile_text)
+        print("\nprofiles (nvidia ops):\n" + profile_text)
     if args.json:
         import transformers
 
