@@ -176,14 +176,15 @@ def test_needle_is_invariant_with_two_threads(checkpoint):
 
 def _engine_needle(checkpoint, batched: bool, **limits):
     params = SamplingParams(temperature=1.0, seq_seed=7, max_tokens=6, logprobs=5, prompt_logprobs=5, ignore_eos=True)
-    needle = NEEDLE.tolist()
+    needle = random_tokens(60, VOCAB, 2).tolist()  # its output crosses the state's 64-token page boundary
     llm = LLM(str(checkpoint), dtype="float32", **limits)
     if not batched:
         return llm.generate([needle], params, use_tqdm=False)[0]
-    others = ragged_prompts(VOCAB, count=6, max_len=30, seed=3)
-    other_params = [SamplingParams(temperature=0.8, seed=i, max_tokens=3 + i, ignore_eos=True) for i in range(6)]
+    others = ragged_prompts(VOCAB, lengths=[62, 3, 58, 17, 61, 33], seed=3)
+    other_params = [SamplingParams(temperature=0.8, seed=i, max_tokens=6 + i, ignore_eos=True) for i in range(6)]
     outs = llm.generate(others[:2] + [needle] + others[2:], other_params[:2] + [params] + other_params[2:],
                         use_tqdm=False)
+    assert "state_cache_bytes" not in limits or llm.engine.num_preemptions > 0
     return outs[2]
 
 
@@ -193,10 +194,14 @@ def _flat_logprobs(out) -> list[float]:
     return values
 
 
-def test_engine_logprobs_are_bitwise_equal_alone_and_batched(checkpoint, monkeypatch):
+@pytest.mark.parametrize("how", ["chunked", "preempted"])
+def test_engine_logprobs_are_bitwise_equal_alone_and_batched(checkpoint, monkeypatch, how):
     monkeypatch.setenv(FLAG, "1")
     alone = _engine_needle(checkpoint, batched=False)
-    batched = _engine_needle(checkpoint, batched=True, max_num_batched_tokens=24)  # chunked, mixed steps
+    limits = dict(max_num_batched_tokens=24)  # chunked prefill mixed with decode steps
+    if how == "preempted":  # room for two prompts: sequences growing past 64 tokens preempt and recompute
+        limits["state_cache_bytes"] = 2 * _model(checkpoint, torch.float32, invariant=True).state_bytes(62)
+    batched = _engine_needle(checkpoint, batched=True, **limits)
     assert batched.outputs[0].token_ids == alone.outputs[0].token_ids
     assert _flat_logprobs(batched) == _flat_logprobs(alone)  # exact float equality
     assert batched.outputs[0].cumulative_logprob == alone.outputs[0].cumulative_logprob
