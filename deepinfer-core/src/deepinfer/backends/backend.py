@@ -24,6 +24,10 @@ class Backend:
     auto_priority: int | None = None
     #: torch.distributed backend for the communicator factory.
     dist_backend: str = "gloo"
+    #: Overridden ops that keep a row's result independent of the batch (proven per op by
+    #: ``deepinfer.testing.check_batch_invariance``); under ``DEEPINFER_BATCH_INVARIANT=1`` other overrides of
+    #: batched ops give way to core's batch-invariant references.
+    batch_invariant_ops: tuple[str, ...] = ()
 
     # --- availability -------------------------------------------------------------------------
     def unavailable_reason(self) -> str | None:

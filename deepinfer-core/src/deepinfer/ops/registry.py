@@ -214,7 +214,7 @@ class OpTable:
             overrides = dict(backend.load_ops())
             if flag:
                 defs = op_defs()
-                claimed = set(getattr(backend, "batch_invariant_ops", ()))
+                claimed = set(backend.batch_invariant_ops)
                 dropped = sorted(n for n in overrides if n in defs and defs[n].rows is not None and n not in claimed)
                 if dropped:
                     logger.info("DEEPINFER_BATCH_INVARIANT=1: backend %r does not declare %s batch-invariant; "
