@@ -164,16 +164,14 @@ class Attention:
         cols = [torch.where(key_pos >= 0, ring_rows, -1)]
         if entries is None:
             return torch.cat(rings), cols[0]
-        counts = [e.shape[0] for e in entries]
-        bases = [batch * window]
-        for n in counts[:-1]:
-            bases.append(bases[-1] + n)
-        base, count = torch.tensor([bases, counts], device=device)
+        # Entries so far = windows closed by this token, (position + 1) // ratio: computed on the device, so no
+        # host list is copied (a blocking copy would stall the host until the queued work finishes).
+        count = (positions + 1) // self.ratio
+        base = batch * window + torch.cumsum(count, 0) - count
         if picks is not None:  # CSA: the indexer's top-k
             ids = picks
         else:  # HCA: every entry whose window is complete at the query
-            ids = torch.arange(max(counts), device=device).expand(batch, -1)
-            limit = torch.minimum(count, (positions + 1) // self.ratio)
-            ids = torch.where(ids < limit[:, None], ids, -1)
+            ids = torch.arange(max(e.shape[0] for e in entries), device=device).expand(batch, -1)
+            ids = torch.where(ids < count[:, None], ids, -1)
         cols.append(torch.where(ids >= 0, base[:, None] + ids, -1))
         return torch.cat(rings + list(entries)), torch.cat(cols, dim=1)
