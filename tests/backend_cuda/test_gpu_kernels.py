@@ -45,7 +45,7 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import hc_post, hc_pre, rms_norm, rope
+    from deepinfer_cuda.kernels import hc_post, hc_pre, rms_norm, rope, sparse_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -71,6 +71,12 @@ def _model_shape_cases():
                 base = 0.5 * randn(24, dtype=torch.float32)
                 scale = 1 + 0.1 * randn(3, dtype=torch.float32)
                 yield hc_pre, (randn(tokens, 4, dim, dtype=dtype), fn, base, scale, 1e-6, 1e-6, 20)
+    for tokens, heads in [(1, 64), (33, 64), (5, 128)]:  # SWA window 128 + top-512 entries, some slots unused
+        indices = torch.randint(0, 900, (tokens, 640), device="cuda", generator=gen)
+        indices[torch.rand(tokens, 640, device="cuda", generator=gen) < 0.2] = -1
+        sinks = randn(heads, dtype=torch.float32)
+        yield sparse_attention, (randn(tokens, heads, 512, dtype=torch.bfloat16), randn(900, 512, dtype=torch.bfloat16),
+                                 indices, sinks, 512**-0.5)
 
 
 def _call(module, args):

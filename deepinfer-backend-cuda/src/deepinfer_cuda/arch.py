@@ -137,3 +137,18 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
     return MoeTiles(64, stages, fit(64, inter), fit(64 // wide, hidden), stages, fit(128, hidden), fit(64 // wide, inter))
+
+
+def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> tuple[LaunchConfig, int, int]:
+    """Sparse attention, one program per (query, block of heads): returns (config, block_h, block_n).
+
+    The heads of a query share each gathered chunk of ``block_n`` pool rows, so more heads per program means fewer
+    gathers; 32 heads x 512 dims keeps the fp32 accumulator at 64 registers per thread with 8 warps.  tl.dot needs
+    at least 16 rows, so fewer heads are padded (masked).  fp32 inputs (tests) halve the chunk to fit shared memory.
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no sparse attention configuration for {arch.name}")
+    block_h = min(32, max(16, 1 << (max(heads, 1) - 1).bit_length()))
+    wide = element_bytes > 2 or dim > 512
+    return LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 2), block_h, \
+        16 if wide else 32

@@ -14,6 +14,7 @@ from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.moe_experts import moe_experts
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rope import rope
+from deepinfer_cuda.kernels.sparse_attention import sparse_attention
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
@@ -21,4 +22,5 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "hc_pre": hc_pre,
     "hc_post": hc_post,
     "moe_experts": moe_experts,
+    "sparse_attention": sparse_attention,
 }

@@ -20,6 +20,8 @@ class CudaBackend(Backend):
     device_type = "cuda"
     auto_priority = 100
     dist_backend = "nccl"
+    #: One program per query with fixed key chunks: a row's bits never depend on the batch.
+    batch_invariant_ops = ("sparse_attention",)
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:
