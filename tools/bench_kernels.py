@@ -2,7 +2,7 @@
 """Time the CUDA backend's kernels against core's reference ops and the memory roofline (GPU host only).
 
     python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
-    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe)
+    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
 kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
@@ -149,6 +149,46 @@ def moe_rows(peak: float) -> list[dict[str, object]]:
     return out
 
 
+def attention_rows(peak: float) -> list[dict[str, object]]:
+    """Sparse attention of one V4-Flash CSA layer: 64 heads x 512, each query sees 128 window rows + its top-512
+    compressed entries of a shared K=V pool.  *floor* = max(q + out + indices + the distinct pool rows read once
+    over the copy ceiling, q.k and p.v FLOPs over the matmul rate)."""
+    import torch
+
+    from deepinfer.ops.attention import sparse_attention as reference
+    from deepinfer_cuda.kernels.sparse_attention import KERNEL, sparse_attention
+
+    heads, dim, width = 64, 512, 128 + 512
+    out = []
+    for label, tokens, pool in [("decode b1", 1, 1 * 1024), ("decode b16", 16, 16 * 1024),
+                                ("decode b64", 64, 64 * 1024), ("prefill", 1024, 1024 + 256)]:
+        q = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+        kv = torch.randn(pool, dim, device="cuda", dtype=torch.bfloat16)
+        sinks = torch.randn(heads, device="cuda")
+        if label == "prefill":  # one sequence: every query reads from the same pool
+            indices = torch.randint(0, pool, (tokens, width), device="cuda")
+        else:  # a sequence per query, each with its own part of the pool
+            own = pool // tokens
+            first = own * torch.arange(tokens, device="cuda")[:, None]
+            indices = torch.randint(0, own, (tokens, width), device="cuda") + first
+        indices[torch.rand(tokens, width, device="cuda") < 0.05] = -1
+        distinct = int(torch.unique(indices[indices >= 0]).numel())
+        nbytes = 2 * q.numel() * 2 + indices.numel() * 8 + distinct * dim * 2
+        flops = 4 * tokens * heads * width * dim
+
+        def ours_fn():
+            return sparse_attention(q, kv, indices, sinks, dim**-0.5)
+
+        row = {"op": "sparse_attention", "case": f"{label} T={tokens} H={heads} D={dim} K={width} bf16",
+               "bytes": nbytes, "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak),
+               "ours_s": _bench(ours_fn), "ours_graph_s": _graph_time(ours_fn, calls=5),
+               "reference_s": _bench(lambda: reference(q, kv, indices, sinks, dim**-0.5)),
+               "reference_graph_s": _graph_time(lambda: reference(q, kv, indices, sinks, dim**-0.5), calls=2),
+               "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"}
+        out.append(row)
+    return out
+
+
 _BW = [0.0]
 
 
@@ -158,13 +198,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups to time: rms_norm, rope_hc, moe")
+    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups to time: rms_norm, rope_hc, moe, attention")
     args = parser.parse_args(argv)
     groups = args.ops.split(",")
     bw = _BW[0] = copy_bandwidth()
     rows = (rms_norm_rows() if "rms_norm" in groups else []) + (rope_and_hc_rows() if "rope_hc" in groups else [])
+    peak = matmul_rate() if {"moe", "attention"} & set(groups) else 0.0
     if "moe" in groups:
-        rows += moe_rows(matmul_rate())
+        rows += moe_rows(peak)
+    if "attention" in groups:
+        rows += attention_rows(peak)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
     print("eager = one call timed end to end (host launch cost included); graph = device time per call")
