@@ -189,6 +189,41 @@ def attention_rows(peak: float) -> list[dict[str, object]]:
     return out
 
 
+def indexer_rows(peak: float) -> list[dict[str, object]]:
+    """Lightning indexer of one V4-Flash CSA layer (ratio 4): 64 index heads x 128, top-512; prefill of 1024 tokens
+    (256 entries), decode at 512 tokens of context (128 entries) and at 32K (8192).  *floor* = max(q, weights, keys
+    and picks moved once over the copy ceiling, q.k FLOPs over the matmul rate)."""
+    import torch
+
+    from deepinfer.ops.indexer import indexer_topk as reference
+    from deepinfer_cuda.kernels.indexer_topk import KERNEL, indexer_topk
+
+    heads, dim, topk = 64, 128, 512
+    out = []
+    cases = [("prefill", 1024, 256, True), ("decode b1 ctx512", 1, 128, False), ("decode b16 ctx512", 16, 128, False),
+             ("decode b64 ctx512", 64, 128, False), ("decode b64 ctx32K", 64, 8192, False)]
+    for label, tokens, entries, prefill in cases:
+        seqs = 1 if prefill else tokens
+        q = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(tokens, heads, device="cuda", dtype=torch.bfloat16)
+        keys = torch.randn(seqs, entries, dim, device="cuda", dtype=torch.bfloat16)
+        positions = torch.arange(tokens, device="cuda")
+        seq_ids = torch.zeros_like(positions) if prefill else positions
+        limits = (positions + 1) // 4 if prefill else torch.full_like(positions, entries)
+        args = (q, w, keys, seq_ids, limits, topk, dim**-0.5, heads**-0.5)
+        nbytes = (q.numel() + w.numel() + keys.numel()) * 2 + tokens * topk * 8
+        flops = 2 * tokens * heads * entries * dim
+
+        row = {"op": "indexer_topk", "case": f"{label} T={tokens} N={entries} bf16", "bytes": nbytes, "flops": flops,
+               "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(lambda: indexer_topk(*args)),
+               "ours_graph_s": _graph_time(lambda: indexer_topk(*args), calls=5),
+               "reference_s": _bench(lambda: reference(*args)),
+               "reference_graph_s": _graph_time(lambda: reference(*args), calls=2),
+               "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"}
+        out.append(row)
+    return out
+
+
 _BW = [0.0]
 
 
@@ -198,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups to time: rms_norm, rope_hc, moe, attention")
+    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups: rms_norm, rope_hc, moe, attention")
     args = parser.parse_args(argv)
     groups = args.ops.split(",")
     bw = _BW[0] = copy_bandwidth()
@@ -207,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if "moe" in groups:
         rows += moe_rows(peak)
     if "attention" in groups:
-        rows += attention_rows(peak)
+        rows += attention_rows(peak) + indexer_rows(peak)
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
     print("eager = one call timed end to end (host launch cost included); graph = device time per call")

@@ -139,7 +139,8 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
     return MoeTiles(64, stages, fit(64, inter), fit(64 // wide, hidden), stages, fit(128, hidden), fit(64 // wide, inter))
 
 
-def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> tuple[LaunchConfig, int, int]:
+def sparse_attention_config(arch: CudaArch, heads: int, dim: int,
+                            element_bytes: int) -> tuple[LaunchConfig, int, int]:
     """Sparse attention, one program per (query, block of heads): returns (config, block_h, block_n).
 
     The heads of a query share each gathered chunk of ``block_n`` pool rows, so more heads per program means fewer
@@ -152,3 +153,14 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     wide = element_bytes > 2 or dim > 512
     return LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 2), block_h, \
         16 if wide else 32
+
+
+def indexer_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> tuple[LaunchConfig, int]:
+    """Lightning-indexer scores, one program per (query, chunk of entries): returns (config, block_n).
+
+    All index heads of a query in one [heads, dim] x [dim, block_n] product (64 x 128 x 64 in V4), reduced over
+    heads in registers; fp32 inputs (tests) halve the chunk.
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no indexer configuration for {arch.name}")
+    return LaunchConfig(num_warps=4), 32 if element_bytes > 2 else 64

@@ -11,6 +11,7 @@ from typing import Any
 
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
+from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.moe_experts import moe_experts
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rope import rope
@@ -23,4 +24,5 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "hc_post": hc_post,
     "moe_experts": moe_experts,
     "sparse_attention": sparse_attention,
+    "indexer_topk": indexer_topk,
 }

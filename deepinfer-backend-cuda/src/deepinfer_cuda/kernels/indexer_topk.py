@@ -1,0 +1,124 @@
+"""The lightning indexer: scores on tensor cores in one Triton kernel, then the top-k in torch on the device.
+
+Overrides core's ``indexer_topk(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale)``
+(deepinfer/ops/indexer.py).  The reference gathers every query's sequence keys ([T, N, c] fp32) and runs an
+fp32 bmm; here:
+
+    _index_scores_kernel   per (query, chunk of BLOCK_N entries): s = q [H, c] @ k^T [c, BLOCK_N] (tensor cores,
+                           fp32 accumulate), score_n = sum_h ReLU(s_hn) * softmax_scale * (w_h * weights_scale);
+                           entries at or past the query's limit get -inf, chunks wholly past it skip the product
+    finish (torch)         torch.topk of the [T, N] fp32 scores, -inf picks -> -1, padded with -1 to ``topk``
+
+No host synchronisation.  Which of two tied entries is kept may differ from the reference's stable sort; the op's
+conformance comparison compares the kept scores (see its ``compare``).  fp32 inputs use IEEE fp32 products.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_cuda.arch import CudaArch, indexer_config
+from deepinfer_cuda.kernel_set.compile import Variant
+from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+
+#: (index heads, index head dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 128.
+AOT_SHAPES = ((64, 128),)
+#: Work around Triton's CPU interpreter, which computes bf16 ``tl.dot`` wrongly: multiply in fp32 (bf16 products
+#: are exact in fp32).  Off on the GPU, turned on by the interpreter test.
+INTERPRETED = False
+
+
+@triton.jit(do_not_specialize=["entries", "softmax_scale", "weights_scale"])
+def _index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr, entries, softmax_scale,
+                         weights_scale, H: tl.constexpr, C: tl.constexpr, FP32_DOT: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    limit = tl.load(limit_ptr + t)
+    out_ptrs = scores_ptr + t * entries + cols
+    col_ok = cols < entries
+    if tl.program_id(1) * BLOCK_N >= limit:  # every entry of the chunk is in the query's future
+        tl.store(out_ptrs, tl.full([BLOCK_N], float("-inf"), tl.float32), mask=col_ok)
+        return
+    heads = tl.arange(0, BLOCK_H)
+    head_ok = heads < H
+    dims = tl.arange(0, BLOCK_C)
+    dim_ok = dims < C
+    q = tl.load(q_ptr + t * (H * C) + heads[:, None] * C + dims[None, :], mask=head_ok[:, None] & dim_ok[None, :],
+                other=0.0)
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    k = tl.load(keys_ptr + (seq * entries + cols.to(tl.int64))[:, None] * C + dims[None, :],
+                mask=col_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_C]
+    if FP32_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    w = tl.load(w_ptr + t * H + heads, mask=head_ok, other=0.0).to(tl.float32) * weights_scale
+    score = tl.sum(tl.maximum(s, 0.0) * softmax_scale * w[:, None], axis=0)  # [BLOCK_N]
+    tl.store(out_ptrs, tl.where(cols < limit, score, float("-inf")), mask=col_ok)
+
+
+def _constexprs(heads: int, dim: int, block_n: int, fp32: bool) -> dict[str, object]:
+    return {"H": heads, "C": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
+            "BLOCK_C": max(16, triton.next_power_of_2(dim)), "BLOCK_N": block_n}
+
+
+def _aot_variants(arch: CudaArch) -> list[Variant]:
+    """Contiguous bf16 queries, weights and keys, int64 sequence ids and limits, at the model shapes."""
+    variants = []
+    for heads, dim in AOT_SHAPES:
+        cfg, block_n = indexer_config(arch, heads, dim, 2)
+        sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", "keys_ptr": "*bf16:D", "seq_ptr": "*i64:D",
+               "limit_ptr": "*i64:D", "scores_ptr": "*fp32:D", "entries": "i32", "softmax_scale": "fp32",
+               "weights_scale": "fp32"}
+        variants.append(Variant(sig, _constexprs(heads, dim, block_n, False), cfg.num_warps, cfg.num_stages))
+    return variants
+
+
+KERNEL = TritonKernel("indexer_topk", _index_scores_kernel, _aot_variants)
+
+
+def _top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """Ids of the ``topk`` best finite scores per row, best first; ``-1`` pads."""
+    kept = min(topk, scores.shape[1])
+    values, ids = torch.topk(scores, kept, dim=1, sorted=True)
+    ids = torch.where(values > float("-inf"), ids, -1)
+    if kept < topk:
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], topk - kept), -1)], dim=1)
+    return ids
+
+
+def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
+            limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float, *,
+            arch: CudaArch) -> LaunchChain:
+    """Plan ``indexer_topk(...)`` for ``arch``: the scores kernel's launch and the top-k, nothing launched."""
+    tokens, heads, dim = q.shape
+    entries = keys.shape[1]
+    q = q.contiguous()
+    weights, keys = weights.to(q.dtype).contiguous(), keys.to(q.dtype).contiguous()
+    seq_ids = seq_ids.to(device=q.device, dtype=torch.int64).contiguous()
+    limits = limits.to(device=q.device, dtype=torch.int64).contiguous()
+    scores = torch.empty((tokens, entries), dtype=torch.float32, device=q.device)
+    cfg, block_n = indexer_config(arch, heads, dim, q.element_size())
+    args = dict(q_ptr=q, w_ptr=weights, keys_ptr=keys, seq_ptr=seq_ids, limit_ptr=limits, scores_ptr=scores,
+                entries=entries, softmax_scale=float(softmax_scale), weights_scale=float(weights_scale),
+                **_constexprs(heads, dim, block_n, q.dtype == torch.float32))
+    launch = Launch((tokens, triton.cdiv(entries, block_n)), cfg, args, scores)
+    return LaunchChain([(KERNEL, launch)], lambda: _top_entries(scores, topk))
+
+
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_ids: torch.Tensor,
+    limits: torch.Tensor,
+    topk: int,
+    softmax_scale: float,
+    weights_scale: float,
+) -> torch.Tensor:
+    """Top-``topk`` entries [T, topk] int64 (-1 = none) of q [T, H, c] against its sequence's keys [B, N, c]."""
+    index, arch = cuda_target(q)
+    return prepare(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale, arch=arch).run(index)
