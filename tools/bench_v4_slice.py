@@ -208,13 +208,16 @@ def deepinfer_from_hf(hf_model, ops, dtype, device):
 
 
 def _di_step(model, ids, positions, lens, states):
-    """One DeepInfer step: forward, then the logits of each sequence's last row."""
+    """One DeepInfer step: forward, then the logits of each sequence's last row.  Host-built index tensors go
+    through the backend's non-blocking copy, as in the engine's runner."""
     import torch
 
     from deepinfer.models import ForwardBatch
+    from deepinfer_cuda.plugin import CudaBackend
 
-    hidden = model.forward(ForwardBatch(ids, positions, lens, states))
-    last = torch.cumsum(torch.tensor(lens, device=ids.device), 0) - 1
+    upload = CudaBackend().to_device
+    hidden = model.forward(ForwardBatch(ids, positions, lens, states, to_device=upload))
+    last = upload(torch.tensor(lens).cumsum(0) - 1, ids.device)
     return model.compute_logits(hidden[last])
 
 

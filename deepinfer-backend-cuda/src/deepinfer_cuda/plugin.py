@@ -46,6 +46,15 @@ class CudaBackend(Backend):
     def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
+    def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Staged through pinned memory and copied with ``non_blocking=True``: a pageable source makes the copy
+        synchronous.  ``pin_memory()`` copies a pageable ``t`` into a block of torch's caching host allocator, which
+        records the copy's stream and is not reused before the copy has run; an already pinned ``t`` is copied from
+        in place, so the caller must not mutate it until the stream has passed the copy."""
+        if t.device.type == "cuda":
+            return t.to(device)
+        return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+
     @contextlib.contextmanager
     def graph_capture(self, device: torch.device) -> Iterator[Callable[[Callable[[], Any]], Callable[[], Any]]]:
         pool = torch.cuda.graph_pool_handle()

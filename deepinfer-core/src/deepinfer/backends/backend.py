@@ -51,6 +51,12 @@ class Backend:
     def synchronize(self, device: torch.device) -> None:
         """Block until all queued work on ``device`` has finished."""
 
+    def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``t`` (a host tensor: a step's token ids, positions, row indices) on ``device``, without blocking the
+        host where the device allows it.  The copy may still be in flight when this returns: the caller must not
+        mutate ``t`` until the device's current stream has passed it.  Default: ``t.to(device)``."""
+        return t.to(device)
+
     @contextlib.contextmanager
     def graph_capture(self, device: torch.device) -> Iterator[Callable[[Callable[[], Any]], Callable[[], Any]]]:
         """Yield ``capture(fn) -> replay``; ``replay()`` re-runs ``fn``'s work on the same buffers.

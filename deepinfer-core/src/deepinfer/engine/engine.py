@@ -15,6 +15,7 @@ import logging
 import random
 from typing import Any
 
+from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
@@ -46,13 +47,13 @@ class Engine:
     """Continuous-batching generation over one model; see ``docs/engine.md``."""
 
     def __init__(self, model: CausalLM, tokenizer: Any, ops: Any, config: EngineConfig,
-                 token_masks: TokenMaskProvider | None = None):
+                 token_masks: TokenMaskProvider | None = None, backend: Backend | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.state_cache = StateCache(model, config.state_cache_bytes)
         self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks)
+        self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks, backend)
         self.outputs = OutputProcessor(tokenizer, config.eos_token_ids)
         self.token_masks: Any = token_masks
         self._seed_rng = random.Random(config.seed)

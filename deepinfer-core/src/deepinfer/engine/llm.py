@@ -132,7 +132,7 @@ class LLM:
                     state_cache_bytes / 2**20)
         self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), seed=seed, max_model_len=max_model_len,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    state_cache_bytes=state_cache_bytes, max_logprobs=max_logprobs)
+                    state_cache_bytes=state_cache_bytes, max_logprobs=max_logprobs, backend=backend)
 
     @classmethod
     def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
@@ -151,13 +151,13 @@ class LLM:
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Any, eos: tuple[int, ...], *, seed: int = 0,
                max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                state_cache_bytes: int, max_logprobs: int = MAX_LOGPROBS,
-               token_masks: TokenMaskProvider | None = None) -> None:
+               token_masks: TokenMaskProvider | None = None, backend: Any = None) -> None:
         config = EngineConfig(
             max_model_len=_fit_max_model_len(max_model_len, model, state_cache_bytes),
             state_cache_bytes=state_cache_bytes, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, seed=seed, max_logprobs=max_logprobs, eos_token_ids=eos,
         )
-        self.engine = Engine(model, tokenizer, ops, config, token_masks)
+        self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()
 
     @property

@@ -8,6 +8,7 @@ gives the same result).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -41,6 +42,14 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] int64: absolute positions, contiguous per sequence from state.num_tokens
     seq_lens: list[int]  # new tokens per sequence; sum == T
     states: list[SequenceState]  # one per sequence, updated in place
+    #: The backend's host-to-device copy (``Backend.to_device``: non-blocking on CUDA), set by the runner;
+    #: None (tests, tools) = ``t.to(device)``.
+    to_device: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None
+
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor the model built for this step (row indices, lengths) on the batch's device."""
+        device = self.input_ids.device
+        return self.to_device(t, device) if self.to_device is not None else t.to(device)
 
 
 class CausalLM(Protocol):

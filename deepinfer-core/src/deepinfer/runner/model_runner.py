@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.backends import Backend
 from deepinfer.engine.request import Request, Sequence
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.state_cache import StateCache
@@ -54,11 +55,18 @@ class _Plan:
 class ModelRunner:
     """Runs one scheduled step of the model and the sampler."""
 
-    def __init__(self, model: CausalLM, sampler: Sampler, ops: Any, token_masks: TokenMaskProvider | None = None):
+    def __init__(self, model: CausalLM, sampler: Sampler, ops: Any, token_masks: TokenMaskProvider | None = None,
+                 backend: Backend | None = None):
         self.model = model
         self.sampler = sampler
         self.ops = ops
         self.token_masks = token_masks
+        self.backend = backend if backend is not None else Backend()  # the base class: plain ``t.to(device)``
+
+    def _upload(self, values: list[int]) -> torch.Tensor:
+        """A step's int64 ids / positions / row indices on the model's device, by the backend's copy service
+        (non-blocking on CUDA); the host tensor is built here and never touched again."""
+        return self.backend.to_device(torch.tensor(values, dtype=torch.int64), self.model.device)
 
     def _plan(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence]) -> _Plan:
         plan = _Plan()
@@ -94,25 +102,26 @@ class ModelRunner:
                                    f"chunk starts at {chunk.start}")
             batch_states.append(state)
         batch = ForwardBatch(
-            input_ids=torch.tensor(plan.input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(plan.positions, dtype=torch.int64, device=device),
+            input_ids=self._upload(plan.input_ids),
+            positions=self._upload(plan.positions),
             seq_lens=plan.seq_lens,
             states=batch_states,
+            to_device=self.backend.to_device,
         )
         hidden = self.model.forward(batch)
         out = RunnerOutput()
         if plan.prompt_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(plan.prompt_rows, device=device)])
-            targets = torch.tensor([t for _, _, t in plan.prompt_targets], dtype=torch.int64, device=device)
+            logits = self.model.compute_logits(hidden[self._upload(plan.prompt_rows)])
+            targets = self._upload([t for _, _, t in plan.prompt_targets])
             ks = [req.params.prompt_logprobs for req, _, _ in plan.prompt_targets]
             for (req, pos, _), tl in zip(plan.prompt_targets, self._logprobs(logits, targets, ks)):
                 out.prompt_logprobs.append((req, pos, tl))
         if plan.sample_rows:
             # Forks share their parent's row: compute its logits once and index them per sample.
             unique = sorted(set(plan.sample_rows))
-            logits = self.model.compute_logits(hidden[torch.tensor(unique, device=device)])
+            logits = self.model.compute_logits(hidden[self._upload(unique)])
             where = {r: i for i, r in enumerate(unique)}
-            logits = logits[torch.tensor([where[r] for r in plan.sample_rows], device=device)]
+            logits = logits[self._upload([where[r] for r in plan.sample_rows])]
             rows = [self._sampling_row(s) for s in plan.sample_seqs]
             bitmask = self.token_masks.token_bitmask(rows, logits.shape[-1], device) if self.token_masks else None
             tokens = self.sampler(logits, rows, bitmask)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,13 +16,16 @@ class RaggedLayout:
     seq_ids: torch.Tensor  # [T] int64: sequence index of every row
 
     @classmethod
-    def build(cls, seq_lens: list[int], starts: list[int], device: torch.device) -> "RaggedLayout":
+    def build(cls, seq_lens: list[int], starts: list[int],
+              upload: Callable[[torch.Tensor], torch.Tensor]) -> "RaggedLayout":
+        """``upload`` moves a host tensor to the batch's device (``ForwardBatch.upload``: no blocking copy)."""
         offsets, total = [], 0
         for n in seq_lens:
             offsets.append(total)
             total += n
+        lens = upload(torch.tensor(seq_lens, dtype=torch.int64))
         seq_ids = torch.repeat_interleave(  # output_size: the length is known here, so no device->host sync
-            torch.arange(len(seq_lens), device=device), torch.tensor(seq_lens, device=device), output_size=total
+            torch.arange(len(seq_lens), device=lens.device), lens, output_size=total
         )
         return cls(offsets, list(seq_lens), list(starts), seq_ids)
 

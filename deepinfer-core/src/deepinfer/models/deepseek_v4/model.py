@@ -112,7 +112,7 @@ class DeepseekV4ForCausalLM:
         """Hidden states [T, hidden] after the final norm; every state advances by its sequence's tokens."""
         cfg, ops = self.config, self.ops
         states: list[DeepseekV4State] = batch.states  # type: ignore[assignment]
-        layout = RaggedLayout.build(batch.seq_lens, [s.num_tokens for s in states], batch.input_ids.device)
+        layout = RaggedLayout.build(batch.seq_lens, [s.num_tokens for s in states], batch.upload)
         x = ops.embedding(batch.input_ids, self.embed)
         streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
         for i, layer in enumerate(self.layers):
