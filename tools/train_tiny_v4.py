@@ -3,7 +3,7 @@
 What it is: a ~3M-parameter `transformers.DeepseekV4ForCausalLM` (every V4 block kind: sliding-window,
 CSA ratio 4 with the lightning indexer, HCA ratio 128, mHC with 4 streams, hash-MoE then routed MoE with
 a shared expert, attention sinks, grouped output projection; no MTP layer) with a byte-level BPE
-tokenizer, trained for a few minutes on simple English stories that this script generates from a small
+tokenizer, trained for a quarter of an hour on simple English stories that this script generates from a small
 grammar.  It exists so `examples/offline_inference.py` and the end-to-end tests run offline in seconds
 and print words rather than noise.
 
@@ -11,16 +11,16 @@ What it is not: a language model.  It knows only the story grammar below; its te
 coherent (grammatical sentences, names carried through a story) and nothing more.  The lightning
 indexer gets no gradient through its top-k (as in HF's model) and keeps its random initialisation.
 
-Run (2 CPU cores, about 15 minutes for the default 1200 steps):
+Run (1000 steps of 8 x 256 tokens: about 16 minutes on 2 CPU cores shared with other jobs, ~1 s/step):
 
-    .venv/bin/python tools/train_tiny_v4.py \
-        --out deepinfer-core/src/deepinfer/assets/tiny_v4 --steps 1200 --seed 0
+    .venv/bin/python tools/train_tiny_v4.py --out deepinfer-core/src/deepinfer/assets/tiny_v4 --steps 1000 --seed 0
 
 Everything (corpus, tokenizer, hash routes, initialisation, batches) derives from --seed, so a rerun
 with the same flags and torch version reproduces the checkpoint up to floating-point kernel order.
 The output dir gets config.json, model.safetensors (bf16 matrices; mHC, norms, sinks, router bias
-and compressor position biases in fp32), tokenizer.json + tokenizer_config.json,
-generation_config.json and a sample of the corpus is printed for inspection.
+and compressor position biases in fp32), tokenizer.json + tokenizer_config.json and
+generation_config.json; the script then reloads it with `AutoModelForCausalLM` and prints greedy
+continuations of a few prompts.  The asset's README.md is written by hand (numbers from the log).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ FOODS = ["apples", "cookies", "bread", "soup", "cake", "carrots", "berries", "pi
          "cheese", "muffins"]
 SAYINGS_GOOD = ["Look what I found!", "This is the best day ever!", "Thank you so much!",
                 "I love it!", "Wow, how pretty!", "Can we play again tomorrow?"]
-SAYINGS_HELP = ["Can you help me?", "Please help me!", "What should I do?", "I need a friend."]
+SAYINGS_HELP = ["Can you help me?", "Can you help me, please?", "What should I do?", "Will you help me?"]
 ENDINGS = ["They played together until the sun went down.", "They ate {food} and laughed.",
            "They went home and had a nice dinner.", "That night, {name} slept with a big smile.",
            "They became best friends.", "They shared the {thing} and had fun all day."]
@@ -131,22 +131,37 @@ class StoryGenerator:
         color, thing, spot, place = pick(COLORS), pick(THINGS), pick(SPOTS), pick(PLACES)
         s: list[str] = []
 
-        intro = pick([
-            f"Once upon a time, there was {article(size)} {size} {kind} named {name}.",
-            f"There once was {article(trait)} {trait} {kind} called {name}.",
-            f"{name} was {article(size)} {size} {kind} who lived {pick(HOMES)}.",
-            f"Once upon a time, {article(trait)} {trait} {kind} named {name} lived {pick(HOMES)}.",
-        ])
-        s.append(intro)
-        s.append(pick([f"{Pron} liked to {like}.", f"{Pron} loved to {like}.",
-                       f"Every day, {name} liked to {like}.", f"{Pron} was very {trait}."]))
-        if self.rng.random() < 0.5:
+        parent = pick(["mom", "dad"])
+        found = f"{article(color)} {color} {thing} {spot}"
+        if self.rng.random() < 0.15:  # open on an outing, then introduce the character
             s.append(pick(WEATHER))
-        s.append(pick([
-            f"One day, {name} went to the {place} and found {article(color)} {color} {thing} {spot}.",
-            f"One day, {pron} found {article(color)} {color} {thing} {spot}.",
-            f"One morning, {name} saw {article(color)} {color} {thing} {spot}.",
-        ]))
+            s.append(f"{name} and {pos} {parent} went to the {place}.")
+            s.append(f"{name} was {article(size)} {size} {kind}.")
+            s.append(f"There, {pron} found {found}.")
+        else:
+            s.append(pick([
+                f"Once upon a time, there was {article(size)} {size} {kind} named {name}.",
+                f"There once was {article(trait)} {trait} {kind} called {name}.",
+                f"{name} was {article(size)} {size} {kind} who lived {pick(HOMES)}.",
+                f"Once upon a time, {article(trait)} {trait} {kind} named {name} lived {pick(HOMES)}.",
+                f"{article(size).capitalize()} {size} {kind} named {name} lived {pick(HOMES)}.",
+            ]))
+            s.append(pick([f"{Pron} liked to {like}.", f"{Pron} loved to {like}.",
+                           f"Every day, {name} liked to {like}.", f"{Pron} was very {trait}."]))
+            if self.rng.random() < 0.4:
+                s.append(pick(WEATHER))
+            event = self.rng.random()
+            if event < 0.5:  # finds something
+                s.append(pick([f"One day, {name} went to the {place} and found {found}.",
+                               f"One day, {pron} found {found}.", f"One morning, {name} saw {found}."]))
+            elif event < 0.75:  # has something and takes it out
+                s.append(f"{name} had {article(color)} {color} {thing}.")
+                s.append(pick([f"{Pron} played with it every day.", f"It was {pos} favorite toy.",
+                               f"{Pron} took it everywhere."]))
+                s.append(f"One day, {pron} took the {thing} to the {place}.")
+            else:  # goes out with a parent and finds something
+                s.append(f"One day, {name} and {pos} {parent} went to the {place}.")
+                s.append(f"There, {pron} found {found}.")
         s.append(pick([f"{Pron} was very {pick(FEELINGS_GOOD)}.", f"\"{pick(SAYINGS_GOOD)}\" said {name}.",
                        f"{name} picked up the {thing} and smiled."]))
 
@@ -305,8 +320,10 @@ def eval_loss(model: DeepseekV4ForCausalLM, rows: torch.Tensor, batch: int) -> f
 
 def train(model: DeepseekV4ForCausalLM, rows: torch.Tensor, held_out: torch.Tensor, args: argparse.Namespace) -> float:
     """Returns the mean training loss over the last 50 steps."""
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n.split(".")[-2]]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "hc" not in n.split(".")[-2])]
+    # Weight decay on matrices, except the mHC mixing weights (attn_hc / ffn_hc / hc_head), which set stream gains.
+    is_mhc = {n: "hc" in n.split(".")[-2] for n, _ in model.named_parameters()}
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not is_mhc[n]]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or is_mhc[n]]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.seed)
@@ -335,11 +352,15 @@ def train(model: DeepseekV4ForCausalLM, rows: torch.Tensor, held_out: torch.Tens
 # --------------------------------------------------------------------------------------------------
 
 
+def _kept_in_fp32(model: DeepseekV4ForCausalLM, name: str) -> bool:
+    """Whether HF's V4 keeps this tensor in fp32 (mHC, sinks, norms, router bias, position biases)."""
+    return not set(model._keep_in_fp32_modules_strict).isdisjoint(name.split("."))
+
+
 def cast_for_shipping(model: DeepseekV4ForCausalLM) -> None:
-    """bf16 everywhere except what V4 keeps in fp32 (mHC, sinks, norms, router bias, position biases)."""
-    keep = set(model._keep_in_fp32_modules_strict)
+    """bf16 everywhere except what V4 keeps in fp32."""
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        if tensor.is_floating_point() and not keep.intersection(name.split(".")):
+        if tensor.is_floating_point() and not _kept_in_fp32(model, name):
             tensor.data = tensor.data.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
 
@@ -360,15 +381,15 @@ def sample(model_dir: Path, prompts: list[str], max_new_tokens: int) -> list[str
 
 
 PROMPTS = ["Once upon a time, there was a", "One day, Lily went to the", "Tom was a little dog who",
-           "\"Can you help me?\" asked"]
+           "Tom had a big red ball.", "The sun was warm. Mia and her mom went to the park."]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("deepinfer-core/src/deepinfer/assets/tiny_v4"))
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--stories", type=int, default=40000)

@@ -103,3 +103,12 @@ def test_greedy_text_reads_as_words(model, tokenizer):
     words = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split()
     assert len(words) >= 15
     assert sum(w in known for w in words) >= 0.9 * len(words), words
+
+
+def test_stories_end_with_eos(model, tokenizer):
+    """generation_config's eos is the token the model emits after a story, so generation stops by itself."""
+    ids = tokenizer("Once upon a time, there was a little cat named Mia.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=200, do_sample=False)
+    assert out[0, -1].item() == tokenizer.eos_token_id, "no eos within 200 tokens"
+    assert tokenizer.decode(out[0], skip_special_tokens=True).endswith(".")
