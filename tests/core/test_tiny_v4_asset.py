@@ -36,9 +36,14 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model():
+    """One thread: batch-1 generation of a 3M model is all tiny ops, and two OpenMP workers spinning against
+    each other on a busy 2-core CI box made these tests 30x slower."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(ASSET).eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield AutoModelForCausalLM.from_pretrained(ASSET).eval()
+    torch.set_num_threads(threads)
 
 
 def test_asset_is_small_and_complete():
