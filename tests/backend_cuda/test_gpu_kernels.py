@@ -45,7 +45,7 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import hc_post, hc_pre, indexer_topk, rms_norm, rope, sparse_attention
+    from deepinfer_cuda.kernels import compress_pool, hc_post, hc_pre, indexer_topk, rms_norm, rope, sparse_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -83,6 +83,11 @@ def _model_shape_cases():
         yield indexer_topk, (randn(tokens, 64, 128, dtype=torch.bfloat16), randn(tokens, 64, dtype=torch.bfloat16),
                              randn(seqs, entries, 128, dtype=torch.bfloat16), seq_ids, limits, 512, 128**-0.5,
                              64**-0.5)
+    for dtype in (torch.bfloat16, torch.float32):  # CSA (2 x ratio 4 slots) and HCA (128) at head / index dims
+        for windows, slots, dim in [(1, 8, 512), (300, 8, 512), (17, 128, 512), (64, 8, 128), (5, 4, 512)]:
+            score = randn(windows, slots, dim, dtype=torch.float32)
+            score[0, : slots // 2] = float("-inf")  # CSA's first window: no previous series
+            yield compress_pool, (randn(windows, slots, dim, dtype=dtype), score)
 
 
 def _call(module, args):

@@ -164,3 +164,27 @@ def indexer_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> 
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no indexer configuration for {arch.name}")
     return LaunchConfig(num_warps=4), 32 if element_bytes > 2 else 64
+
+
+def compress_pool_config(arch: CudaArch, slots: int, dim: int) -> tuple[LaunchConfig, int]:
+    """Gated pooling, one program per (entry, block of channels): returns (config, block_c).
+
+    The whole window ``[slots, block_c]`` is held in registers (score fp32 and kv), ~4K elements per program:
+    CSA's 8 slots take 512 channels at once, HCA's 128 slots 32 channels.
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no compress_pool configuration for {arch.name}")
+    block_s = max(2, 1 << (max(slots, 1) - 1).bit_length())
+    block_c = max(16, min(1 << (max(dim, 1) - 1).bit_length(), 4096 // block_s))
+    return LaunchConfig(num_warps=4), block_c
+
+
+def sample_tokens_config(arch: CudaArch) -> tuple[LaunchConfig, int]:
+    """Token sampling, one program per (row, chunk of the vocabulary): returns (config, block_v).
+
+    A fixed chunk (not a split count chosen from the batch) keeps rows independent; 4096 tokens per program
+    gives V4's 129280-token vocabulary 32 programs per row, so a one-row decode step still fills the GPU.
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no sample_tokens configuration for {arch.name}")
+    return LaunchConfig(num_warps=8), 4096

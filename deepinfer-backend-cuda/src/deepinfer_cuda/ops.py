@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from deepinfer_cuda.kernels.compress_pool import compress_pool
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
@@ -25,4 +26,5 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "moe_experts": moe_experts,
     "sparse_attention": sparse_attention,
     "indexer_topk": indexer_topk,
+    "compress_pool": compress_pool,
 }
