@@ -45,7 +45,8 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import compress_pool, hc_post, hc_pre, indexer_topk, rms_norm, rope, sparse_attention
+    from deepinfer_cuda.kernels import (compress_pool, hc_post, hc_pre, indexer_topk, rms_norm, rope, sample_tokens,
+                                        sparse_attention)
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -88,6 +89,11 @@ def _model_shape_cases():
             score = randn(windows, slots, dim, dtype=torch.float32)
             score[0, : slots // 2] = float("-inf")  # CSA's first window: no previous series
             yield compress_pool, (randn(windows, slots, dim, dtype=dtype), score)
+    for rows in (1, 64):  # V4's vocabulary: 32 chunks per row, the last partial; greedy and seeded rows
+        greedy = torch.arange(rows, device="cuda") % 4 == 3
+        seeds = torch.randint(-2**62, 2**62, (rows,), device="cuda", generator=gen)
+        steps = torch.randint(0, 5000, (rows,), device="cuda", generator=gen)
+        yield sample_tokens, (3 * randn(rows, 129280, dtype=torch.float32), greedy, seeds, steps)
 
 
 def _call(module, args):

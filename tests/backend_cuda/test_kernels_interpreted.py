@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent(
     for name in sorted(OVERRIDES):
         module = importlib.import_module(f"deepinfer_cuda.kernels.{name}")
         if hasattr(module, "libdevice"):
-            module.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x))
+            module.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x),
+                                                     log=lambda x: tl.log(x))
         if hasattr(module, "INTERPRETED"):  # kernels that work around the interpreter's bf16 dot and casts
             module.INTERPRETED = True
         op, checked = defs[name], 0

@@ -16,6 +16,7 @@ from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.moe_experts import moe_experts
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rope import rope
+from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
@@ -27,4 +28,5 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "sparse_attention": sparse_attention,
     "indexer_topk": indexer_topk,
     "compress_pool": compress_pool,
+    "sample_tokens": sample_tokens,
 }

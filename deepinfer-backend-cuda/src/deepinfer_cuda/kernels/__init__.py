@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 from deepinfer_cuda.kernels import (compress_pool, hc_post, hc_pre, indexer_topk, moe_experts, rms_norm, rope,
-                                    sparse_attention)
+                                    sample_tokens, sparse_attention)
 
 ALL: tuple[TritonKernel, ...] = (
     rms_norm.KERNEL, rope.KERNEL, hc_pre.KERNEL, hc_post.KERNEL, moe_experts.UP_KERNEL, moe_experts.DOWN_KERNEL,
-    sparse_attention.KERNEL, indexer_topk.KERNEL, compress_pool.KERNEL,
+    sparse_attention.KERNEL, indexer_topk.KERNEL, compress_pool.KERNEL, sample_tokens.KERNEL,
 )
