@@ -2,7 +2,7 @@
 """Time the CUDA backend's kernels against core's reference ops and the memory roofline (GPU host only).
 
     python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
-    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention)
+    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
 kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
@@ -224,6 +224,41 @@ def indexer_rows(peak: float) -> list[dict[str, object]]:
     return out
 
 
+def compress_and_sample_rows() -> list[dict[str, object]]:
+    """Gated pooling at V4-Flash shapes (CSA: 2 x 4 slots, HCA: 128 slots, head_dim 512, bf16) and token sampling
+    over V4's 129280-token vocabulary (fp32 logits, seeded rows).  Memory floor: inputs read once, output written."""
+    import torch
+
+    from deepinfer.ops.compress import compress_pool as pool_reference
+    from deepinfer.ops.sampling import sample_tokens as sample_reference
+    from deepinfer_cuda.kernels import compress_pool, sample_tokens
+
+    out = []
+    for label, windows, slots in [("CSA prefill 1024 tok", 256, 8), ("HCA prefill 1024 tok", 8, 128),
+                                  ("CSA decode b64", 64, 8)]:
+        kv = torch.randn(windows, slots, 512, device="cuda", dtype=torch.bfloat16)
+        score = torch.randn(windows, slots, 512, device="cuda")
+        args = (kv, score)
+        out.append({"op": "compress_pool", "case": f"{label} {windows}x{slots}x512 bf16",
+                    "bytes": kv.numel() * 6 + windows * 512 * 2,
+                    "ours_s": _bench(lambda: compress_pool.compress_pool(*args)),
+                    "ours_graph_s": _graph_time(lambda: compress_pool.compress_pool(*args)),
+                    "reference_s": _bench(lambda: pool_reference(*args)),
+                    "reference_graph_s": _graph_time(lambda: pool_reference(*args)),
+                    "path": "cubin" if compress_pool.KERNEL.launch_counts["cubin"] else "jit"})
+    for rows in (1, 16, 64):
+        logits = torch.randn(rows, 129280, device="cuda") * 3
+        args = (logits, torch.zeros(rows, dtype=torch.bool, device="cuda"),
+                torch.arange(rows, device="cuda") * 7919, torch.full((rows,), 100, device="cuda"))
+        out.append({"op": "sample", "case": f"seeded b{rows} V=129280 fp32", "bytes": logits.numel() * 4,
+                    "ours_s": _bench(lambda: sample_tokens.sample_tokens(*args)),
+                    "ours_graph_s": _graph_time(lambda: sample_tokens.sample_tokens(*args)),
+                    "reference_s": _bench(lambda: sample_reference(*args)),
+                    "reference_graph_s": _graph_time(lambda: sample_reference(*args), calls=2),
+                    "path": "cubin" if sample_tokens.KERNEL.launch_counts["cubin"] else "jit"})
+    return out
+
+
 _BW = [0.0]
 
 
@@ -233,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups: rms_norm, rope_hc, moe, attention")
+    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups: rms_norm, rope_hc, moe, attention, compress_sample")
     args = parser.parse_args(argv)
     groups = args.ops.split(",")
     bw = _BW[0] = copy_bandwidth()
@@ -243,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += moe_rows(peak)
     if "attention" in groups:
         rows += attention_rows(peak) + indexer_rows(peak)
+    if "compress_sample" in groups:
+        rows += compress_and_sample_rows()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
     print("eager = one call timed end to end (host launch cost included); graph = device time per call")
