@@ -80,7 +80,7 @@ def _sample_kernel(logits_ptr, greedy_ptr, seeds_ptr, steps_ptr, best_score_ptr,
 def _aot_variants(arch: CudaArch) -> list[Variant]:
     """Contiguous logits, bool greedy flags, int64 seeds and steps; sizes are runtime arguments (any vocabulary)."""
     cfg, block_v = sample_tokens_config(arch)
-    sig = {"greedy_ptr": "*i1:D", "seeds_ptr": "*i64:D", "steps_ptr": "*i64:D", "best_score_ptr": "*fp32:D",
+    sig = {"greedy_ptr": "*u1:D", "seeds_ptr": "*i64:D", "steps_ptr": "*i64:D", "best_score_ptr": "*fp32:D",
            "best_token_ptr": "*i32:D", "vocab": "i32", "row_stride": "i32", "n_chunks": "i32"}
     return [Variant({"logits_ptr": f"*{dtype}:D", **sig}, {"BLOCK_V": block_v}, cfg.num_warps, cfg.num_stages)
             for dtype in AOT_DTYPES]
