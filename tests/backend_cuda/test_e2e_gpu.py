@@ -24,8 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))  # the V4 fixtures live beside core's tests
 
-from toy_model import toy_tokenizer  # noqa: E402
-from v4_fixtures import RELEASED_RATES, SMALL, build_checkpoint, hf_logprobs, random_tokens  # noqa: E402
+from v4_fixtures import RELEASED_RATES, SMALL, build_engine_checkpoint, hf_logprobs, random_tokens  # noqa: E402
 
 from deepinfer import LLM, SamplingParams  # noqa: E402
 
@@ -47,11 +46,9 @@ CASES = {"small": (SMALL, [100, 37, 5, 64]), "released": (RELEASED_RATES, [300, 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, tmp_path_factory):
     config, lengths = CASES[request.param]
-    tok = toy_tokenizer()
-    directory = tmp_path_factory.mktemp(f"tiny_v4_{request.param}")
-    _, hf = build_checkpoint(directory, {**config, "vocab_size": len(tok)}, seed=0)
-    tok.save_pretrained(directory)
-    prompts = [random_tokens(n, len(tok), seed=i).clamp(min=3).tolist() for i, n in enumerate(lengths)]
+    directory, hf = build_engine_checkpoint(tmp_path_factory.mktemp(f"tiny_v4_{request.param}"), config)
+    vocab = hf.config.vocab_size
+    prompts = [random_tokens(n, vocab, seed=i).clamp(min=3).tolist() for i, n in enumerate(lengths)]
     return directory, hf, prompts
 
 

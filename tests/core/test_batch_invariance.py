@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_checks import ragged_prompts
-from toy_model import toy_tokenizer
-from v4_fixtures import SMALL, build_checkpoint, random_tokens, run_chunked, run_ragged, single_thread  # noqa: F401
+from v4_fixtures import SMALL, build_engine_checkpoint, random_tokens, run_chunked, run_ragged, single_thread  # noqa: F401
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends.cpu import CpuBackend
@@ -100,9 +99,7 @@ OTHERS = [random_tokens(n, VOCAB, 50 + n) for n in (5, 23, 40, 9, 31)]
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny_v4_bi")
-    build_checkpoint(directory, {**SMALL, "vocab_size": VOCAB}, seed=0)
-    toy_tokenizer(VOCAB).save_pretrained(directory)
+    directory, _ = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_bi"), SMALL, vocab_size=VOCAB)
     return directory
 
 

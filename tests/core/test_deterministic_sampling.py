@@ -17,8 +17,7 @@ import sys
 
 import pytest
 from engine_checks import ragged_prompts
-from toy_model import toy_tokenizer
-from v4_fixtures import SMALL, build_checkpoint, single_thread  # noqa: F401
+from v4_fixtures import SMALL, build_engine_checkpoint, single_thread  # noqa: F401
 
 from deepinfer import LLM, SamplingParams
 
@@ -36,9 +35,7 @@ def _params(seed: int) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny_v4_det")
-    build_checkpoint(directory, {**SMALL, "vocab_size": VOCAB}, seed=0)
-    toy_tokenizer(VOCAB).save_pretrained(directory)
+    directory, _ = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_det"), SMALL, vocab_size=VOCAB)
     return directory
 
 

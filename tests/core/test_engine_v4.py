@@ -11,8 +11,7 @@ import json
 import pytest
 import torch
 from engine_checks import assert_same_output, mixed_params, ragged_prompts
-from toy_model import toy_tokenizer
-from v4_fixtures import SMALL, build_checkpoint, hf_logprobs
+from v4_fixtures import SMALL, build_engine_checkpoint, hf_logprobs
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.models import UnsupportedModelError
@@ -30,11 +29,7 @@ NEAR_TIE = 1e-3
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    tok = toy_tokenizer()
-    directory = tmp_path_factory.mktemp("tiny_v4_random")
-    _, hf = build_checkpoint(directory, {**SMALL, "vocab_size": len(tok)}, seed=0)
-    tok.save_pretrained(directory)
-    return directory, hf
+    return build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_random"), SMALL)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_model import toy_tokenizer
-from v4_fixtures import SMALL, build_checkpoint
+from v4_fixtures import SMALL, build_engine_checkpoint
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends import Backend
@@ -37,10 +36,7 @@ def test_default_to_device_is_a_plain_copy():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    tok = toy_tokenizer()
-    directory = tmp_path_factory.mktemp("tiny_v4_to_device")
-    build_checkpoint(directory, {**SMALL, "vocab_size": len(tok)}, seed=0)
-    tok.save_pretrained(directory)
+    directory, _ = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_to_device"), SMALL)
     return directory
 
 

@@ -116,6 +116,20 @@ def build_checkpoint(directory: str | Path, config: dict[str, Any], seed: int = 
     return Path(directory), model
 
 
+def build_engine_checkpoint(directory: str | Path, config: dict[str, Any], seed: int = 0,
+                            vocab_size: int | None = None):
+    """``build_checkpoint`` with the toy tokenizer saved beside it, so ``LLM(directory)`` loads both.
+
+    The model's vocab is ``vocab_size`` (default: the tokenizer's length).  Returns ``(directory, hf_model)``.
+    """
+    from toy_model import toy_tokenizer
+
+    tok = toy_tokenizer() if vocab_size is None else toy_tokenizer(vocab_size)
+    built = build_checkpoint(directory, {**config, "vocab_size": vocab_size or len(tok)}, seed)
+    tok.save_pretrained(directory)
+    return built
+
+
 @torch.no_grad()
 def hf_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
     """Teacher-forced log-probabilities [S, V] of one sequence, the whole sequence in one call."""
