@@ -139,20 +139,38 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
     return MoeTiles(64, stages, fit(64, inter), fit(64 // wide, hidden), stages, fit(128, hidden), fit(64 // wide, inter))
 
 
-def sparse_attention_config(arch: CudaArch, heads: int, dim: int,
-                            element_bytes: int) -> tuple[LaunchConfig, int, int]:
-    """Sparse attention, one program per (query, block of heads): returns (config, block_h, block_n).
+@dataclass(slots=True, frozen=True)
+class SparseAttentionTiles:
+    """Tiles of sparse attention's two kernels (per-split partials, then their combine)."""
+
+    split: LaunchConfig  #: the attention kernel: one program per (query, head block, split) or per (query, head block)
+    block_h: int  #: heads per program (tl.dot needs >= 16 rows; fewer heads are padded and masked)
+    block_n: int  #: index columns gathered per chunk
+    split_n: int  #: index columns per split: fixed per (arch, head_dim), never from the batch or the width
+    combine: LaunchConfig  #: the combine kernel, one program per (query, head)
+    split_below: int  #: one program per split when queries x head blocks <= this (a speed choice only)
+
+
+def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> SparseAttentionTiles:
+    """Sparse attention over index columns in fixed splits of ``split_n`` (flash-decoding).
 
     The heads of a query share each gathered chunk of ``block_n`` pool rows, so more heads per program means fewer
-    gathers; 32 heads x 512 dims keeps the fp32 accumulator at 64 registers per thread with 8 warps.  tl.dot needs
-    at least 16 rows, so fewer heads are padded (masked).  fp32 inputs (tests) halve the chunk to fit shared memory.
+    gathers; 32 heads x 512 dims keeps each fp32 accumulator (the split's and the running one) at 64 registers per
+    thread with 8 warps.  fp32 inputs (tests) halve the chunk to fit shared memory.  ``split_n`` = 64 columns (two
+    chunks): a V4 CSA decode row (128 window + 512 top-k) is 10 splits, so decode b1 runs 20 programs instead of 2.
+    When queries x head blocks already fill half the SMs (decode >= b33 at 64 heads, prefill) one program walks all
+    of its query's splits and merges them in registers instead: the same code and the same merge order, so the
+    result is bitwise the same either way, and the choice is free to depend on the batch.
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no sparse attention configuration for {arch.name}")
     block_h = min(32, max(16, 1 << (max(heads, 1) - 1).bit_length()))
     wide = element_bytes > 2 or dim > 512
-    return LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 2), block_h, \
-        16 if wide else 32
+    sms = 132 if arch.triton_arch == 90 else 148  # H100 / H200 SXM; B200
+    return SparseAttentionTiles(
+        split=LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 2),
+        block_h=block_h, block_n=16 if wide else 32, split_n=64,
+        combine=LaunchConfig(num_warps=max(1, min(4, dim // 128)), num_stages=2), split_below=sms // 2)
 
 
 def indexer_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> tuple[LaunchConfig, int]:

@@ -1,19 +1,28 @@
-"""Sparse attention with sinks over a shared K=V pool: gathered rows, online softmax, tensor-core products.
+"""Sparse attention with sinks over a shared K=V pool: split-K over fixed column splits, tensor-core products.
 
 Overrides core's ``sparse_attention(q, kv, indices, sinks, scale)`` (deepinfer/ops/attention.py).  The reference
-gathers every query's keys into a [T, K, D] fp32 tensor and multiplies without tensor cores; here one program
-takes one query and a block of its heads (V4 has one KV head, so the heads share every gathered row):
+gathers every query's keys into a [T, K, D] fp32 tensor and multiplies without tensor cores.  Here the index
+columns are cut into fixed splits of SPLIT_N (from arch.py: the architecture and head_dim, never the batch), and
+each split's softmax state is computed from scratch (V4 has one KV head: a block of heads shares each gathered row):
 
-    m, l, acc = sink_h, 1, 0                      per head; the sink joins the denominator, adds no value
-    for each chunk of BLOCK_N index columns:      fixed chunks from column 0
-        k = kv[idx]                               [BLOCK_N, D] gathered once for BLOCK_H heads (-1 -> masked)
-        s = (q @ k^T) * scale                     tensor cores (bf16 in, fp32 accumulate)
-        m' = max(m, max s); p = exp(s - m'); l = l * exp(m - m') + sum p; acc = acc * exp(m - m') + p @ k
-    out = acc / l
+    per split s:  m_s, l_s, acc_s = -inf, 0, 0
+        for each chunk of BLOCK_N columns:    k = kv[idx] gathered once for BLOCK_H heads (-1 -> masked)
+            s = (q @ k^T) * scale             tensor cores (bf16 in, fp32 accumulate)
+            m' = max(m_s, max s); p = exp(s - m'); l_s = l_s e^(m_s - m') + sum p; acc_s = acc_s e^(m_s - m') + p @ k
+    M, L, ACC = sink, 1, 0                    the sink joins the denominator and adds no value, exactly once
+    for s in order:  M' = max(M, m_s); L = L e^(M - M') + l_s e^(m_s - M'); ACC likewise  (skipped if m_s = -inf)
+    out = ACC / L
 
-Batch-invariant: a program reads only its own query's row of ``indices``, the chunking is fixed, and the chunks
-other queries' padding adds are all masked (p = 0, exp(m - m') = 1 exactly), so a row's bits do not depend on
-the batch.  fp32 inputs use IEEE fp32 products (not TF32), as the reference.
+Two regimes, chosen per call for speed only:
+- *split* (few queries: decode): one program per (query, head block, split) writes (m_s, l_s, acc_s) to an fp32
+  workspace; ``_combine_kernel`` (one program per query and head) merges the splits in order.
+- *whole* (many queries: large decode batches, prefill): one program per (query, head block) computes the same
+  splits one after another and merges each into registers as it goes (no workspace traffic).
+Both run the same attention binary (``partial`` is a runtime flag), the same split arithmetic and the same merge
+(``_merge``, with explicit fmas so no compiler contraction can differ between the two kernels), so they give the
+same bits: a row's result depends neither on the regime nor on the other rows.  Width padding (-1) only adds
+masked chunks (p = 0, rescale exactly 1) or whole splits with m_s = -inf, which the merge skips.  A query with no
+valid index returns zeros (M = sink, L = 1, ACC = 0).  fp32 inputs use IEEE fp32 products (not TF32).
 """
 
 from __future__ import annotations
@@ -22,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, LaunchConfig, sparse_attention_config
+from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles, sparse_attention_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 
 #: (heads, head_dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 512, and 128 x 512 (V4-Pro width).
 AOT_SHAPES = ((64, 512), (128, 512))
@@ -33,12 +42,27 @@ AOT_SHAPES = ((64, 512), (128, 512))
 INTERPRETED = False
 
 
-@triton.jit(do_not_specialize=["width"])
-def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, width, scale,
-                             H: tl.constexpr, D: tl.constexpr, FP32_DOT: tl.constexpr,
-                             BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+@triton.jit
+def _merge(M, L, ACC, m_s, l_s, acc_s):
+    """Fold one split's state into the running (M, L, ACC); a split with no valid column (m_s = -inf) leaves it
+    untouched, bit for bit.  The one merge both kernels use."""
+    has = m_s > float("-inf")
+    m_new = tl.maximum(M, m_s)
+    a = tl.exp(M - m_new)
+    b = tl.exp(m_s - m_new)
+    l_new = tl.fma(l_s, b, L * a)
+    acc_new = tl.fma(acc_s, b[:, None], ACC * a[:, None])
+    return tl.where(has, m_new, M), tl.where(has, l_new, L), tl.where(has[:, None], acc_new, ACC)
+
+
+@triton.jit(do_not_specialize=["width", "n_splits", "partial"])
+def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+                             width, n_splits, partial, scale,
+                             H: tl.constexpr, D: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    z = tl.program_id(2)
     head_ok = heads < H
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < D
@@ -47,66 +71,138 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, width, 
     q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     if FP32_DOT:
         q = q.to(tl.float32)
-    m = tl.load(sinks_ptr + heads, mask=head_ok, other=0.0).to(tl.float32)  # running max, starts at the sink
-    l = tl.full([BLOCK_H], 1.0, tl.float32)  # exp(sink - m)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, width, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
-        valid = idx >= 0
-        k = tl.load(kv_ptr + tl.maximum(idx, 0).to(tl.int64)[:, None] * D + dims[None, :],
-                    mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
-        if FP32_DOT:
-            k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        if FP32_DOT:
-            acc = tl.dot(p, k, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(k.dtype), k, acc * alpha[:, None])
-        m = m_new
-    out = acc / l[:, None]
-    tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    M = tl.load(sinks_ptr + heads, mask=head_ok, other=0.0).to(tl.float32)  # the sink: exp(sink - M) = 1
+    L = tl.full([BLOCK_H], 1.0, tl.float32)
+    ACC = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    # partial: this program's split z only; whole (grid z = 1): every split of the row, in order.
+    hi = z + 1 + (1 - partial) * (n_splits - 1)
+    for sp in range(z, hi):
+        m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for c in range(0, SPLIT_N, BLOCK_N):
+            cols = sp * SPLIT_N + c + tl.arange(0, BLOCK_N)
+            idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
+            valid = idx >= 0
+            k = tl.load(kv_ptr + tl.maximum(idx, 0).to(tl.int64)[:, None] * D + dims[None, :],
+                        mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
+            if FP32_DOT:
+                k = k.to(tl.float32)
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(valid[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m_s, tl.max(s, axis=1))
+            m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # all masked so far: p = 0, state stays 0
+            alpha = tl.exp(m_s - m_use)
+            p = tl.exp(s - m_use[:, None])
+            l_s = l_s * alpha + tl.sum(p, axis=1)
+            if FP32_DOT:
+                acc_s = tl.dot(p, k, acc_s * alpha[:, None], input_precision="ieee")
+            else:
+                acc_s = tl.dot(p.to(k.dtype), k, acc_s * alpha[:, None])
+            m_s = m_new
+        if partial != 0:  # workspace [T, n_splits, 2, H] (m, l) and [T, n_splits, H, D] (acc)
+            row = t * n_splits + sp
+            tl.store(ws_ml_ptr + row * (2 * H) + heads, m_s, mask=head_ok)
+            tl.store(ws_ml_ptr + row * (2 * H) + H + heads, l_s, mask=head_ok)
+            tl.store(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], acc_s, mask=q_mask)
+        M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+    if partial == 0:
+        out = ACC / L[:, None]
+        tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-def _constexprs(heads: int, dim: int, block_h: int, block_n: int, fp32: bool) -> dict[str, object]:
-    return {"H": heads, "D": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": block_h,
-            "BLOCK_D": max(16, triton.next_power_of_2(dim)), "BLOCK_N": block_n}
+@triton.jit(do_not_specialize=["n_splits"])
+def _combine_kernel(ws_acc_ptr, ws_ml_ptr, sinks_ptr, out_ptr, n_splits,
+                    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (query, head): the sink, then every split in order, then ACC / L."""
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) + tl.arange(0, 1)
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < D
+    M = tl.load(sinks_ptr + heads).to(tl.float32)
+    L = tl.full([1], 1.0, tl.float32)
+    ACC = tl.zeros([1, BLOCK_D], dtype=tl.float32)
+    for sp in range(0, n_splits):
+        row = t * n_splits + sp
+        m_s = tl.load(ws_ml_ptr + row * (2 * H) + heads)
+        l_s = tl.load(ws_ml_ptr + row * (2 * H) + H + heads)
+        acc_s = tl.load(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], mask=dim_ok[None, :],
+                        other=0.0)
+        M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+    out = ACC / L[:, None]
+    tl.store(out_ptr + t * (H * D) + heads[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=dim_ok[None, :])
+
+
+def _block_d(dim: int) -> int:
+    return max(16, triton.next_power_of_2(dim))
+
+
+def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool) -> dict[str, object]:
+    return {"H": heads, "D": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": tiles.block_h,
+            "BLOCK_D": _block_d(dim), "BLOCK_N": tiles.block_n, "SPLIT_N": tiles.split_n}
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
-    """Contiguous bf16 queries and pool, int64 indices, fp32 sinks at the model shapes."""
+    """Contiguous bf16 queries and pool, int64 indices, fp32 sinks and workspace at the model shapes."""
     variants = []
     for heads, dim in AOT_SHAPES:
-        cfg, block_h, block_n = sparse_attention_config(arch, heads, dim, 2)
+        tiles = sparse_attention_config(arch, heads, dim, 2)
         sig = {"q_ptr": "*bf16:D", "kv_ptr": "*bf16:D", "idx_ptr": "*i64:D", "sinks_ptr": "*fp32:D",
-               "out_ptr": "*bf16:D", "width": "i32", "scale": "fp32"}
-        variants.append(Variant(sig, _constexprs(heads, dim, block_h, block_n, False), cfg.num_warps,
-                                cfg.num_stages))
+               "out_ptr": "*bf16:D", "ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", "width": "i32",
+               "n_splits": "i32", "partial": "i32", "scale": "fp32"}
+        variants.append(Variant(sig, _constexprs(heads, dim, tiles, False), tiles.split.num_warps,
+                                tiles.split.num_stages))
+    return variants
+
+
+def _combine_aot_variants(arch: CudaArch) -> list[Variant]:
+    variants = []
+    for heads, dim in AOT_SHAPES:
+        tiles = sparse_attention_config(arch, heads, dim, 2)
+        sig = {"ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", "sinks_ptr": "*fp32:D", "out_ptr": "*bf16:D",
+               "n_splits": "i32"}
+        variants.append(Variant(sig, {"H": heads, "D": dim, "BLOCK_D": _block_d(dim)}, tiles.combine.num_warps,
+                                tiles.combine.num_stages))
     return variants
 
 
 KERNEL = TritonKernel("sparse_attention", _sparse_attention_kernel, _aot_variants)
+COMBINE_KERNEL = TritonKernel("sparse_attention_combine", _combine_kernel, _combine_aot_variants)
 
 
 def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float, *,
-            arch: CudaArch) -> Launch:
-    """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: output allocated, nothing launched."""
+            arch: CudaArch, split: bool | None = None) -> LaunchChain:
+    """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: outputs allocated, nothing launched.
+
+    ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
+    Either regime gives the same bits."""
     tokens, heads, dim = q.shape
     q, kv = q.contiguous(), kv.to(q.dtype).contiguous()
     indices = indices.to(torch.int64).contiguous()
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     out = torch.empty_like(q)
-    cfg, block_h, block_n = sparse_attention_config(arch, heads, dim, q.element_size())
-    args = dict(q_ptr=q, kv_ptr=kv, idx_ptr=indices, sinks_ptr=sinks, out_ptr=out, width=indices.shape[1],
-                scale=float(scale), **_constexprs(heads, dim, block_h, block_n, q.dtype == torch.float32))
-    return Launch((tokens, triton.cdiv(heads, block_h)), cfg, args, out)
+    tiles = sparse_attention_config(arch, heads, dim, q.element_size())
+    width = indices.shape[1]
+    n_splits = triton.cdiv(width, tiles.split_n)
+    head_blocks = triton.cdiv(heads, tiles.block_h)
+    if split is None:
+        split = tokens * head_blocks <= tiles.split_below
+    split = split and n_splits > 1
+    ws_rows = tokens * n_splits if split else 1
+    ws_acc = torch.empty(ws_rows * heads * dim if split else 1, device=q.device, dtype=torch.float32)
+    ws_ml = torch.empty(ws_rows * 2 * heads, device=q.device, dtype=torch.float32)
+    args = dict(q_ptr=q, kv_ptr=kv, idx_ptr=indices, sinks_ptr=sinks, out_ptr=out, ws_acc_ptr=ws_acc,
+                ws_ml_ptr=ws_ml, width=width, n_splits=n_splits, partial=int(split), scale=float(scale),
+                **_constexprs(heads, dim, tiles, q.dtype == torch.float32))
+    steps = [(KERNEL, Launch((tokens, head_blocks, n_splits if split else 1), tiles.split, args, out))]
+    if split:
+        combine = dict(ws_acc_ptr=ws_acc, ws_ml_ptr=ws_ml, sinks_ptr=sinks, out_ptr=out, n_splits=n_splits, H=heads,
+                       D=dim, BLOCK_D=_block_d(dim))
+        steps.append((COMBINE_KERNEL, Launch((tokens, heads), tiles.combine, combine, out)))
+    return LaunchChain(steps, lambda: out)
 
 
 def sparse_attention(
@@ -114,4 +210,4 @@ def sparse_attention(
 ) -> torch.Tensor:
     """q [T, H, D] attends to rows ``indices`` [T, K] (-1 = none) of the K=V pool kv [P, D], sinks [H]; [T, H, D]."""
     index, arch = cuda_target(q)
-    return prepare(q, kv, indices, sinks, scale, arch=arch).run(KERNEL, index)
+    return prepare(q, kv, indices, sinks, scale, arch=arch).run(index)
