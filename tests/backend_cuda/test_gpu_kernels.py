@@ -72,7 +72,9 @@ def _model_shape_cases():
                 base = 0.5 * randn(24, dtype=torch.float32)
                 scale = 1 + 0.1 * randn(3, dtype=torch.float32)
                 yield hc_pre, (randn(tokens, 4, dim, dtype=dtype), fn, base, scale, 1e-6, 1e-6, 20)
-    for tokens, heads in [(1, 64), (33, 64), (5, 128)]:  # SWA window 128 + top-512 entries, some slots unused
+    # SWA window 128 + top-512 entries, some slots unused; b1 / b33 / b5 run split-K (+ combine), 80 queries one
+    # program per (query, head block)
+    for tokens, heads in [(1, 64), (33, 64), (5, 128), (80, 64)]:
         indices = torch.randint(0, 900, (tokens, 640), device="cuda", generator=gen)
         indices[torch.rand(tokens, 640, device="cuda", generator=gen) < 0.2] = -1
         sinks = randn(heads, dtype=torch.float32)
@@ -112,10 +114,11 @@ def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
         assert ks.refusal is None, ks.refusal
         aot = [_call(m, a) for m, a in cases]
         assert {k.name: k.launch_counts["jit"] for k in ALL} == {k.name: 0 for k in ALL}
-        assert sum(k.launch_counts["cubin"] for k in ALL) == len(cases)
+        launches = sum(k.launch_counts["cubin"] for k in ALL)  # a case may launch several kernels (split + combine)
+        assert launches >= len(cases)
         use_kernel_set(None)
         jit = [_call(m, a) for m, a in cases]
-        assert sum(k.launch_counts["jit"] for k in ALL) == len(cases)
+        assert sum(k.launch_counts["jit"] for k in ALL) == launches
     finally:
         use_kernel_set(device_kernel_set)
     for (m, args), a, j in zip(cases, aot, jit):
