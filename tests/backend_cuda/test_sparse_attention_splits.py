@@ -176,3 +176,30 @@ def test_split_k_decode_is_captured_by_cuda_graphs_without_host_syncs():
     replay()
     torch.cuda.synchronize()
     assert torch.equal(out, sparse_attention(q, kv, idx, sinks, 512**-0.5))
+
+
+def test_runtime_keys_of_both_kernels_have_an_aot_variant():
+    # Decode (split + combine) and larger batches (one program per query) must find cubins at the model shapes.
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernel_set.manifest import variant_key
+    from deepinfer_cuda.kernel_set.specialize import signature_of
+    from deepinfer_cuda.kernels.sparse_attention import prepare
+
+    def key(kernel, launch):
+        sig, const = signature_of(kernel.params, launch.args)
+        return variant_key(kernel.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)
+
+    def aot_keys(kernel):
+        return {variant_key(kernel.name, "sm_90a", v.signature, v.constexprs, v.num_warps, v.num_stages)
+                for v in kernel.aot_variants(SM90A)}
+
+    launched = set()
+    for heads in (64, 128):
+        for tokens, width in [(1, 640), (1, 130), (33, 640), (80, 640), (1024, 640), (2, 4), (3, 8320)]:
+            q = torch.zeros(tokens, heads, 512, dtype=torch.bfloat16)
+            plan = prepare(q, torch.zeros(10, 512, dtype=torch.bfloat16), torch.zeros(tokens, width, dtype=torch.int64),
+                           torch.zeros(heads), 512**-0.5, arch=SM90A)
+            for kernel, launch in plan.steps:
+                assert key(kernel, launch) in aot_keys(kernel), (kernel.name, heads, tokens, width)
+                launched.add(kernel.name)
+    assert launched == {"sparse_attention", "sparse_attention_combine"}
