@@ -119,11 +119,17 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
                        element_bytes: int = 2) -> MoeTiles:
     """Tiles for ``slots_per_expert`` = T*k // E, the mean number of token slots an expert receives.
 
-    Decode (< 32): each hit expert gets a handful of slots, so a program is a 16-row tile that streams a narrow
-    column slice of the expert's weights (32 gate + 32 up columns, 64 down columns) with a deep pipeline:
-    the step is bound by reading each hit expert once, and narrow tiles spread that read over every SM.
-    Prefill: 64-row tiles and 64-128 columns feed the tensor cores (wgmma on SM90).  fp32 inputs (tests) halve
-    the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed the padded problem dims.
+    Every decode tier streams each hit expert's weights once through 16-row tiles (the read is the roofline term):
+    - fewer slots than experts (0: decode b1..b10 at 64 experts, ..b42 at 256): few experts are hit, so the
+      programs per expert must fill the GPU.  16 gate + 16 up columns (up) and 32 columns (down) per program over
+      256-deep reduction tiles, 3 stages: 24 KiB a stage, 48 KiB of shared memory a program (2 stages in
+      flight), so 4 programs share an SM (one's pipeline fills while the others stream) and b1's 6 experts make
+      768 + 768 programs of 256 / 128 KiB (the next tier: 384 + 384, one 120 KiB program per SM, 3 waves with a
+      ramp and a tail each);
+    - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (~87% of the copy ceiling at b16 / b64, H200);
+    - prefill (>= 32): 64-row tiles and 64-128 columns feed the tensor cores (wgmma on SM90).
+    fp32 inputs (tests) halve the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed
+    the padded problem dims.
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no MoE configuration for {arch.name}")
@@ -132,11 +138,29 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
         return max(16, min(block, 1 << (max(dim, 1) - 1).bit_length()))
 
     wide = 2 if element_bytes > 2 else 1
+    if slots_per_expert < 1:
+        narrow = LaunchConfig(num_warps=4, num_stages=3)
+        return MoeTiles(16, narrow, fit(16, inter), fit(256 // wide, hidden),
+                        narrow, fit(32, hidden), fit(256 // wide, inter))
     stages = LaunchConfig(num_warps=4, num_stages=4 // wide)
     if slots_per_expert < 32:
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
     return MoeTiles(64, stages, fit(64, inter), fit(64 // wide, hidden), stages, fit(128, hidden), fit(64 // wide, inter))
+
+
+def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
+    """The MoE plan kernel (one program sorts up to 1024 slots): more warps for the wider bitonic sorts."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no MoE plan configuration for {arch.name}")
+    return LaunchConfig(num_warps=4 if slots <= 256 else 8)
+
+
+def moe_combine_config(arch: CudaArch, hidden: int) -> tuple[LaunchConfig, int]:
+    """The MoE k-way sum, one program per (token, block of ``block_h`` hidden columns): returns (config, block_h)."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no MoE combine configuration for {arch.name}")
+    return LaunchConfig(num_warps=4), min(1024, max(16, 1 << (max(hidden, 1) - 1).bit_length()))
 
 
 @dataclass(slots=True, frozen=True)

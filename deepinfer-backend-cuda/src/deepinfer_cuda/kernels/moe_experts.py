@@ -4,10 +4,13 @@ Overrides core's ``moe_experts(x, ids, weights, w13, w2, swiglu_limit)`` (deepin
 loops over the experts a batch hits in Python (a host sync per expert to find its rows, ~10 kernels each);
 here the routing is sorted on the device and every expert's tokens run in two launches, with no host sync:
 
-    plan (torch, on the device)   the T*k slots sorted by expert, cut into blocks of BLOCK_M slots of one expert
+    plan (moe_routing.py)         the T*k slots sorted by expert, cut into blocks of BLOCK_M slots of one expert
     _moe_up_kernel                per (block, column tile): [g; u] = x[tokens] @ w13[e]^T, act = silu(min(g, L)) * clamp(u)
     _moe_down_kernel              per (block, column tile): y = act @ w2[e]^T, scaled by the slot's routing weight
-    finish (torch)                out[t] = the token's k slot outputs added in increasing expert id
+    _moe_combine_kernel           per (token, column tile): out[t] = its k slot outputs added in increasing expert id
+
+Decode is four launches (the plan is one Triton program up to 1024 slots), so a CUDA graph of a step pays no
+tiny torch kernels for the routing or the k-way sum.
 
 Each program streams one column tile of one expert's weights once for up to BLOCK_M tokens, so decode reads
 each hit expert's weights once (memory-bound, the roofline's term) and prefill runs tensor-core tiles.
@@ -23,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_experts_config
+from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_combine_config, moe_experts_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernels.moe_routing import expert_blocks, plan  # noqa: F401  (expert_blocks: re-exported)
 
 #: (hidden, intermediate, top-k) compiled ahead of time: V4-Flash (4096, 2048, 6) and V4.1-Flash (5120, 2304, 6).
 AOT_SHAPES = ((4096, 2048, 6), (5120, 2304, 6))
@@ -33,8 +37,9 @@ AOT_SHAPES = ((4096, 2048, 6), (5120, 2304, 6))
 #: in fp32 (bf16 products are exact in fp32) and round to bf16 to nearest-even explicitly.  The same function as
 #: the GPU path; off on the GPU, turned on by the interpreter test.
 INTERPRETED = False
-#: Mean slots per expert compiled ahead of time: decode (a few tokens per expert) and prefill tiles; see arch.py.
-AOT_SLOTS_PER_EXPERT = (1, 96)
+#: Mean slots per expert compiled ahead of time: the three tiers of arch.moe_experts_config (decode below one slot
+#: per expert, decode, prefill).
+AOT_SLOTS_PER_EXPERT = (0, 1, 96)
 
 
 @triton.jit
@@ -123,6 +128,28 @@ def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, bloc
     tl.store(slot_out_ptr + slots[:, None] * H + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _moe_combine_kernel(slot_out_ptr, ids_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr,
+                        TOPK_PAD: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    j = tl.arange(0, TOPK_PAD)
+    j_ok = j < TOPK
+    expert = tl.load(ids_ptr + token * TOPK + j, mask=j_ok, other=0)
+    # rank of slot j by (expert, j): the reference adds a token's outputs in increasing expert id, a repeated
+    # expert's slots in slot order
+    before = (expert[:, None] < expert[None, :]) | ((expert[:, None] == expert[None, :]) & (j[:, None] < j[None, :]))
+    rank = tl.sum((before & j_ok[:, None]).to(tl.int32), axis=0)
+    dtype = out_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)  # the reference adds into zeros, in the model dtype
+    for r in tl.static_range(TOPK):
+        slot = tl.sum(tl.where((rank == r) & j_ok, j, 0), axis=0)
+        y = tl.load(slot_out_ptr + (token * TOPK + slot) * H + cols, mask=col_ok, other=0.0)
+        acc = _rounded(acc + y.to(tl.float32), dtype, INTERPRETED)
+    tl.store(out_ptr + token * H + cols, acc.to(dtype), mask=col_ok)
+
+
 def _constexprs(tiles: MoeTiles, hidden: int, inter: int, top_k: int, has_limit: bool, fp32: bool):
     fp32_dot = fp32 or INTERPRETED  # fp32: IEEE products (no TF32), as the reference computes them
     up = {"H": hidden, "I": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "FP32_DOT": fp32_dot,
@@ -157,51 +184,47 @@ def _aot_down_variants(arch: CudaArch) -> list[Variant]:
     return variants
 
 
+def _combine_constexprs(hidden: int, top_k: int, block_h: int) -> dict[str, object]:
+    return {"H": hidden, "TOPK": top_k, "TOPK_PAD": max(2, triton.next_power_of_2(top_k)),
+            "INTERPRETED": INTERPRETED, "BLOCK_H": block_h}
+
+
+def _aot_combine_variants(arch: CudaArch) -> list[Variant]:
+    variants = []
+    for hidden, _, top_k in AOT_SHAPES:
+        config, block_h = moe_combine_config(arch, hidden)
+        sig = {"slot_out_ptr": "*bf16:D", "ids_ptr": "*i64:D", "out_ptr": "*bf16:D"}
+        variants.append(Variant(sig, _combine_constexprs(hidden, top_k, block_h), config.num_warps, config.num_stages))
+    return variants
+
+
 UP_KERNEL = TritonKernel("moe_experts_up", _moe_up_kernel, _aot_up_variants)
 DOWN_KERNEL = TritonKernel("moe_experts_down", _moe_down_kernel, _aot_down_variants)
-KERNEL = UP_KERNEL  # the module's first kernel (the interpreter test runs every step of the chain)
-
-
-def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots sorted by expert and their blocks, computed on the device without a host sync.
-
-    Returns ``order`` [T*k] int32 (sorted position -> slot ``t * k + j``) and ``blocks`` [3, B] int32: each
-    block's expert, first and end sorted position (``first == end`` marks the unused tail).  ``B`` is the
-    host-side bound ``T*k // block_m + min(E, T*k)`` on the number of blocks, so the grid needs no sync.
-    """
-    flat = ids.reshape(-1)
-    slots = flat.numel()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    seg_end = counts.cumsum(0)
-    n_blk = (counts + block_m - 1) // block_m
-    blk_end = n_blk.cumsum(0)
-    bound = slots // block_m + min(num_experts, slots)
-    b = torch.arange(bound, device=ids.device)
-    expert = torch.searchsorted(blk_end, b, right=True)
-    used = expert < num_experts
-    e = expert.clamp(max=num_experts - 1)
-    first = seg_end[e] - counts[e] + (b - (blk_end[e] - n_blk[e])) * block_m
-    end = torch.where(used, seg_end[e], 0)
-    first = torch.where(used, first, 0)
-    return order.to(torch.int32), torch.stack([e, first, end]).to(torch.int32).contiguous()
+COMBINE_KERNEL = TritonKernel("moe_experts_combine", _moe_combine_kernel, _aot_combine_variants)
+KERNEL = UP_KERNEL  # the module's GEMM kernel (the interpreter test runs every step of the chain)
 
 
 def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-            swiglu_limit: float | None, *, arch: CudaArch) -> LaunchChain:
-    """Plan ``moe_experts(...)`` for ``arch``: routing sorted, buffers allocated, two launches planned."""
+            swiglu_limit: float | None, *, arch: CudaArch, tiles: MoeTiles | None = None) -> LaunchChain:
+    """Plan ``moe_experts(...)`` for ``arch``: buffers allocated, the plan and three kernels' launches built.
+
+    ``tiles`` overrides ``arch.moe_experts_config`` (tuning runs only: the kernel set holds the config's tiles).
+    """
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     slots = tokens * top_k
-    tiles = moe_experts_config(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
-    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    order, blocks = expert_blocks(ids, num_experts, tiles.block_m)
+    if slots == 0:
+        return LaunchChain([], lambda: torch.zeros_like(x))
+    if tiles is None:
+        tiles = moe_experts_config(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
+    x, w13, w2, ids = x.contiguous(), w13.contiguous(), w2.contiguous(), ids.contiguous()
+    order, blocks, plan_step = plan(ids, num_experts, tiles.block_m, arch=arch)
     n_blocks = blocks.shape[1]
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x)
     scale = weights.reshape(-1).to(torch.float32).contiguous()
     up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None, x.dtype == torch.float32)
     up = Launch((n_blocks, triton.cdiv(inter, tiles.up_block_n)), tiles.up,
@@ -210,19 +233,13 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     down = Launch((n_blocks, triton.cdiv(hidden, tiles.down_block_n)), tiles.down,
                   dict(act_ptr=act, w2_ptr=w2, weights_ptr=scale, slot_out_ptr=slot_out, order_ptr=order,
                        blocks_ptr=blocks, n_blocks=n_blocks, **down_c), slot_out)
-
-    def finish() -> torch.Tensor:
-        # The reference adds each token's expert outputs in increasing expert id, in the model dtype: so do we.
-        if slots == 0:
-            return torch.zeros_like(x)
-        per_slot = slot_out.view(tokens, top_k, hidden)
-        by_expert = torch.sort(ids, dim=1, stable=True).indices
-        out = per_slot.gather(1, by_expert[:, :1, None].expand(-1, -1, hidden)).squeeze(1)
-        for j in range(1, top_k):
-            out = out + per_slot.gather(1, by_expert[:, j : j + 1, None].expand(-1, -1, hidden)).squeeze(1)
-        return out
-
-    return LaunchChain([(UP_KERNEL, up), (DOWN_KERNEL, down)], finish)
+    config, block_h = moe_combine_config(arch, hidden)
+    combine = Launch((tokens, triton.cdiv(hidden, block_h)), config,
+                     dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
+                          **_combine_constexprs(hidden, top_k, block_h)), out)
+    steps = [plan_step] if plan_step is not None else []
+    steps += [(UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
+    return LaunchChain(steps, lambda: out)
 
 
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
