@@ -18,6 +18,7 @@ Two regimes, chosen per call for speed only:
   workspace; ``_combine_kernel`` (one program per query and head) merges the splits in order.
 - *whole* (many queries: large decode batches, prefill): one program per (query, head block) computes the same
   splits one after another and merges each into registers as it goes (no workspace traffic).
+One flat loop over chunks (the split's end is a branch inside it) keeps the gather pipeline running across splits.
 Both run the same attention binary (``partial`` is a runtime flag), the same split arithmetic and the same merge
 (``_merge``, with explicit fmas so no compiler contraction can differ between the two kernels), so they give the
 same bits: a row's result depends neither on the regime nor on the other rows.  Width padding (-1) only adds
@@ -75,39 +76,43 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
     L = tl.full([BLOCK_H], 1.0, tl.float32)
     ACC = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # partial: this program's split z only; whole (grid z = 1): every split of the row, in order.
-    hi = z + 1 + (1 - partial) * (n_splits - 1)
-    for sp in range(z, hi):
-        m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        for c in range(0, SPLIT_N, BLOCK_N):
-            cols = sp * SPLIT_N + c + tl.arange(0, BLOCK_N)
-            idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
-            valid = idx >= 0
-            k = tl.load(kv_ptr + tl.maximum(idx, 0).to(tl.int64)[:, None] * D + dims[None, :],
-                        mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
-            if FP32_DOT:
-                k = k.to(tl.float32)
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(valid[None, :], s * scale, float("-inf"))
-            m_new = tl.maximum(m_s, tl.max(s, axis=1))
-            m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # all masked so far: p = 0, state stays 0
-            alpha = tl.exp(m_s - m_use)
-            p = tl.exp(s - m_use[:, None])
-            l_s = l_s * alpha + tl.sum(p, axis=1)
-            if FP32_DOT:
-                acc_s = tl.dot(p, k, acc_s * alpha[:, None], input_precision="ieee")
-            else:
-                acc_s = tl.dot(p.to(k.dtype), k, acc_s * alpha[:, None])
-            m_s = m_new
-        if partial != 0:  # workspace [T, n_splits, 2, H] (m, l) and [T, n_splits, H, D] (acc)
-            row = t * n_splits + sp
-            tl.store(ws_ml_ptr + row * (2 * H) + heads, m_s, mask=head_ok)
-            tl.store(ws_ml_ptr + row * (2 * H) + H + heads, l_s, mask=head_ok)
-            tl.store(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], acc_s, mask=q_mask)
-        M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+    CHUNKS: tl.constexpr = SPLIT_N // BLOCK_N
+    c_hi = (z + 1 + (1 - partial) * (n_splits - 1)) * CHUNKS
+    m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for c in range(z * CHUNKS, c_hi):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
+        valid = idx >= 0
+        k = tl.load(kv_ptr + tl.maximum(idx, 0).to(tl.int64)[:, None] * D + dims[None, :],
+                    mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
+        if FP32_DOT:
+            k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_s, tl.max(s, axis=1))
+        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # all masked so far: p = 0, state stays 0
+        alpha = tl.exp(m_s - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_s = l_s * alpha + tl.sum(p, axis=1)
+        if FP32_DOT:
+            acc_s = tl.dot(p, k, acc_s * alpha[:, None], input_precision="ieee")
+        else:
+            acc_s = tl.dot(p.to(k.dtype), k, acc_s * alpha[:, None])
+        m_s = m_new
+        if (c + 1) % CHUNKS == 0:  # the split ends: publish or merge its state, start the next from scratch
+            row = t * n_splits + c // CHUNKS
+            if partial != 0:  # workspace [T, n_splits, 2, H] (m, l) and [T, n_splits, H, D] (acc)
+                tl.store(ws_ml_ptr + row * (2 * H) + heads, m_s, mask=head_ok)
+                tl.store(ws_ml_ptr + row * (2 * H) + H + heads, l_s, mask=head_ok)
+                tl.store(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], acc_s, mask=q_mask)
+            M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+            m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
+            l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if partial == 0:
         out = ACC / L[:, None]
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
