@@ -48,7 +48,7 @@ def _fp32_truth(x, ids, w, w13, w2):
     return out
 
 
-@pytest.mark.parametrize("tokens, repeat", [(1, False), (16, False), (64, True), (300, False), (1024, False)])
+@pytest.mark.parametrize("tokens, repeat", [(1, False), (8, True), (16, False), (64, True), (300, False), (1024, False)])
 def test_as_accurate_as_the_reference_without_host_syncs(weights, tokens, repeat):
     from deepinfer.ops.moe import moe_experts as reference
     from deepinfer_cuda.kernels.moe_experts import moe_experts
@@ -69,17 +69,18 @@ def test_as_accurate_as_the_reference_without_host_syncs(weights, tokens, repeat
     assert err(ours) < 1e-2
 
 
-def test_graph_capture_replays_to_the_eager_result(weights):
+@pytest.mark.parametrize("tokens", [1, 16, 200])  # narrow decode tiles, decode tiles, the torch plan (> 1024 slots)
+def test_graph_capture_replays_to_the_eager_result(weights, tokens):
     from deepinfer_cuda.kernels.moe_experts import moe_experts
     from deepinfer_cuda.plugin import CudaBackend
 
     w13, w2 = weights
-    x, ids, w = _routing(16, seed=7)
+    x, ids, w = _routing(tokens, seed=7)
     out = torch.empty_like(x)
     backend = CudaBackend()
     with backend.graph_capture(backend.device()) as capture:
         replay = capture(lambda: out.copy_(moe_experts(x, ids, w, w13, w2, LIMIT)))
-    x2, ids2, w2_routing = _routing(16, seed=8)
+    x2, ids2, w2_routing = _routing(tokens, seed=8, repeat=True)
     x.copy_(x2), ids.copy_(ids2), w.copy_(w2_routing)
     replay()
     torch.cuda.synchronize()
@@ -89,17 +90,19 @@ def test_graph_capture_replays_to_the_eager_result(weights):
 def test_aot_cubins_equal_jit(weights, tmp_path):
     from deepinfer_cuda.kernel_set.build import build_kernel_set
     from deepinfer_cuda.kernel_set.dispatch import DEFAULT_KERNEL_SET_DIR, device_arch, use_kernel_set
-    from deepinfer_cuda.kernels.moe_experts import DOWN_KERNEL, UP_KERNEL, moe_experts
+    from deepinfer_cuda.kernels.moe_experts import COMBINE_KERNEL, DOWN_KERNEL, UP_KERNEL, moe_experts
+    from deepinfer_cuda.kernels.moe_routing import PLAN_KERNEL
 
     w13, w2 = weights
     arch = device_arch(torch.cuda.current_device())
-    build_kernel_set(tmp_path, [arch], kernels=[UP_KERNEL.name, DOWN_KERNEL.name])
-    cases = [_routing(n, seed=n) for n in (4, 1024)]  # decode tiles, prefill tiles
+    kernels = (PLAN_KERNEL, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL)
+    build_kernel_set(tmp_path, [arch], kernels=[k.name for k in kernels])
+    cases = [_routing(n, seed=n) for n in (4, 16, 1024)]  # narrow decode tiles, decode tiles, prefill (torch plan)
     try:
         use_kernel_set(tmp_path)
         aot = [moe_experts(x, ids, w, w13, w2, LIMIT) for x, ids, w in cases]
-        assert UP_KERNEL.launch_counts == {"cubin": 2, "jit": 0}, UP_KERNEL.launch_counts
-        assert DOWN_KERNEL.launch_counts == {"cubin": 2, "jit": 0}, DOWN_KERNEL.launch_counts
+        for kernel, launches in zip(kernels, (2, 3, 3, 3)):
+            assert kernel.launch_counts == {"cubin": launches, "jit": 0}, (kernel.name, kernel.launch_counts)
         use_kernel_set(None)
         jit = [moe_experts(x, ids, w, w13, w2, LIMIT) for x, ids, w in cases]
     finally:

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Time the MoE experts op at small decode batches under candidate tiles, in CUDA graphs (GPU host only).
+
+    python tools/tune_moe_decode.py                    # V4 slice layer: 64 experts of 4096 -> 2x2048, top-6
+    python tools/tune_moe_decode.py --experts 256 --tokens 1,8,32 --json tune.json
+
+For each batch, every candidate ``MoeTiles`` (``arch.moe_experts_config``'s tier first) runs the whole op (plan,
+up, down, combine) 10 times per graph replay; the table gives µs per call and the share of the copy ceiling that
+the hit experts' bytes would take.  Also the plan alone: the one-program Triton plan against the torch plan.
+Pick the fastest tiles per tier and write them into ``arch.moe_experts_config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+
+def _graph_us(fn, calls: int = 10) -> float:
+    import torch
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3 / calls
+
+
+def candidates(base):
+    from deepinfer_cuda.arch import LaunchConfig, MoeTiles
+
+    yield base
+    for up_n, k, stages, down_n in itertools.product((16, 32), (128, 256), (3, 4), (32, 64)):
+        cfg = LaunchConfig(num_warps=4, num_stages=stages)
+        tiles = MoeTiles(16, cfg, up_n, k, cfg, down_n, k)
+        if tiles != base:
+            yield tiles
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from deepinfer_cuda.arch import moe_experts_config
+    from deepinfer_cuda.kernel_set.dispatch import cuda_target
+    from deepinfer_cuda.kernels import moe_experts as moe, moe_routing as routing
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--inter", type=int, default=2048)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--top-k", type=int, default=6)
+    parser.add_argument("--tokens", default="1,2,4,8,16")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    h, i, e, k = args.hidden, args.inter, args.experts, args.top_k
+    w13 = (torch.randn(e, 2 * i, h, device="cuda") * h**-0.5).bfloat16()
+    w2 = (torch.randn(e, h, i, device="cuda") * i**-0.5).bfloat16()
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    from triton.testing import do_bench
+
+    bandwidth = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
+    del src, dst
+    index, arch = cuda_target(w13)
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
+        ids = torch.rand(tokens, e, device="cuda").argsort(dim=1)[:, :k].contiguous()
+        w = torch.rand(tokens, k, device="cuda")
+        hit = int(torch.unique(ids).numel())
+        floor_us = hit * 3 * i * h * 2 / bandwidth * 1e6
+        base = moe_experts_config(arch, tokens * k // e, h, i)
+        plan_kernel = _graph_us(lambda: routing.plan(ids, e, base.block_m, arch=arch)[2][1].run(
+            routing.PLAN_KERNEL, index)) if tokens * k <= routing.PLAN_KERNEL_MAX_SLOTS else float("nan")
+        plan_torch = _graph_us(lambda: routing.expert_blocks(ids, e, base.block_m))
+        print(f"T={tokens} ({hit} experts hit, floor {floor_us:.1f} us): plan kernel {plan_kernel:.1f} us, "
+              f"torch plan {plan_torch:.1f} us")
+        for tiles in candidates(base):
+            us = _graph_us(lambda: moe.prepare(x, ids, w, w13, w2, 10.0, arch=arch, tiles=tiles).run(index))
+            row = {"tokens": tokens, "hit": hit, "us": us, "floor_us": floor_us, "config_tier": tiles == base,
+                   "up_n": tiles.up_block_n, "down_n": tiles.down_block_n, "block_k": tiles.up_block_k,
+                   "stages": tiles.up.num_stages, "plan_kernel_us": plan_kernel, "plan_torch_us": plan_torch}
+            rows.append(row)
+            print(f"  {'*' if row['config_tier'] else ' '} up_n {row['up_n']:3d} down_n {row['down_n']:3d} "
+                  f"k {row['block_k']:3d} stages {row['stages']}: {us:7.1f} us  {100 * floor_us / us:5.1f}% of roof")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bandwidth, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
