@@ -1,10 +1,18 @@
-"""mHC pre as one Triton program per token: norm, projection, gates, Sinkhorn and collapse in one pass.
+"""mHC pre as two Triton kernels: a split-K projection of token tiles, then the gates, Sinkhorn and collapse.
 
 Overrides core's ``hc_pre(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)`` (deepinfer/ops/mhc.py).
-The reference materialises an fp32 copy of the flattened streams, normalises it, runs an fp32 GEMM to 24
-mixes, and then ~4 small kernels per Sinkhorn round.  Here the RMS normalisation is folded into the projection
-(``norm(x) . w = rsqrt(mean(x^2) + eps) * (x . w)``), the (2+N)*N rows of ``fn`` stream from L2 against the
-token's streams in fp32, and the gates, Sinkhorn rounds and the ``pre``-weighted collapse run in registers.
+The RMS normalisation is folded into the projection (``norm(x) . w = rsqrt(mean(x^2) + eps) * (x . w)``).
+
+1. ``_hc_pre_mix_kernel``, grid (token tile, K slice): a tile of ``block_t`` tokens times one slice of the
+   flattened streams against the same slice of ``fn``, as IEEE fp32 products (``tl.dot`` with
+   ``input_precision="ieee"``: FMAs, not TF32), so each slice of ``fn`` is read once per token tile instead of
+   once per token.  The slice's partial mixes and sum of squares go to an fp32 workspace.
+2. ``_hc_pre_finish_kernel``, grid (token, hidden chunk + 1): sums a token's slices in increasing slice order,
+   then either collapses one chunk of the hidden dim with ``pre`` or (the extra program) runs the ``post`` gate
+   and the Sinkhorn rounds.
+
+Batch invariance: the slice width, the token tile and every tile shape come from the model dims only, never
+from the token count, so a token's partial sums and their reduction order are the same in any batch.
 """
 
 from __future__ import annotations
@@ -15,106 +23,172 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_pre_config
+from deepinfer_cuda.arch import CudaArch, HcPreTiles, hc_pre_config
 from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
 AOT_SHAPES = ((4, 4096), (4, 5120))
 AOT_DTYPES = ("bf16", "fp32")
+#: Set by the CPU tests under Triton's interpreter (see the mix kernel); compiled kernels always use tl.dot.
+INTERPRETED = False
 
 
-@triton.jit(do_not_specialize=["sinkhorn_iters"])
-def _hc_pre_kernel(streams_ptr, fn_ptr, base_ptr, scale_ptr, collapsed_ptr, post_ptr, comb_ptr,
-                   norm_eps, hc_eps, sinkhorn_iters,
-                   N: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    K: tl.constexpr = N * D
+@triton.jit(do_not_specialize=["tokens"])
+def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
+                       N: tl.constexpr, K: tl.constexpr, SLICE: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr,
+                       INTERPRETED: tl.constexpr):
+    """Partial mixes of tokens [tile * BLOCK_T, +BLOCK_T) over columns [s * SLICE, +SLICE) of the flat streams.
+
+    gate_ws [S, T, GATE_W]: pre (N), then the sum of squares; mix_ws [S, T, MIX_W]: post (N), then comb (N*N).
+    """
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    rows = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < tokens
+    src = streams_ptr + rows[:, None].to(tl.int64) * K
+    # fn rows [0, 2N): pre then post; [2N, 2N + N*N): comb.  Loaded transposed: [BLOCK_K, rows].
+    pp = tl.arange(0, 2 * N)
+    cc = tl.arange(0, N * N)
+    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    acc_pp = tl.zeros([BLOCK_T, 2 * N], dtype=tl.float32)
+    acc_cc = tl.zeros([BLOCK_T, N * N], dtype=tl.float32)
+    for k0 in range(0, SLICE, BLOCK_K):
+        ks = s * SLICE + k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = tl.load(src + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        sumsq += tl.sum(x * x, axis=1)
+        f_pp = tl.load(fn_ptr + pp[None, :] * K + ks[:, None], mask=k_ok[:, None], other=0.0)
+        f_cc = tl.load(fn_ptr + (2 * N + cc[None, :]) * K + ks[:, None], mask=k_ok[:, None], other=0.0)
+        if INTERPRETED:  # numpy's matmul (BLAS) rounds a row differently by its place in the tile
+            acc_pp += tl.sum(x[:, :, None] * f_pp[None, :, :], axis=1)
+            acc_cc += tl.sum(x[:, :, None] * f_cc[None, :, :], axis=1)
+        else:  # FMAs: each output is one chain over k in order, whatever the tile or its other rows
+            acc_pp = tl.dot(x, f_pp, acc_pp, input_precision="ieee")
+            acc_cc = tl.dot(x, f_cc, acc_cc, input_precision="ieee")
+    slot = (s * tokens + rows).to(tl.int64)
+    # pre -> gate_ws[..., 0:N], post -> mix_ws[..., 0:N]; comb -> mix_ws[..., N:N + N*N]; sumsq -> gate_ws[..., N].
+    is_pre = pp[None, :] < N
+    tl.store(gate_ws_ptr + slot[:, None] * GATE_W + pp[None, :], acc_pp, mask=row_ok[:, None] & is_pre)
+    tl.store(mix_ws_ptr + slot[:, None] * MIX_W + (pp[None, :] - N), acc_pp, mask=row_ok[:, None] & ~is_pre)
+    tl.store(mix_ws_ptr + slot[:, None] * MIX_W + N + cc[None, :], acc_cc, mask=row_ok[:, None])
+    tl.store(gate_ws_ptr + slot * GATE_W + N, sumsq, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["tokens", "sinkhorn_iters"])
+def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_ptr, collapsed_ptr, post_ptr,
+                          comb_ptr, tokens, norm_eps, hc_eps, sinkhorn_iters,
+                          N: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_D: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr):
+    """Program (token, c): c < cdiv(D, BLOCK_D) collapses hidden chunk c with pre; the last c writes post, comb."""
     token = tl.program_id(0).to(tl.int64)
-    src = streams_ptr + token * K
+    chunk = tl.program_id(1)
+    ss = tl.arange(0, BLOCK_S)
     ks = tl.arange(0, N)
-    # fn rows: [0, N) pre, [N, 2N) post, [2N, 2N + N*N) comb (row-major N x N).
-    pre_rows = ks[:, None].to(tl.int64) * K
-    post_rows = (N + ks[:, None]).to(tl.int64) * K
-    comb_rows = (2 * N + ks[:, None, None] * N + ks[None, :, None]).to(tl.int64) * K
-    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    acc_pre = tl.zeros([N, BLOCK_K], dtype=tl.float32)
-    acc_post = tl.zeros([N, BLOCK_K], dtype=tl.float32)
-    acc_comb = tl.zeros([N, N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        ok = cols < K
-        x = tl.load(src + cols, mask=ok, other=0.0).to(tl.float32)
-        sumsq += x * x
-        acc_pre += tl.load(fn_ptr + pre_rows + cols[None, :], mask=ok[None, :], other=0.0) * x[None, :]
-        acc_post += tl.load(fn_ptr + post_rows + cols[None, :], mask=ok[None, :], other=0.0) * x[None, :]
-        acc_comb += tl.load(fn_ptr + comb_rows + cols[None, None, :], mask=ok[None, None, :], other=0.0) \
-            * x[None, None, :]
-    inv_rms = tl.rsqrt(tl.sum(sumsq, axis=0) / K + norm_eps)
-    pre_s = tl.load(scale_ptr)
-    post_s = tl.load(scale_ptr + 1)
-    comb_s = tl.load(scale_ptr + 2)
-    pre = tl.sigmoid(tl.sum(acc_pre, axis=1) * inv_rms * pre_s + tl.load(base_ptr + ks)) + hc_eps
-    post = 2 * tl.sigmoid(tl.sum(acc_post, axis=1) * inv_rms * post_s + tl.load(base_ptr + N + ks))
-    logits = tl.sum(acc_comb, axis=2) * inv_rms * comb_s + tl.load(base_ptr + 2 * N + ks[:, None] * N + ks[None, :])
-    # Softmax over each row (the reference's dim=-1), then Sinkhorn: columns once, then rows/columns rounds.
-    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    comb = e / tl.sum(e, axis=1)[:, None] + hc_eps
-    comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
-    for _ in range(sinkhorn_iters - 1):
-        comb = comb / (tl.sum(comb, axis=1)[:, None] + hc_eps)
-        comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
-    tl.store(post_ptr + token * N + ks, post)
-    tl.store(comb_ptr + token * N * N + ks[:, None] * N + ks[None, :], comb)
-    # Collapse the streams with pre (fp32 products, summed, rounded once to the stream dtype).
-    for d0 in range(0, D, BLOCK_D):
-        dcols = d0 + tl.arange(0, BLOCK_D)
+    s_ok = ss < S
+    slot = ss.to(tl.int64) * tokens + token
+    # Slices summed in a fixed order (a reduction over a [BLOCK_S, ...] tile whose shape depends on K only).
+    sumsq = tl.sum(tl.load(gate_ws_ptr + slot * GATE_W + N, mask=s_ok, other=0.0), axis=0)
+    inv_rms = tl.rsqrt(sumsq / (N * D) + norm_eps)
+    if chunk * BLOCK_D < D:
+        pre_w = tl.sum(tl.load(gate_ws_ptr + slot[:, None] * GATE_W + ks[None, :], mask=s_ok[:, None], other=0.0),
+                       axis=0)
+        pre = tl.sigmoid(pre_w * inv_rms * tl.load(scale_ptr) + tl.load(base_ptr + ks)) + hc_eps
+        # Collapse the streams with pre (fp32 products, summed, rounded once to the stream dtype).
+        dcols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
         dok = dcols < D
-        s = tl.load(src + ks[:, None] * D + dcols[None, :], mask=dok[None, :], other=0.0).to(tl.float32)
-        out = tl.sum(pre[:, None] * s, axis=0)
+        x = tl.load(streams_ptr + token * (N * D) + ks[:, None] * D + dcols[None, :], mask=dok[None, :],
+                    other=0.0).to(tl.float32)
+        out = tl.sum(pre[:, None] * x, axis=0)
         tl.store(collapsed_ptr + token * D + dcols, out.to(collapsed_ptr.dtype.element_ty), mask=dok)
+    else:
+        mix = mix_ws_ptr + slot * MIX_W
+        post_w = tl.sum(tl.load(mix[:, None] + ks[None, :], mask=s_ok[:, None], other=0.0), axis=0)
+        comb_w = tl.sum(tl.load(mix[:, None, None] + N + ks[None, :, None] * N + ks[None, None, :],
+                                mask=s_ok[:, None, None], other=0.0), axis=0)
+        post = 2 * tl.sigmoid(post_w * inv_rms * tl.load(scale_ptr + 1) + tl.load(base_ptr + N + ks))
+        logits = comb_w * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + ks[:, None] * N + ks[None, :])
+        # Softmax over each row (the reference's dim=-1), then Sinkhorn: columns once, then rows/columns rounds.
+        e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+        comb = e / tl.sum(e, axis=1)[:, None] + hc_eps
+        comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
+        for _ in range(sinkhorn_iters - 1):
+            comb = comb / (tl.sum(comb, axis=1)[:, None] + hc_eps)
+            comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
+        tl.store(post_ptr + token * N + ks, post)
+        tl.store(comb_ptr + token * N * N + ks[:, None] * N + ks[None, :], comb)
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(0, v - 1).bit_length()
 
 
 @functools.cache
-def _plan(arch: CudaArch, n: int, dim: int) -> tuple[LaunchConfig, dict[str, object]]:
-    cfg, block_k, block_d = hc_pre_config(arch, n, dim)
-    return cfg, {"N": n, "D": dim, "BLOCK_K": block_k, "BLOCK_D": block_d}
+def _plan(arch: CudaArch, n: int, dim: int) -> tuple[HcPreTiles, dict[str, object], dict[str, object]]:
+    """Tiles and constexprs of both kernels: a function of the model dims only (batch invariance)."""
+    tiles = hc_pre_config(arch, n, dim)
+    slices = triton.cdiv(n * dim, tiles.slice)
+    widths = {"GATE_W": _pow2(n + 1), "MIX_W": n + n * n}
+    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": tiles.block_t, "BLOCK_K": tiles.block_k, **widths,
+           "INTERPRETED": False}
+    finish = {"N": n, "D": dim, "S": slices, "BLOCK_S": _pow2(slices), "BLOCK_D": tiles.block_d, **widths}
+    return tiles, mix, finish
 
 
-def _aot_variants(arch: CudaArch) -> list[Variant]:
+def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
     variants = []
     for n, dim in AOT_SHAPES:
-        cfg, const = _plan(arch, n, dim)
+        tiles, mix, finish = _plan(arch, n, dim)
         for dtype in AOT_DTYPES:
-            sig = {"streams_ptr": f"*{dtype}:D", "fn_ptr": "*fp32:D", "base_ptr": "*fp32:D", "scale_ptr": "*fp32:D",
-                   "collapsed_ptr": f"*{dtype}:D", "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D",
-                   "norm_eps": "fp32", "hc_eps": "fp32", "sinkhorn_iters": "i32"}
-            variants.append(Variant(sig, dict(const), cfg.num_warps, cfg.num_stages))
+            if which == "mix":
+                sig = {"streams_ptr": f"*{dtype}:D", "fn_ptr": "*fp32:D", "gate_ws_ptr": "*fp32:D",
+                       "mix_ws_ptr": "*fp32:D", "tokens": "i32"}
+                variants.append(Variant(sig, dict(mix), tiles.mix.num_warps, tiles.mix.num_stages))
+            else:
+                sig = {"streams_ptr": f"*{dtype}:D", "gate_ws_ptr": "*fp32:D", "mix_ws_ptr": "*fp32:D",
+                       "base_ptr": "*fp32:D", "scale_ptr": "*fp32:D", "collapsed_ptr": f"*{dtype}:D",
+                       "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D", "tokens": "i32", "norm_eps": "fp32",
+                       "hc_eps": "fp32", "sinkhorn_iters": "i32"}
+                variants.append(Variant(sig, dict(finish), tiles.finish.num_warps, tiles.finish.num_stages))
     return variants
 
 
-KERNEL = TritonKernel("hc_pre", _hc_pre_kernel, _aot_variants)
+MIX_KERNEL = TritonKernel("hc_pre_mix", _hc_pre_mix_kernel, functools.partial(_aot_variants, which="mix"))
+#: The finishing kernel carries the op's name (tests look the op up by ``KERNEL.name``); both are in ``ALL``.
+KERNEL = TritonKernel("hc_pre", _hc_pre_finish_kernel, functools.partial(_aot_variants, which="finish"))
 
 
 def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch) -> Launch:
-    """Plan ``hc_pre(...)`` for ``arch``: outputs allocated, arguments built, nothing launched."""
+            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch) -> LaunchChain:
+    """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched."""
     tokens, n, dim = streams.shape
     if n & (n - 1) or sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1")
     streams = streams.contiguous()
     fn, base, scale = (t.to(torch.float32).contiguous() for t in (fn, base, scale))
-    collapsed = torch.empty((tokens, dim), dtype=streams.dtype, device=streams.device)
-    post = torch.empty((tokens, n), dtype=torch.float32, device=streams.device)
-    comb = torch.empty((tokens, n, n), dtype=torch.float32, device=streams.device)
-    cfg, const = _plan(arch, n, dim)
-    args = dict(streams_ptr=streams, fn_ptr=fn, base_ptr=base, scale_ptr=scale, collapsed_ptr=collapsed,
-                post_ptr=post, comb_ptr=comb, norm_eps=float(norm_eps), hc_eps=float(hc_eps),
-                sinkhorn_iters=int(sinkhorn_iters), **const)
-    return Launch((tokens,), cfg, args, (collapsed, post, comb))
+    device = streams.device
+    tiles, mix, finish = _plan(arch, n, dim)
+    slices = finish["S"]
+    gate_ws = torch.empty((slices, tokens, mix["GATE_W"]), dtype=torch.float32, device=device)
+    mix_ws = torch.empty((slices, tokens, mix["MIX_W"]), dtype=torch.float32, device=device)
+    collapsed = torch.empty((tokens, dim), dtype=streams.dtype, device=device)
+    post = torch.empty((tokens, n), dtype=torch.float32, device=device)
+    comb = torch.empty((tokens, n, n), dtype=torch.float32, device=device)
+    mix_launch = Launch((triton.cdiv(tokens, tiles.block_t), slices), tiles.mix,
+                        dict(streams_ptr=streams, fn_ptr=fn, gate_ws_ptr=gate_ws, mix_ws_ptr=mix_ws, tokens=tokens,
+                             **{**mix, "INTERPRETED": INTERPRETED}), None)
+    finish_launch = Launch((tokens, triton.cdiv(dim, tiles.block_d) + 1), tiles.finish,
+                           dict(streams_ptr=streams, gate_ws_ptr=gate_ws, mix_ws_ptr=mix_ws, base_ptr=base,
+                                scale_ptr=scale, collapsed_ptr=collapsed, post_ptr=post, comb_ptr=comb,
+                                tokens=tokens, norm_eps=float(norm_eps), hc_eps=float(hc_eps),
+                                sinkhorn_iters=int(sinkhorn_iters), **finish), None)
+    result = (collapsed, post, comb)
+    return LaunchChain([(MIX_KERNEL, mix_launch), (KERNEL, finish_launch)], lambda: result)
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
            hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(collapsed [T, D] in streams.dtype, post [T, N] fp32, comb [T, N, N] fp32) of one mHC site."""
     index, arch = cuda_target(streams)
-    return prepare(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, arch=arch).run(KERNEL, index)
+    return prepare(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, arch=arch).run(index)

@@ -1,0 +1,91 @@
+"""The split-K ``hc_pre`` kernels beyond the conformance samples: several K slices and token tiles, a partial last
+slice and hidden chunk, agreement with the reference, and batch invariance (a token's bits never depend on the
+other tokens of the call).
+
+CPU (CI): Triton's interpreter in a subprocess (``TRITON_INTERPRET=1`` must precede Triton's decorators).  The
+interpreter's fp32 arithmetic is numpy's, so bitwise invariance here proves the indexing (slots, masks, fixed
+tiles); on the GPU ``test_batch_invariance_gpu.py`` checks the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from deepinfer.ops.mhc import hc_pre as reference
+    from deepinfer.testing.conformance import assert_close
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernels import hc_pre as module
+
+    torch.set_num_threads(1)
+
+    def run(*args):
+        plan = module.prepare(*args, arch=SM90A)
+        for kernel, launch in plan.steps:
+            if all(g > 0 for g in launch.grid):
+                kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps,
+                                           num_stages=launch.config.num_stages)
+        return plan.finish()
+
+    gen = torch.Generator().manual_seed(0)
+    # (tokens, streams, hidden): 3 token tiles (the last partial) x 8 slices; a flat width (800) that ends
+    # mid-slice and a hidden dim (200) that ends mid-chunk; one token alone.
+    for tokens, n, dim in [(70, 4, 512), (5, 4, 200), (1, 4, 512)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            streams = (2 * torch.randn(tokens, n, dim, generator=gen)).to(dtype)
+            fn = 0.05 * torch.randn((2 + n) * n, n * dim, generator=gen)
+            base = 0.5 * torch.randn((2 + n) * n, generator=gen)
+            scale = 1 + 0.1 * torch.randn(3, generator=gen)
+            args = (streams, fn, base, scale, 1e-6, 1e-6, 20)
+            tol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}[dtype]
+            for interpreted in (False, True):
+                # tl.dot (the compiled path) runs as numpy matmul here, whose rounding of a row depends on its
+                # place in the tile; INTERPRETED multiplies without it, so every sub-batch can be compared.
+                module.INTERPRETED = interpreted
+                whole = run(*args)
+                assert_close(whole, reference(*args), dtype, tol, f"hc_pre {tokens}x{n}x{dim} {dtype}")
+                keep_place = [[0], list(range(min(32, tokens - 1), tokens))]  # each row keeps its place in its tile
+                moved = [[tokens - 1], list(range(tokens - 1, -1, -3)), list(range(tokens // 2, tokens))]
+                for rows in keep_place + (moved if interpreted else []):
+                    part = run(streams[rows], *args[1:])
+                    for got, want in zip(part, whole):
+                        assert torch.equal(got, want[rows]), f"rows {rows[:4]} of {tokens}x{n}x{dim} {dtype} differ"
+            print("OK", tokens, n, dim, dtype)
+    """
+)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_gpu_kernels.py checks the kernels")
+def test_split_k_hc_pre_matches_reference_and_is_batch_invariant_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("OK ") == 6, proc.stdout
+
+
+def test_hc_pre_tiles_depend_on_model_dims_only():
+    """The K split and token tile are a function of (streams, hidden): the plan for 1 token and 1000 agree."""
+    from deepinfer_cuda.arch import SM90A, SM100A
+    from deepinfer_cuda.kernels import hc_pre as module
+
+    for arch in (SM90A, SM100A):
+        for n, dim in module.AOT_SHAPES:
+            plans = []
+            for tokens in (1, 16, 1000):
+                plan = module.prepare(torch.zeros(tokens, n, dim, dtype=torch.bfloat16), torch.zeros(24, n * dim),
+                                      torch.zeros(24), torch.ones(3), 1e-6, 1e-6, 20, arch=arch)
+                (_, mix), (_, finish) = plan.steps
+                consts = {k: v for launch in (mix, finish) for k, v in launch.args.items() if k.isupper()}
+                plans.append((consts, mix.config, finish.config, mix.grid[1], finish.grid[1]))
+                assert mix.grid[0] * consts["BLOCK_T"] >= tokens and finish.grid[0] == tokens
+            assert plans[0] == plans[1] == plans[2]
