@@ -38,15 +38,16 @@ SCRIPT = textwrap.dedent(
         return plan.finish()
 
     gen = torch.Generator().manual_seed(0)
-    # (tokens, streams, hidden): 3 token tiles (the last partial) x 8 slices; a flat width (800) that ends
-    # mid-slice and a hidden dim (200) that ends mid-chunk; one token alone.
-    for tokens, n, dim in [(70, 4, 512), (5, 4, 200), (1, 4, 512)]:
+    # (tokens, streams, hidden): 2 token tiles (the last partial) x 8 slices; a flat width (800) that ends
+    # mid-slice and a hidden dim (200) that ends mid-chunk; one token alone.  4 Sinkhorn rounds keep it fast
+    # (the conformance samples run 20).
+    for tokens, n, dim in [(45, 4, 512), (5, 4, 200), (1, 4, 512)]:
         for dtype in (torch.float32, torch.bfloat16):
             streams = (2 * torch.randn(tokens, n, dim, generator=gen)).to(dtype)
             fn = 0.05 * torch.randn((2 + n) * n, n * dim, generator=gen)
             base = 0.5 * torch.randn((2 + n) * n, generator=gen)
             scale = 1 + 0.1 * torch.randn(3, generator=gen)
-            args = (streams, fn, base, scale, 1e-6, 1e-6, 20)
+            args = (streams, fn, base, scale, 1e-6, 1e-6, 4)
             tol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}[dtype]
             for interpreted in (False, True):
                 # tl.dot (the compiled path) runs as numpy matmul here, whose rounding of a row depends on its
@@ -55,7 +56,7 @@ SCRIPT = textwrap.dedent(
                 whole = run(*args)
                 assert_close(whole, reference(*args), dtype, tol, f"hc_pre {tokens}x{n}x{dim} {dtype}")
                 keep_place = [[0], list(range(min(32, tokens - 1), tokens))]  # each row keeps its place in its tile
-                moved = [[tokens - 1], list(range(tokens - 1, -1, -3)), list(range(tokens // 2, tokens))]
+                moved = [[tokens - 1], list(range(tokens - 1, -1, -3))]
                 for rows in keep_place + (moved if interpreted else []):
                     part = run(streams[rows], *args[1:])
                     for got, want in zip(part, whole):
