@@ -8,7 +8,7 @@ expert GEMMs that read it need a host sync, and all of it can be captured in a C
 Two ways to the same tables (tested equal):
 
 - decode (``T*k <= PLAN_KERNEL_MAX_SLOTS``): ``_moe_plan_kernel``, one program: a bitonic sort of the keys
-  ``expert * SLOTS_PAD + slot``, a histogram of the experts, two prefix sums and scattered stores.  One launch
+  ``expert * SLOTS_PAD + slot``, per-expert counts, two prefix sums and scattered stores.  One launch
   where the torch plan is ~25 small kernels (each ~1-2 us of device time even inside a graph, and V4 has a
   MoE layer per block);
 - prefill: the torch ops of :func:`expert_blocks` (their cost vanishes beside the GEMMs).
@@ -27,7 +27,7 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
 #: Largest T*k planned by the one-program kernel (decode up to 170 tokens at top-6); larger batches use torch.
 PLAN_KERNEL_MAX_SLOTS = 1024
 #: Expert counts compiled ahead of time: the V4 slice (64), V4-Flash (256), V4.1-Flash (384); their padded
-#: histogram widths are what the cubins depend on.
+#: widths (``experts_pad``) are what the cubins depend on.
 AOT_EXPERTS = (64, 256, 384)
 #: Decode tiles plan blocks of 16 slots (see arch.moe_experts_config).
 AOT_BLOCK_M = 16
@@ -39,7 +39,7 @@ def slots_pad(slots: int) -> int:
 
 
 def experts_pad(num_experts: int) -> int:
-    """Histogram bins: a power of two with one bin past the experts for the sort's padding."""
+    """The per-expert vectors' width: a power of two above the expert ids (the sort's padding uses id E)."""
     return triton.next_power_of_2(num_experts + 1)
 
 
@@ -51,7 +51,7 @@ def num_blocks(slots: int, num_experts: int, block_m: int) -> int:
 @triton.jit(do_not_specialize=["n_slots", "num_experts", "n_blocks"])
 def _moe_plan_kernel(ids_ptr, order_ptr, blocks_ptr, n_slots, num_experts, n_blocks,
                      BLOCK_M: tl.constexpr, SLOTS_PAD: tl.constexpr, EXPERTS_PAD: tl.constexpr,
-                     TAIL: tl.constexpr):
+                     CHUNK: tl.constexpr, TAIL: tl.constexpr):
     i = tl.arange(0, SLOTS_PAD)
     valid = i < n_slots
     expert = tl.load(ids_ptr + i, mask=valid, other=0).to(tl.int32)
@@ -60,8 +60,15 @@ def _moe_plan_kernel(ids_ptr, order_ptr, blocks_ptr, n_slots, num_experts, n_blo
     keys = tl.sort(expert * SLOTS_PAD + i)
     tl.store(order_ptr + i, keys % SLOTS_PAD, mask=valid)
 
+    # Slots per expert: chunks of the ids compared with every expert, summed.  Not tl.histogram: with a tensor
+    # narrower than the program, threads hold copies of its values, and whether the lowering corrects for them
+    # depends on the Triton version.
     e = tl.arange(0, EXPERTS_PAD)
-    counts = tl.where(e < num_experts, tl.histogram(expert, EXPERTS_PAD), 0)
+    counts = tl.zeros([EXPERTS_PAD], dtype=tl.int32)
+    for c in range(0, SLOTS_PAD, CHUNK):
+        s = c + tl.arange(0, CHUNK)
+        chunk = tl.load(ids_ptr + s, mask=s < n_slots, other=-1).to(tl.int32)
+        counts += tl.sum((chunk[None, :] == e[:, None]).to(tl.int32), axis=1)
     seg_end = tl.cumsum(counts, 0)
     seg_start = seg_end - counts
     n_blk = (counts + BLOCK_M - 1) // BLOCK_M
@@ -85,7 +92,9 @@ def _moe_plan_kernel(ids_ptr, order_ptr, blocks_ptr, n_slots, num_experts, n_blo
 
 
 def _constexprs(slots: int, num_experts: int, block_m: int) -> dict[str, int]:
-    return {"BLOCK_M": block_m, "SLOTS_PAD": slots_pad(slots), "EXPERTS_PAD": experts_pad(num_experts), "TAIL": 128}
+    pad, bins = slots_pad(slots), experts_pad(num_experts)
+    return {"BLOCK_M": block_m, "SLOTS_PAD": pad, "EXPERTS_PAD": bins, "CHUNK": min(pad, max(1, 8192 // bins)),
+            "TAIL": 128}
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
