@@ -150,7 +150,7 @@ def test_batching_chunking_preemption_invariance(llm, v4_alone, limits, preempts
     model = llm.engine.model
     limits = dict(limits)
     room = limits.pop("state_cache_sequences", 64)
-    engine = LLM.from_model(model, llm.tokenizer, state_cache_bytes=room * model.state_bytes(max(RAGGED)), **limits)
+    engine = LLM.from_model(model, llm.tokenizer, state_cache_bytes=model.state_pool_bytes(room, max(RAGGED)), **limits)
     outs = engine.generate(_ragged(llm), mixed_params(RAGGED_NEW), use_tqdm=False)
     assert (engine.engine.num_preemptions > 0) == preempts
     for a, b in zip(v4_alone, outs):
@@ -160,7 +160,7 @@ def test_batching_chunking_preemption_invariance(llm, v4_alone, limits, preempts
 def test_live_state_never_exceeds_the_reserved_budget(llm):
     """The scheduler's byte accounting (model.state_bytes) bounds the memory the states really hold."""
     model = llm.engine.model
-    small = LLM.from_model(model, llm.tokenizer, state_cache_bytes=3 * model.state_bytes(max(RAGGED)),
+    small = LLM.from_model(model, llm.tokenizer, state_cache_bytes=model.state_pool_bytes(3, max(RAGGED)),
                            max_num_batched_tokens=16)
     engine = small.engine
     for prompt, params in zip(_ragged(llm), mixed_params(RAGGED_NEW)):

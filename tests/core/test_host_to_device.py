@@ -10,6 +10,7 @@ from v4_fixtures import SMALL, build_engine_checkpoint
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends import Backend
+from deepinfer.runner.decode_graphs import DecodeGraphs
 
 PROMPTS = ["Once upon a time", "The quick brown fox", "x"]
 
@@ -57,8 +58,12 @@ def test_v4_steps_upload_ids_positions_lengths_and_rows_through_the_backend(chec
     assert sum(prompts, []) in copied
     assert sum((list(range(len(p))) for p in prompts), []) in copied
     assert [len(p) for p in prompts] in copied
-    # decode steps: one token per sequence, so the layout's lengths are all ones
-    assert copied.count([1] * len(PROMPTS)) >= 2
+    # decode steps: one packed copy of the step's inputs (token ids, positions, slots, page tables) per step,
+    # padded to the 4-row bucket
+    spec, tokens = llm.engine.model.state_spec, min(DecodeGraphs.MIN_TOKENS, llm.engine.config.max_model_len)
+    width = 3 + sum(max(1, spec.pages_for(tokens, r)) for r in spec.paged_ratios)
+    packed = [c for c in copied if len(c) == 4 * width]
+    assert len(packed) == 2 and all(c[3] == 0 for c in packed)  # the fourth row is padding: token id 0
     # the rows whose logits are computed (each sequence's last row) and the prompt-logprob targets
     ends = [sum(len(p) for p in prompts[: i + 1]) - 1 for i in range(len(prompts))]
     assert ends in copied

@@ -11,7 +11,7 @@ import math
 from types import SimpleNamespace
 
 import torch
-from deepinfer.models.base import ForwardBatch
+from deepinfer.models.base import ForwardBatch, StateCapacity
 
 
 class ToyState:
@@ -32,6 +32,9 @@ class ToyState:
 
     def fork(self) -> "ToyState":
         return ToyState(self.keys.clone(), self.values.clone())
+
+    def release(self) -> None:
+        self.keys = self.values = torch.empty(0, self.keys.shape[1])
 
 
 class ToyCausalLM:
@@ -65,6 +68,12 @@ class ToyCausalLM:
 
     def state_bytes(self, num_tokens: int) -> int:
         return 2 * num_tokens * self.hidden * 4
+
+    def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
+        return StateCapacity(capacity_bytes, max_seqs)  # states are plain tensors allocated as they grow
+
+    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
+        return max_seqs * self.state_bytes(num_tokens)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         assert sum(batch.seq_lens) == batch.input_ids.numel() == batch.positions.numel()

@@ -25,6 +25,8 @@ class EngineConfig:
     max_logprobs: int = MAX_LOGPROBS
     #: Tokens that end a sequence with ``finish_reason="stop"`` unless ``ignore_eos``.
     eos_token_ids: tuple[int, ...] = ()
+    #: Run every step eagerly (no captured decode graphs).
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "state_cache_bytes"):

@@ -22,8 +22,9 @@ from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
-from deepinfer.models.base import CausalLM
+from deepinfer.models.base import CausalLM, GraphDecodable
 from deepinfer.outputs import RequestOutput
+from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.model_runner import ModelRunner, RunnerOutput
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
@@ -53,7 +54,11 @@ class Engine:
         self.config = config
         self.state_cache = StateCache(model, config.state_cache_bytes)
         self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks, backend)
+        backend = backend if backend is not None else Backend()
+        graphs = None
+        if isinstance(model, GraphDecodable) and not config.enforce_eager:
+            graphs = DecodeGraphs(model, backend, model.device, config.max_num_seqs, config.max_model_len)
+        self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks, backend, graphs)
         self.outputs = OutputProcessor(tokenizer, config.eos_token_ids)
         self.token_masks: Any = token_masks
         self._seed_rng = random.Random(config.seed)

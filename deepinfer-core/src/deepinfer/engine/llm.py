@@ -55,6 +55,11 @@ def _eos_token_ids(checkpoint: Path | None, model: CausalLM, tokenizer: Any) -> 
     return ()
 
 
+#: Tokens per sequence the default state cache budget is sized for (``max_num_seqs`` of them); longer
+#: sequences still run, fewer at a time.
+DEFAULT_STATE_TOKENS = 8192
+
+
 def _fit_max_model_len(requested: int | None, model: CausalLM, budget: int) -> int:
     """``requested`` if one sequence of it fits the state budget; else the largest length that does."""
     model_max = getattr(getattr(model, "config", None), "max_position_embeddings", None) or (1 << 20)
@@ -101,15 +106,17 @@ class LLM:
         max_model_len: longest prompt + output; default: the model's limit, lowered to what one
             sequence's state fits in the state cache budget.
         max_num_seqs / max_num_batched_tokens: per-step limits on sequences and tokens (chunked prefill).
-        state_cache_bytes: memory for all sequences' model state; default ``memory_utilization`` times
-            the device memory free after loading the weights.
+        enforce_eager: run decode steps eagerly instead of replaying captured graphs (debugging).
+        state_cache_bytes: memory for all sequences' model state, allocated once; default: what
+            ``max_num_seqs`` sequences of ``min(max_model_len, 8192)`` tokens need, at most
+            ``memory_utilization`` times the device memory free after loading the weights.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, tokenizer: str | os.PathLike | None = None,
                  revision: str | None = None, dtype: str | torch.dtype = "auto", seed: int = 0,
                  max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  state_cache_bytes: int | None = None, memory_utilization: float = 0.9,
-                 max_logprobs: int = MAX_LOGPROBS):
+                 max_logprobs: int = MAX_LOGPROBS, enforce_eager: bool = False):
         from deepinfer.backends import current_backend
         from deepinfer.ops import OpTable
 
@@ -127,12 +134,15 @@ class LLM:
         lm = load_model(source.path, ops=ops, dtype=resolve_dtype(dtype, source.path), device=device)
         tok = load_tokenizer(tokenizer if tokenizer is not None else source.path)
         if state_cache_bytes is None:
-            state_cache_bytes = int(memory_utilization * backend.memory_info(device)[0])
+            model_max = max_model_len or getattr(lm.config, "max_position_embeddings", None) or (1 << 20)
+            state_cache_bytes = min(int(memory_utilization * backend.memory_info(device)[0]),
+                                    lm.state_pool_bytes(max_num_seqs, min(model_max, DEFAULT_STATE_TOKENS)))
         logger.info("model %s (%s) on %s; state cache %.1f MiB", source.path, source.origin, device,
                     state_cache_bytes / 2**20)
         self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), seed=seed, max_model_len=max_model_len,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    state_cache_bytes=state_cache_bytes, max_logprobs=max_logprobs, backend=backend)
+                    state_cache_bytes=state_cache_bytes, max_logprobs=max_logprobs, backend=backend,
+                    enforce_eager=enforce_eager)
 
     @classmethod
     def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
@@ -151,11 +161,19 @@ class LLM:
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Any, eos: tuple[int, ...], *, seed: int = 0,
                max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                state_cache_bytes: int, max_logprobs: int = MAX_LOGPROBS,
-               token_masks: TokenMaskProvider | None = None, backend: Any = None) -> None:
+               token_masks: TokenMaskProvider | None = None, backend: Any = None,
+               enforce_eager: bool = False) -> None:
+        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        capacity = model.configure_state(max_num_seqs, state_cache_bytes)
+        if capacity.max_seqs < max_num_seqs:
+            logger.info("max_num_seqs lowered to %d: the state cache budget holds that many sequence slots",
+                        capacity.max_seqs)
         config = EngineConfig(
-            max_model_len=_fit_max_model_len(max_model_len, model, state_cache_bytes),
-            state_cache_bytes=state_cache_bytes, max_num_seqs=max_num_seqs,
+            max_model_len=_fit_max_model_len(max_model_len, model, capacity.nbytes),
+            state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=max_num_batched_tokens, seed=seed, max_logprobs=max_logprobs, eos_token_ids=eos,
+            enforce_eager=enforce_eager,
         )
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()

@@ -79,7 +79,9 @@ class StateCache:
 
     def free(self, seq_id: int) -> None:
         """Drop the state of ``seq_id`` (finished or preempted); a later ``get`` starts from empty."""
-        self._states.pop(seq_id, None)
+        state = self._states.pop(seq_id, None)
+        if state is not None:
+            state.release()
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._states

@@ -33,6 +33,10 @@ class SequenceState(Protocol):
         """An independent copy (``n > 1`` samples share one prompt prefill)."""
         ...
 
+    def release(self) -> None:
+        """Give the memory back (the sequence finished or was preempted); the state is not used again."""
+        ...
+
 
 @dataclass(slots=True)
 class ForwardBatch:
@@ -52,12 +56,30 @@ class ForwardBatch:
         return self.to_device(t, device) if self.to_device is not None else t.to(device)
 
 
+@dataclass(slots=True, frozen=True)
+class StateCapacity:
+    """What a configured model's state memory holds: the scheduler keeps the live sequences' ``state_bytes``
+    within ``nbytes`` and their number within ``max_seqs``."""
+
+    nbytes: int
+    max_seqs: int
+
+
 class CausalLM(Protocol):
     """What the engine calls on a loaded model."""
 
     vocab_size: int
     device: torch.device
     dtype: torch.dtype
+
+    def configure_state(self, max_seqs: int, capacity_bytes: int) -> "StateCapacity":
+        """Set aside state memory for at most ``max_seqs`` live sequences within ``capacity_bytes``, before any
+        state exists; states made by ``new_state`` afterwards live there."""
+        ...
+
+    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
+        """The ``capacity_bytes`` under which ``max_seqs`` sequences of ``num_tokens`` tokens all fit."""
+        ...
 
     def new_state(self) -> SequenceState:
         """Empty state for a new sequence."""
@@ -73,4 +95,24 @@ class CausalLM(Protocol):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, vocab_size]`` in fp32 for selected rows of ``forward``'s output."""
+        ...
+
+
+@runtime_checkable
+class GraphDecodable(Protocol):
+    """A model whose pure-decode steps have fixed shapes, so the runner can capture and replay them.
+
+    ``decode_inputs`` does the host side (reserve memory, advance the states, build index tensors padded to
+    ``bucket`` rows); ``decode_forward`` is the device side, reading only the tensors it is given, which the
+    runner keeps in static buffers.  Eager and replayed steps run the same code.
+    """
+
+    def decode_inputs(self, states: list[SequenceState], input_ids: list[int], bucket: int,
+                      max_tokens: int) -> dict[str, torch.Tensor]:
+        """Host int64 tensors of one decode step, padded to ``bucket`` rows, shaped for ``max_tokens``-token
+        sequences whatever the states hold (so one capture serves every step of that bucket)."""
+        ...
+
+    def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Hidden states ``[bucket, hidden]`` of the step from ``decode_inputs``'s tensors on the device."""
         ...

@@ -18,6 +18,7 @@ from deepinfer.engine.request import Request, Sequence
 from deepinfer.engine.scheduler import SchedulerOutput
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.models.base import CausalLM, ForwardBatch
+from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.sample.sampler import Sampler, SamplingRow, TokenMaskProvider
 
 
@@ -56,12 +57,14 @@ class ModelRunner:
     """Runs one scheduled step of the model and the sampler."""
 
     def __init__(self, model: CausalLM, sampler: Sampler, ops: Any, token_masks: TokenMaskProvider | None = None,
-                 backend: Backend | None = None):
+                 backend: Backend | None = None, decode_graphs: DecodeGraphs | None = None):
         self.model = model
         self.sampler = sampler
         self.ops = ops
         self.token_masks = token_masks
         self.backend = backend if backend is not None else Backend()  # the base class: plain ``t.to(device)``
+        #: Replays pure-decode steps (every chunk one token) from captured graphs; None = always eager.
+        self.decode_graphs = decode_graphs
 
     def _upload(self, values: list[int]) -> torch.Tensor:
         """A step's int64 ids / positions / row indices on the model's device, by the backend's copy service
@@ -101,14 +104,16 @@ class ModelRunner:
                 raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
                                    f"chunk starts at {chunk.start}")
             batch_states.append(state)
-        batch = ForwardBatch(
-            input_ids=self._upload(plan.input_ids),
-            positions=self._upload(plan.positions),
-            seq_lens=plan.seq_lens,
-            states=batch_states,
-            to_device=self.backend.to_device,
-        )
-        hidden = self.model.forward(batch)
+        if self.decode_graphs is not None and all(n == 1 for n in plan.seq_lens):
+            hidden = self.decode_graphs.run(batch_states, plan.input_ids, self.backend.to_device)
+        else:
+            hidden = self.model.forward(ForwardBatch(
+                input_ids=self._upload(plan.input_ids),
+                positions=self._upload(plan.positions),
+                seq_lens=plan.seq_lens,
+                states=batch_states,
+                to_device=self.backend.to_device,
+            ))
         out = RunnerOutput()
         if plan.prompt_rows:
             logits = self.model.compute_logits(hidden[self._upload(plan.prompt_rows)])

@@ -19,14 +19,16 @@ from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.rope import inv_freq
-from deepinfer.models.deepseek_v4.state import LayerState
+from deepinfer.models.deepseek_v4.state import DeepseekV4State
+from deepinfer.models.deepseek_v4.state_pool import LayerCache, StatePool
+from deepinfer.models.deepseek_v4.step import DecodeStep
 from deepinfer.ops import OpTable
 
 
 class Attention:
     def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}.attn."
-        self.ops, self.kind, self.ratio = ops, cfg.layer_types[layer], cfg.compress_ratios[layer]
+        self.ops, self.layer, self.kind, self.ratio = ops, layer, cfg.layer_types[layer], cfg.compress_ratios[layer]
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.window, self.eps = cfg.sliding_window, cfg.rms_norm_eps
         spec = cfg.rope_main if self.kind == SLIDING else cfg.rope_compress
@@ -65,113 +67,81 @@ class Attention:
             rope_scaling=self.rope_scaling,
         )
 
-    def new_state(self, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return LayerState(
-            torch.empty(0, self.head_dim, dtype=dtype, device=device),
-            self.window,
-            None if self.compressor is None else self.compressor.new_state(dtype, device),
-            None if self.indexer is None else self.indexer.compressor.new_state(dtype, device),
-        )
-
-    def __call__(
-        self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout, states: list[LayerState]
-    ) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, positions: torch.Tensor):
+        """``q_residual`` (the indexer reads it), per-head queries and the token's K=V latent, all rotated."""
         ops, tokens = self.ops, x.shape[0]
         q_residual = ops.rms_norm(ops.linear(x, self.wq_a), self.q_norm, self.eps)
         q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(ops.rms_norm(q, None, self.eps), positions, self.inv_freq, self.rope_scaling)
         kv = ops.rms_norm(ops.linear(x, self.wkv), self.kv_norm, self.eps)
-        kv = ops.rope(kv, positions, self.inv_freq, self.rope_scaling)
+        return q_residual, q, ops.rope(kv, positions, self.inv_freq, self.rope_scaling)
 
-        entries = picks = None
-        if self.compressor is not None:
-            entries = self.compressor(x, layout, [s.compressor for s in states])
-        if self.indexer is not None:
-            picks = self.indexer(x, q_residual, positions, layout, [s.indexer for s in states])
-        if all(n == 1 for n in layout.lens):
-            pool, indices = self._decode_plan(kv, positions, layout, states, entries, picks)
-        else:
-            pool, indices = self._gather_plan(kv, positions, layout, states, entries, picks)
-
+    def _output(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, positions: torch.Tensor):
+        ops, tokens = self.ops, q.shape[0]
         out = ops.sparse_attention(q, pool, indices, self.sinks, self.head_dim**-0.5)
         out = ops.rope(out, positions, self.inv_freq, self.rope_scaling, inverse=True)
         out = ops.grouped_linear(out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
         return ops.linear(out, self.wo_b)
 
-    def _gather_plan(
-        self,
-        kv: torch.Tensor,
-        positions: torch.Tensor,
-        layout: RaggedLayout,
-        states: list[LayerState],
-        entries: list[torch.Tensor] | None,
-        picks: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The KV pool (per sequence: window history, new latents, compressed entries) and each query's rows
-        of it; advances the SWA rings."""
-        pool: list[torch.Tensor] = []
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
+                 states: list[DeepseekV4State], pool: StatePool, cache: LayerCache) -> torch.Tensor:
+        """Any chunk lengths: the KV pool of the step is gathered per sequence (window history, new latents,
+        compressed entries), then each SWA ring takes its newest latents."""
+        q_residual, q, kv = self._project(x, positions)
+        entry_rows = picks = None
+        if self.compressor is not None:
+            entry_rows = self.compressor(x, layout, states, pool, cache.compressor, cache.kv, pool.entry_base)
+        if self.indexer is not None:
+            picks = self.indexer(x, q_residual, positions, layout, states, pool, cache)
+        parts: list[torch.Tensor] = []
         rows_per_seq: list[torch.Tensor] = []
-        offset = 0
-        window = torch.arange(1 - self.window, 1, device=kv.device)
+        offset, window = 0, torch.arange(1 - self.window, 1, device=x.device)
         for i, state in enumerate(states):
             rows, start = layout.rows(i), layout.starts[i]
-            history = state.swa_history(start)
-            pos = positions[rows]
-            key_pos = pos[:, None] + window[None, :]  # [L, window]: the window ending at each query
-            first_pos = start - history.shape[0]  # position of pool row `offset`
-            cols = [torch.where(key_pos >= 0, offset + key_pos - first_pos, -1)]
-            parts = [history, kv[rows]]
-            if entries is not None:
+            first = max(0, start - self.window)
+            history = cache.kv[state.slot * self.window + torch.arange(first, start, device=x.device) % self.window]
+            key_pos = positions[rows][:, None] + window[None, :]  # [L, window]: the window ending at each query
+            cols = [torch.where(key_pos >= 0, offset + key_pos - first, -1)]
+            seq_parts = [history, kv[rows]]
+            if entry_rows is not None:
                 base = offset + history.shape[0] + kv[rows].shape[0]
                 if picks is not None:
                     ids = picks[rows]
                 else:  # HCA: every entry whose window is complete at the query
-                    ids = torch.arange(entries[i].shape[0], device=kv.device).expand(pos.shape[0], -1)
-                    ids = torch.where(ids < ((pos + 1) // self.ratio)[:, None], ids, -1)
+                    ids = torch.arange(entry_rows[i].shape[0], device=x.device).expand(key_pos.shape[0], -1)
+                    ids = torch.where(ids < ((positions[rows] + 1) // self.ratio)[:, None], ids, -1)
                 cols.append(torch.where(ids >= 0, base + ids, -1))
-                parts.append(entries[i])
-            pool += parts
-            offset += sum(p.shape[0] for p in parts)
+                seq_parts.append(cache.kv[pool.entry_base + entry_rows[i]])
+            parts += seq_parts
+            offset += sum(p.shape[0] for p in seq_parts)
             rows_per_seq.append(torch.cat(cols, dim=1))
-            state.swa_append(kv[rows], start)
+        for i, state in enumerate(states):  # after every gather: the rings now take the newest latents
+            keep = min(layout.lens[i], self.window)
+            end = layout.starts[i] + layout.lens[i]
+            ring_rows = state.slot * self.window + torch.arange(end - keep, end, device=x.device) % self.window
+            cache.kv.index_copy_(0, ring_rows, kv[layout.rows(i)][-keep:])
         width = max(r.shape[1] for r in rows_per_seq)
-        padded = [torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) for r in rows_per_seq]
-        return torch.cat(pool), torch.cat(padded)
+        indices = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) for r in rows_per_seq])
+        return self._output(q, torch.cat(parts), indices, positions)
 
-    def _decode_plan(
-        self,
-        kv: torch.Tensor,
-        positions: torch.Tensor,
-        layout: RaggedLayout,
-        states: list[LayerState],
-        entries: list[torch.Tensor] | None,
-        picks: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_gather_plan` for a batch of one new token per sequence (decode), in a fixed number of kernels
-        instead of ~20 per sequence: each SWA ring first takes its token (it then holds exactly the window
-        ending at the query), the pool is every ring then every sequence's entries, and each query's rows are
-        the same keys in the same order as :meth:`_gather_plan` gives."""
-        window, batch, device = self.window, len(states), kv.device
-        rings = []
-        for state in states:
-            if state.swa_ring.shape[0] == 0:
-                state.swa_ring = kv.new_zeros(window, kv.shape[-1])
-            rings.append(state.swa_ring)
-        # One multi-tensor copy for the whole batch (slots are host-side ints: position mod window).
-        torch._foreach_copy_([ring[start % window] for ring, start in zip(rings, layout.starts)], list(kv.unbind(0)))
-        key_pos = positions[:, None] + torch.arange(1 - window, 1, device=device)[None, :]  # [B, window], ascending
-        ring_rows = torch.arange(batch, device=device)[:, None] * window + key_pos % window
-        cols = [torch.where(key_pos >= 0, ring_rows, -1)]
-        if entries is None:
-            return torch.cat(rings), cols[0]
-        # Entries so far = windows closed by this token, (position + 1) // ratio: computed on the device, so no
-        # host list is copied (a blocking copy would stall the host until the queued work finishes).
-        count = (positions + 1) // self.ratio
-        base = batch * window + torch.cumsum(count, 0) - count
-        if picks is not None:  # CSA: the indexer's top-k
-            ids = picks
-        else:  # HCA: every entry whose window is complete at the query
-            ids = torch.arange(max(e.shape[0] for e in entries), device=device).expand(batch, -1)
-            ids = torch.where(ids < count[:, None], ids, -1)
-        cols.append(torch.where(ids >= 0, base[:, None] + ids, -1))
-        return torch.cat(rings + list(entries)), torch.cat(cols, dim=1)
+    def decode(self, x: torch.Tensor, step: DecodeStep, pool: StatePool, cache: LayerCache) -> torch.Tensor:
+        """One token per sequence with fixed shapes and no host data (CUDA-graph safe): the token's latent
+        goes to its ring first (which then holds exactly the window ending at it), and attention reads rings
+        and entry pages in place through row indices."""
+        positions, slots, w = step.positions, step.slots, self.window
+        q_residual, q, kv = self._project(x, positions)
+        cache.kv.index_copy_(0, slots * w + positions % w, kv)
+        key_pos = positions[:, None] + torch.arange(1 - w, 1, device=x.device)[None, :]  # [B, window]
+        cols = [torch.where(key_pos >= 0, slots[:, None] * w + key_pos % w, -1)]
+        if self.compressor is not None:
+            page, table = pool.spec.page_size, step.page_tables[self.ratio]
+            self.compressor.decode(x, positions, slots, table, page, cache.compressor, cache.kv, pool.entry_base)
+            if self.indexer is not None:  # CSA: the indexer's top-k
+                ids = self.indexer.decode(x, q_residual, positions, slots, table, page, cache)
+            else:  # HCA: every entry whose window is complete at the query
+                ids = torch.arange(table.shape[1] * page, device=x.device).expand(x.shape[0], -1)
+                ids = torch.where(ids < ((positions + 1) // self.ratio)[:, None], ids, -1)
+            safe = ids.clamp(min=0)
+            rows = pool.entry_base + table.gather(1, safe // page) * page + safe % page
+            cols.append(torch.where(ids >= 0, rows, -1))
+        return self._output(q, cache.kv, torch.cat(cols, dim=1), positions)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
-from deepinfer.models.deepseek_v4.state import CompressorState
+from deepinfer.models.deepseek_v4.state import DeepseekV4State
+from deepinfer.models.deepseek_v4.state_pool import CompressorCache, StatePool
 from deepinfer.ops import OpTable
 
 
@@ -38,19 +39,26 @@ class Compressor:
         self.width = wkv.shape[0]
         self.dim = self.width // 2 if overlap else self.width
 
-    def new_state(self, dtype: torch.dtype, device: torch.device) -> CompressorState:
-        return CompressorState.empty(self.width, self.dim, dtype, device)
+    def _entries(self, slot_kv: torch.Tensor, slot_score: torch.Tensor, first_pos: torch.Tensor) -> torch.Tensor:
+        """Pool windows ``[n, S, dim]`` into entries, RMS-normalised and rotated at each window's first position."""
+        pooled = self.ops.compress_pool(slot_kv, slot_score)
+        entries = self.ops.rms_norm(pooled, self.norm_weight, self.eps)
+        return self.ops.rope(entries, first_pos, self.inv_freq, self.rope_scaling)
 
-    def _windows(self, kv: torch.Tensor, gate: torch.Tensor, state: CompressorState):
-        """Slots ``[n, S, dim]`` (kv, fp32 score) of the windows this chunk closes; updates the carry-over."""
+    # --- any chunk lengths (prefill, mixed steps) ---------------------------------------------------
+    def _windows(self, kv: torch.Tensor, gate: torch.Tensor, cache: CompressorCache, slot: int, start: int):
+        """Slots ``[n, S, dim]`` (kv, fp32 score) of the windows a chunk starting at ``start`` closes; updates
+        the slot's carry-over."""
         r, d = self.ratio, self.dim
-        kv = torch.cat([state.pending_kv, kv])
-        gate = torch.cat([state.pending_gate, gate])
+        held = start % r  # tokens of the unfinished window already in the slot
+        kv = torch.cat([cache.pending_kv[slot, :held], kv])
+        gate = torch.cat([cache.pending_gate[slot, :held], gate])
         n = kv.shape[0] // r
-        if n == 0:  # nothing closes (most decode steps): the concatenation is the new carry-over as it is
-            state.pending_kv, state.pending_gate = kv, gate
+        rest = kv.shape[0] - n * r
+        cache.pending_kv[slot, :rest] = kv[n * r :]
+        cache.pending_gate[slot, :rest] = gate[n * r :]
+        if n == 0:
             return None
-        state.pending_kv, state.pending_gate = kv[n * r :].clone(), gate[n * r :].clone()
         kv, gate = kv[: n * r].view(n, r, -1), gate[: n * r].view(n, r, -1)
         score = gate.float() + self.position_bias
         if not self.overlap:
@@ -59,30 +67,58 @@ class Compressor:
         prev_kv = kv.new_zeros(n, r, d)
         prev_score = score.new_full((n, r, d), float("-inf"))
         prev_kv[1:], prev_score[1:] = kv[:-1, :, :d], score[:-1, :, :d]
-        if state.overlap_kv is not None:
-            prev_kv[0] = state.overlap_kv
-            prev_score[0] = state.overlap_gate.float() + self.position_bias[:, :d]
-        state.overlap_kv, state.overlap_gate = kv[-1, :, :d].clone(), gate[-1, :, :d].clone()
+        if start >= r:
+            prev_kv[0] = cache.overlap_kv[slot]
+            prev_score[0] = cache.overlap_gate[slot].float() + self.position_bias[:, :d]
+        cache.overlap_kv[slot], cache.overlap_gate[slot] = kv[-1, :, :d], gate[-1, :, :d]
         return torch.cat([prev_kv, kv[..., d:]], dim=1), torch.cat([prev_score, score[..., d:]], dim=1)
 
-    def __call__(self, x: torch.Tensor, layout: RaggedLayout, states: list[CompressorState]) -> list[torch.Tensor]:
-        """Feed the new tokens ``x`` [T, hidden]; returns every sequence's compressed entries so far [n_i, dim]."""
+    def __call__(self, x: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State], pool: StatePool,
+                 cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
+        """Feed the new tokens ``x`` [T, hidden]; entries of closed windows go to ``out`` rows ``base +`` page
+        rows.  Returns every sequence's page rows (relative to ``base``) of all its entries so far."""
         kv, gate = self.ops.linear(x, self.wkv), self.ops.linear(x, self.wgate)
-        slot_kv, slot_score, positions, counts = [], [], [], []
+        slot_kv, slot_score, positions, rows, all_rows = [], [], [], [], []
         for i, state in enumerate(states):
-            rows = layout.rows(i)
-            windows = self._windows(kv[rows], gate[rows], state)
-            counts.append(0 if windows is None else windows[0].shape[0])
+            start, end = layout.starts[i], layout.starts[i] + layout.lens[i]
+            seq_rows = pool.page_rows(state, self.ratio)
+            all_rows.append(seq_rows[: end // self.ratio])
+            windows = self._windows(kv[layout.rows(i)], gate[layout.rows(i)], cache, state.slot, start)
             if windows is not None:
+                first, n = start // self.ratio, windows[0].shape[0]
                 slot_kv.append(windows[0])
                 slot_score.append(windows[1])
-                first = state.num_entries
-                positions.append(torch.arange(first, first + counts[-1], device=x.device) * self.ratio)
+                positions.append(torch.arange(first, first + n, device=x.device) * self.ratio)
+                rows.append(seq_rows[first : first + n])
         if slot_kv:
-            pooled = self.ops.compress_pool(torch.cat(slot_kv), torch.cat(slot_score))
-            entries = self.ops.rms_norm(pooled, self.norm_weight, self.eps)
-            entries = self.ops.rope(entries, torch.cat(positions), self.inv_freq, self.rope_scaling)
-            for state, new in zip(states, entries.split(counts)):
-                if new.shape[0]:
-                    state.append_entries(new)
-        return [state.entries for state in states]
+            entries = self._entries(torch.cat(slot_kv), torch.cat(slot_score), torch.cat(positions))
+            out.index_copy_(0, base + torch.cat(rows), entries)
+        return all_rows
+
+    # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, page_table: torch.Tensor,
+               page: int, cache: CompressorCache, out: torch.Tensor, base: int) -> None:
+        """Append each sequence's token to its slot's window; every row pools its window, and rows whose
+        window closes write the entry to its page row (the others to page 0, which nothing reads)."""
+        r, d = self.ratio, self.dim
+        kv, gate = self.ops.linear(x, self.wkv), self.ops.linear(x, self.wgate)
+        flat = slots * r + positions % r
+        cache.pending_kv.view(-1, self.width).index_copy_(0, flat, kv)
+        cache.pending_gate.view(-1, self.width).index_copy_(0, flat, gate)
+        win_kv, win_gate = cache.pending_kv[slots], cache.pending_gate[slots]  # [B, r, width]
+        score = win_gate.float() + self.position_bias
+        closing = (positions + 1) % r == 0
+        entry = torch.clamp((positions + 1) // r - 1, min=0)  # the entry a closing window becomes
+        if self.overlap:
+            prev_kv, prev_gate = cache.overlap_kv[slots], cache.overlap_gate[slots]
+            prev_score = prev_gate.float() + self.position_bias[:, :d]
+            prev_score = torch.where((positions >= r)[:, None, None], prev_score, float("-inf"))
+            shut = closing[:, None, None]
+            cache.overlap_kv.index_copy_(0, slots, torch.where(shut, win_kv[..., :d], prev_kv))
+            cache.overlap_gate.index_copy_(0, slots, torch.where(shut, win_gate[..., :d], prev_gate))
+            win_kv = torch.cat([prev_kv, win_kv[..., d:]], dim=1)
+            score = torch.cat([prev_score, score[..., d:]], dim=1)
+        entries = self._entries(win_kv, score, entry * r)
+        page_id = page_table.gather(1, (entry // page)[:, None])[:, 0]
+        rows = torch.where(closing, base + page_id * page + entry % page, base)
+        out.index_copy_(0, rows, entries)

@@ -11,7 +11,8 @@ import torch
 
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
-from deepinfer.models.deepseek_v4.state import CompressorState
+from deepinfer.models.deepseek_v4.state import DeepseekV4State
+from deepinfer.models.deepseek_v4.state_pool import LayerCache, StatePool
 from deepinfer.ops import OpTable
 
 
@@ -33,26 +34,33 @@ class Indexer:
         self.n_heads, self.head_dim, self.topk = n_heads, head_dim, topk
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        q_residual: torch.Tensor,
-        positions: torch.Tensor,
-        layout: RaggedLayout,
-        states: list[CompressorState],
-    ) -> torch.Tensor:
-        """Top-k entry ids [T, index_topk] per query (``-1`` where fewer entries are causal)."""
-        keys = self.compressor(x, layout, states)
-        longest = max(k.shape[0] for k in keys)
-        if longest == 0:
-            return torch.full((x.shape[0], self.topk), -1, dtype=torch.int64, device=x.device)
-        padded = keys[0].new_zeros(len(keys), longest, self.head_dim)
-        for i, k in enumerate(keys):
-            padded[i, : k.shape[0]] = k
+    def _topk(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+              seq_ids: torch.Tensor) -> torch.Tensor:
         q = self.ops.linear(q_residual, self.wq_b).view(x.shape[0], self.n_heads, self.head_dim)
         q = self.ops.rope(q, positions, self.inv_freq, self.rope_scaling)
         weights = self.ops.linear(x, self.weights_proj)
         limits = (positions + 1) // self.compressor.ratio  # entries pooling only tokens <= the query
         return self.ops.indexer_topk(
-            q, weights, padded, layout.seq_ids, limits, self.topk, self.head_dim**-0.5, self.n_heads**-0.5
+            q, weights, keys, seq_ids, limits, self.topk, self.head_dim**-0.5, self.n_heads**-0.5
         )
+
+    def __call__(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
+                 states: list[DeepseekV4State], pool: StatePool, cache: LayerCache) -> torch.Tensor:
+        """Top-k entry ids [T, index_topk] per query (``-1`` where fewer entries are causal)."""
+        rows = self.compressor(x, layout, states, pool, cache.indexer, cache.index_keys, 0)
+        longest = max(r.shape[0] for r in rows)
+        if longest == 0:
+            return torch.full((x.shape[0], self.topk), -1, dtype=torch.int64, device=x.device)
+        padded = cache.index_keys.new_zeros(len(rows), longest, self.head_dim)
+        for i, r in enumerate(rows):
+            padded[i, : r.shape[0]] = cache.index_keys[r]
+        return self._topk(x, q_residual, positions, padded, layout.seq_ids)
+
+    def decode(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               page_table: torch.Tensor, page: int, cache: LayerCache) -> torch.Tensor:
+        """:meth:`__call__` for one token per sequence, with fixed shapes: every sequence's keys are read
+        through its whole page table (entries past its count are masked by the causal limit)."""
+        self.compressor.decode(x, positions, slots, page_table, page, cache.indexer, cache.index_keys, 0)
+        rows = page_table[:, :, None] * page + torch.arange(page, device=x.device)
+        keys = cache.index_keys[rows.flatten(1)]  # [B, pages * page, c]
+        return self._topk(x, q_residual, positions, keys, torch.arange(x.shape[0], device=x.device))

@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 import torch
 
-from deepinfer.models.base import ForwardBatch
+from deepinfer.models.base import ForwardBatch, StateCapacity
 from deepinfer.models.deepseek_v4.attention import Attention
-from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
+from deepinfer.models.deepseek_v4.config import DeepseekV4Config
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.moe import MoE
-from deepinfer.models.deepseek_v4.state import DeepseekV4State, entry_capacity
+from deepinfer.models.deepseek_v4.state import DeepseekV4State
+from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, pool_bytes_for
+from deepinfer.models.deepseek_v4.step import DecodeStep
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
@@ -50,10 +52,12 @@ class DecoderLayer:
         self.attn = Attention(ops, cfg, layer, get)
         self.ffn = MoE(ops, cfg, layer, get)
 
-    def __call__(self, streams, input_ids, positions, layout, states) -> torch.Tensor:
+    def __call__(self, streams: torch.Tensor, input_ids: torch.Tensor,
+                 attend: Callable[[Attention, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``attend(attention, x)`` runs this layer's attention on ``x`` against the step's state."""
         ops = self.ops
         x, post, comb = self.attn_hc.pre(streams)
-        out = self.attn(ops.rms_norm(x, self.attn_norm, self.eps), positions, layout, states)
+        out = attend(self.attn, ops.rms_norm(x, self.attn_norm, self.eps))
         streams = ops.hc_post(out, streams, post, comb)
         x, post, comb = self.ffn_hc.pre(streams)
         out = self.ffn(ops.rms_norm(x, self.ffn_norm, self.eps), input_ids)
@@ -84,41 +88,105 @@ class DeepseekV4ForCausalLM:
         self.norm = get("norm.weight")
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
         self.layers = [DecoderLayer(ops, cfg, i, get) for i in range(cfg.num_hidden_layers)]
+        self.pool: StatePool | None = None  # set by configure_state, or grown on demand by new_state
 
     # --- state ----------------------------------------------------------------------------------
+    @property
+    def state_spec(self) -> StateSpec:
+        return StateSpec.from_config(self.config)
+
+    def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
+        """Allocate a fixed state pool for at most ``max_seqs`` sequences within ``capacity_bytes``."""
+        self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes)
+        return StateCapacity(plan.admissible, plan.slots - 1)
+
+    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
+        """The ``configure_state`` budget under which ``max_seqs`` sequences of ``num_tokens`` tokens all fit."""
+        return pool_bytes_for(self.state_spec, torch.empty(0, dtype=self.dtype).element_size(), max_seqs,
+                              num_tokens)
+
     def new_state(self) -> DeepseekV4State:
-        return DeepseekV4State([layer.attn.new_state(self.dtype, self.device) for layer in self.layers])
+        if self.pool is None:  # not configured (tests, tools): a pool that grows on demand
+            self.pool = StatePool.growable_pool(self.state_spec, self.dtype, self.device)
+        return self.pool.new_state()
 
     def state_bytes(self, num_tokens: int) -> int:
-        """Upper bound of ``nbytes()`` after ``num_tokens`` tokens (see :mod:`.state` for the layout)."""
-        if num_tokens <= 0:
-            return 0
-        cfg, size = self.config, torch.empty(0, dtype=self.dtype).element_size()
-        total = 0
-        for kind, ratio in zip(cfg.layer_types, cfg.compress_ratios):
-            total += cfg.sliding_window * cfg.head_dim
-            if kind == SLIDING:
-                continue
-            dims = [cfg.head_dim] + ([cfg.index_head_dim] if kind == CSA else [])
-            for dim in dims:
-                width = 2 * dim if kind == CSA else dim
-                total += 2 * (ratio - 1) * width  # unfinished window: kv and gate
-                total += 2 * ratio * dim if kind == CSA else 0  # overlap: series a of the last window
-                total += entry_capacity(num_tokens // ratio) * dim
-        return total * size
+        """``nbytes()`` of a state after ``num_tokens`` tokens: its slot and its pages (see :mod:`.state`)."""
+        return self.state_spec.state_elems(num_tokens) * torch.empty(0, dtype=self.dtype).element_size()
 
     # --- compute --------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm; every state advances by its sequence's tokens."""
-        cfg, ops = self.config, self.ops
         states: list[DeepseekV4State] = batch.states  # type: ignore[assignment]
-        layout = RaggedLayout.build(batch.seq_lens, [s.num_tokens for s in states], batch.upload)
-        x = ops.embedding(batch.input_ids, self.embed)
-        streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
-        for i, layer in enumerate(self.layers):
-            streams = layer(streams, batch.input_ids, batch.positions, layout, [s.layers[i] for s in states])
+        pool = states[0].pool
+        if any(s.pool is not pool for s in states):
+            raise ValueError("every state of a batch must come from the same state pool")
+        starts = [s.num_tokens for s in states]
+        for state, n in zip(states, batch.seq_lens):
+            pool.reserve(state, state.num_tokens + n)
+        if all(n == 1 for n in batch.seq_lens):
+            step = self._decode_step(states, pool, None, len(states))
+            step = DecodeStep(batch.input_ids, batch.positions, batch.upload(step.slots),
+                              {r: batch.upload(t) for r, t in step.page_tables.items()})
+            hidden = self._decode(step, pool)
+        else:
+            layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
+            positions = batch.positions
+
+            def attend(attn, x):
+                return attn(x, positions, layout, states, pool, pool.layers[attn.layer])
+
+            hidden = self._run(batch.input_ids, attend)
         for state, n in zip(states, batch.seq_lens):
             state.num_tokens += n
+        return hidden
+
+    def decode_inputs(self, states: list[DeepseekV4State], input_ids: list[int], bucket: int,
+                      max_tokens: int) -> dict[str, torch.Tensor]:
+        """Host tensors of a decode step padded to ``bucket`` rows (page tables wide enough for ``max_tokens``
+        tokens), for :meth:`decode_forward` on static buffers.  Reserves the states' pages and advances them."""
+        pool = self.pool
+        for state in states:
+            if state.pool is not pool:
+                raise ValueError("decode_inputs: a state is not from the model's configured pool")
+            pool.reserve(state, state.num_tokens + 1)
+        step = self._decode_step(states, pool, max_tokens, bucket)
+        step.input_ids[: len(input_ids)] = torch.tensor(input_ids, dtype=torch.int64)
+        for state in states:
+            state.num_tokens += 1
+        return step.tensors()
+
+    def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Hidden states [B, hidden] of a decode step from :meth:`decode_inputs`'s tensors on the device:
+        fixed shapes and no host data, so it can be captured and replayed."""
+        return self._decode(DecodeStep.from_tensors(tensors), self.pool)
+
+    def _decode_step(self, states: list[DeepseekV4State], pool: StatePool, max_tokens: int | None,
+                     rows: int) -> DecodeStep:
+        """Host-side :class:`DecodeStep` for ``states`` padded to ``rows`` (input ids left zero)."""
+        n = len(states)
+        positions = torch.zeros(rows, dtype=torch.int64)
+        positions[:n] = torch.tensor([s.num_tokens for s in states], dtype=torch.int64)
+        slots = torch.zeros(rows, dtype=torch.int64)
+        slots[:n] = torch.tensor([s.slot for s in states], dtype=torch.int64)
+        tables = {}
+        for r in pool.spec.paged_ratios:
+            width = pool.spec.pages_for(max_tokens, r) if max_tokens is not None else \
+                max(len(s.pages.get(r, ())) for s in states)
+            table = torch.zeros(rows, max(1, width), dtype=torch.int64)
+            table[:n] = pool.page_table(states, r, max(1, width))
+            tables[r] = table
+        return DecodeStep(torch.zeros(rows, dtype=torch.int64), positions, slots, tables)
+
+    def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
+        return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, pool, pool.layers[attn.layer]))
+
+    def _run(self, input_ids: torch.Tensor, attend: Callable[[Attention, torch.Tensor], torch.Tensor]):
+        cfg, ops = self.config, self.ops
+        x = ops.embedding(input_ids, self.embed)
+        streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
+        for layer in self.layers:
+            streams = layer(streams, input_ids, attend)
         hidden = ops.hc_head(streams, *self.hc_head, cfg.rms_norm_eps, cfg.hc_eps)
         return ops.rms_norm(hidden, self.norm, cfg.rms_norm_eps)
 

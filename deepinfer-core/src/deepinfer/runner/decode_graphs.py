@@ -1,0 +1,89 @@
+"""Pure-decode steps replayed from captured graphs, one per (batch bucket, length bucket).
+
+A decode step of a :class:`~deepinfer.models.base.GraphDecodable` model has fixed shapes once its batch is padded
+to a bucket of rows and its index tensors are sized for a bucket of sequence lengths.  The first step of a
+bucket captures ``model.decode_forward`` through the backend's graph service (``Backend.graph_capture``: CUDA
+graphs on NVIDIA, plain re-execution on the CPU) against static input buffers; every later step copies its inputs
+into those buffers (one host-to-device copy) and replays.  Capturing runs on all-padding inputs, which touch only
+the state pool's null slot and page, so no sequence's state is written twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.backends import Backend
+from deepinfer.models.base import GraphDecodable, SequenceState
+
+
+def _bucket(n: int, smallest: int = 1) -> int:
+    size = smallest
+    while size < n:
+        size *= 2
+    return size
+
+
+@dataclass(slots=True)
+class _Graph:
+    flat: torch.Tensor  # every static input, packed (int64)
+    shapes: list[tuple[str, tuple[int, ...]]]
+    replay: Callable[[], object]
+    outputs: list[torch.Tensor]  # the last is the step's hidden states (a captured graph rewrites it in place)
+
+
+class DecodeGraphs:
+    """Captures and replays decode steps of ``model`` on ``backend``'s device."""
+
+    #: Length buckets start here (index tensors for at least this many tokens per sequence).
+    MIN_TOKENS = 256
+
+    def __init__(self, model: GraphDecodable, backend: Backend, device: torch.device, max_seqs: int,
+                 max_tokens: int):
+        self.model, self.device = model, device
+        self.max_seqs, self.max_tokens = max_seqs, max_tokens
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._exit = contextlib.ExitStack()
+        self._capture = self._exit.enter_context(backend.graph_capture(device))
+
+    def buckets(self, states: list[SequenceState]) -> tuple[int, int]:
+        """(rows, tokens) a step of ``states`` is padded to."""
+        rows = min(_bucket(len(states)), self.max_seqs)
+        longest = max(s.num_tokens for s in states) + 1
+        return rows, min(_bucket(longest, self.MIN_TOKENS), self.max_tokens)
+
+    def run(self, states: list[SequenceState], input_ids: list[int],
+            to_device: Callable[[torch.Tensor, torch.device], torch.Tensor]) -> torch.Tensor:
+        """Hidden states ``[len(states), hidden]`` of one decode step (advances the states); ``to_device`` is
+        the runner's host-to-device copy."""
+        rows, tokens = self.buckets(states)
+        host = self.model.decode_inputs(states, input_ids, rows, tokens)
+        graph = self._graphs.get((rows, tokens))
+        if graph is None:
+            graph = self._graphs[rows, tokens] = self._capture_graph(host)
+        packed = torch.cat([t.flatten() for t in host.values()])
+        graph.flat.copy_(to_device(packed, self.device))
+        graph.replay()
+        return graph.outputs[-1][: len(states)]
+
+    def _capture_graph(self, host: dict[str, torch.Tensor]) -> _Graph:
+        shapes = [(name, tuple(t.shape)) for name, t in host.items()]
+        flat = torch.zeros(sum(t.numel() for t in host.values()), dtype=torch.int64, device=self.device)
+        static, offset = {}, 0
+        for name, shape in shapes:
+            n = int(torch.Size(shape).numel())
+            static[name] = flat[offset : offset + n].view(shape)
+            offset += n
+        out: list[torch.Tensor] = []
+
+        def step() -> None:
+            out[:] = [self.model.decode_forward(static)]
+
+        return _Graph(flat, shapes, self._capture(step), out)
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self._exit.close()
