@@ -13,7 +13,9 @@ FLOPs = 2 x touched-per-token parameters x tokens (attention-score FLOPs are lef
 DeepInfer runs the same random weights (HF's parameters, renamed to the released checkpoint's names the way
 ``save_pretrained`` does, without a round trip through disk) through ``DeepseekV4ForCausalLM.forward`` in bf16,
 once per op table of ``--variants``: ``nvidia`` (every CUDA override), ``nvidia-no-moe`` (the same without the
-MoE expert kernel: core's per-expert loop), ``reference`` (core's plain-PyTorch ops on the GPU).  A step is the
+MoE expert kernel: core's per-expert loop), ``reference`` (core's plain-PyTorch ops on the GPU); decode steps
+are replayed from CUDA graphs captured per batch size (``runner/decode_graphs.py``, as the engine does), or run
+eagerly for a variant named with ``-eager`` (``nvidia-eager``).  A step is the
 model forward plus the logits of each sequence's last row, as for HF; hash-routing tables are randomised (HF's
 init leaves them zero, which sends every token of the first layers to expert 0).  ``--profile DIR`` also writes a
 torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops), by CUDA and by CPU time.
@@ -41,6 +43,7 @@ SLICE = dict(
 )
 CONTEXT = 512
 PREFILL = 1024
+MAX_SEQS = 64  # the state pool's sequence slots (the largest decode batch)
 DEVICE = "cuda"
 
 
@@ -235,9 +238,36 @@ def _di_prefill(model, tokens, chunk_seqs: int = 8):
     return states
 
 
-def deepinfer_cases(model, cases: list[str]) -> dict[str, float]:
-    """Seconds per case (same cases as :func:`hf_cases`)."""
+def _di_prefill_once(model, ids, pos):
+    state = model.new_state()
+    try:
+        return _di_step(model, ids, pos, [len(ids)], [state])
+    finally:
+        state.release()
+
+
+def _di_decode_step(model, states, graphs):
+    """One decode step of ``states`` (one random token each), eager or replayed from ``graphs``."""
     import torch
+
+    from deepinfer_cuda.plugin import CudaBackend
+
+    batch = len(states)
+    if graphs is None:
+        ids = torch.randint(0, model.vocab_size, (batch,), device=DEVICE)
+        pos = torch.tensor([s.num_tokens for s in states], device=DEVICE)
+        return _di_step(model, ids, pos, [1] * batch, states)
+    ids = torch.randint(0, model.vocab_size, (batch,)).tolist()
+    return model.compute_logits(graphs.run(states, ids, CudaBackend().to_device))
+
+
+def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, float]:
+    """Seconds per case (same cases as :func:`hf_cases`); decode steps replayed from CUDA graphs (captured
+    per batch size, as the engine does) unless ``use_graphs`` is false."""
+    import torch
+
+    from deepinfer.runner.decode_graphs import DecodeGraphs
+    from deepinfer_cuda.plugin import CudaBackend
 
     vocab = model.vocab_size
     out: dict[str, float] = {}
@@ -245,23 +275,27 @@ def deepinfer_cases(model, cases: list[str]) -> dict[str, float]:
         if "prefill" in cases:
             ids = torch.randint(0, vocab, (PREFILL,), device=DEVICE)
             pos = torch.arange(PREFILL, device=DEVICE)
-            out[f"prefill 1x{PREFILL}"] = _time(lambda: _di_step(model, ids, pos, [PREFILL], [model.new_state()]), 3)
+            out[f"prefill 1x{PREFILL}"] = _time(lambda: _di_prefill_once(model, ids, pos), 3)
         for case in cases:
             if not case.startswith("decode"):
                 continue
             batch = int(case[len("decode"):])
+            graphs = DecodeGraphs(model, CudaBackend(), torch.device(DEVICE), MAX_SEQS, CONTEXT + 64) \
+                if use_graphs else None
             states = _di_prefill(model, torch.randint(0, vocab, (batch, CONTEXT), device=DEVICE))
             steps = []
-            for step in range(6):
-                ids = torch.randint(0, vocab, (batch,), device=DEVICE)
-                pos = torch.full((batch,), CONTEXT + step, device=DEVICE)
+            for _ in range(8):
                 _sync()
                 start = time.perf_counter()
-                _di_step(model, ids, pos, [1] * batch, states)
+                _di_decode_step(model, states, graphs)
                 _sync()
                 steps.append(time.perf_counter() - start)
-            out[f"decode b{batch} ctx {CONTEXT}"] = statistics.median(steps[1:])
-            del states
+            out[f"decode b{batch} ctx {CONTEXT}"] = statistics.median(steps[2:])
+            for state in states:
+                state.release()
+            if graphs is not None:
+                graphs.close()
+            del states, graphs
             torch.cuda.empty_cache()
     return out
 
@@ -290,25 +324,27 @@ def _profiled(step, name: str, directory: str) -> str:
 
 
 def profile_steps(model, batch: int, directory: str) -> str:
-    """Profiles of one decode step at ``batch`` (after two warm-up steps) and of one 1 x PREFILL prefill."""
+    """Profiles of one decode step at ``batch`` (replayed from a CUDA graph, after two warm-up steps) and of
+    one 1 x PREFILL prefill."""
     import torch
+
+    from deepinfer.runner.decode_graphs import DecodeGraphs
+    from deepinfer_cuda.plugin import CudaBackend
 
     with torch.inference_mode():
         states = _di_prefill(model, torch.randint(0, model.vocab_size, (batch, CONTEXT), device=DEVICE))
 
-        def step(i):
-            ids = torch.randint(0, model.vocab_size, (batch,), device=DEVICE)
-            pos = torch.full((batch,), CONTEXT + i, device=DEVICE)
-            _di_step(model, ids, pos, [1] * batch, states)
-
-        step(0)
-        step(1)
+        graphs = DecodeGraphs(model, CudaBackend(), torch.device(DEVICE), MAX_SEQS, CONTEXT + 64)
+        _di_decode_step(model, states, graphs)
+        _di_decode_step(model, states, graphs)
         _sync()
-        decode = _profiled(lambda: step(2), f"profile_decode_b{batch}", directory)
+        decode = _profiled(lambda: _di_decode_step(model, states, graphs), f"profile_decode_b{batch}", directory)
+        for state in states:
+            state.release()
+        graphs.close()
         ids = torch.randint(0, model.vocab_size, (PREFILL,), device=DEVICE)
         pos = torch.arange(PREFILL, device=DEVICE)
-        prefill = _profiled(lambda: _di_step(model, ids, pos, [PREFILL], [model.new_state()]), "profile_prefill",
-                            directory)
+        prefill = _profiled(lambda: _di_prefill_once(model, ids, pos), "profile_prefill", directory)
     return decode + "\n" + "\n".join(prefill.splitlines()[:18])
 
 
@@ -318,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--cases", default="prefill,decode1,decode16,decode64")
-    parser.add_argument("--variants", default="nvidia,nvidia-no-moe,reference",
+    parser.add_argument("--variants", default="nvidia,nvidia-eager",
                         help="DeepInfer op tables to time (empty: HF only)")
     parser.add_argument("--profile", help="write a profile of one decode step (b16, nvidia) to this directory")
     parser.add_argument("--no-hf", action="store_true", help="skip HF's timings (DeepInfer still uses its weights)")
@@ -339,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         model = deepinfer_from_hf(hf, ops, torch.bfloat16, DEVICE)
         del hf
         torch.cuda.empty_cache()
+        model.configure_state(MAX_SEQS, model.state_pool_bytes(MAX_SEQS, max(PREFILL, CONTEXT + 64)))
         for variant in variants:
-            ops.table = tables[variant]
-            times = deepinfer_cases(model, cases)
+            ops.table = tables[variant.removesuffix("-eager")]
+            times = deepinfer_cases(model, cases, use_graphs=not variant.endswith("-eager"))
             for r in rows:
                 r[f"di_{variant}_s"] = times[r["case"]]
             print(f"timed DeepInfer [{variant}]", flush=True)
