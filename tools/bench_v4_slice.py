@@ -291,6 +291,9 @@ def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, floa
                 _sync()
                 steps.append(time.perf_counter() - start)
             out[f"decode b{batch} ctx {CONTEXT}"] = statistics.median(steps[2:])
+            if graphs is not None:  # device time of the step alone: replays of its graph, back to back
+                replay = graphs._graphs[graphs.buckets(states)].replay
+                out[f"decode b{batch} ctx {CONTEXT} replay"] = _time(lambda: [replay() for _ in range(10)], 3) / 10
             for state in states:
                 state.release()
             if graphs is not None:
@@ -381,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             times = deepinfer_cases(model, cases, use_graphs=not variant.endswith("-eager"))
             for r in rows:
                 r[f"di_{variant}_s"] = times[r["case"]]
+                if r["case"] + " replay" in times:
+                    r[f"di_{variant}_replay_s"] = times[r["case"] + " replay"]
             print(f"timed DeepInfer [{variant}]", flush=True)
         if args.profile:
             ops.table = tables["nvidia"]
@@ -420,6 +425,9 @@ def report(rows, counts: ParamCounts, bw: float, peak: float, variants: list[str
         print(line + f"  {best / floor:9.1f}x {r['tokens'] / best:10.0f}")
         if r["case"].startswith("prefill") and ours:
             print(f"{'':22} MFU of the best: {r['flops'] / best / peak:.1%} (of the measured matmul rate)")
+        replays = [f"{v}: {r[f'di_{v}_replay_s'] * 1e3:.2f} ms" for v in variants if f"di_{v}_replay_s" in r]
+        if replays:
+            print(f"{'':22} graph replay alone (device time of the step): " + ", ".join(replays))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import LayerCache, StatePool
-from deepinfer.models.deepseek_v4.step import DecodeStep
+from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 from deepinfer.ops import OpTable
 
 
@@ -124,24 +124,20 @@ class Attention:
         indices = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) for r in rows_per_seq])
         return self._output(q, torch.cat(parts), indices, positions)
 
-    def decode(self, x: torch.Tensor, step: DecodeStep, pool: StatePool, cache: LayerCache) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, step: DecodeStep, plan: DecodePlan, pool: StatePool,
+               cache: LayerCache) -> torch.Tensor:
         """One token per sequence with fixed shapes and no host data (CUDA-graph safe): the token's latent
         goes to its ring first (which then holds exactly the window ending at it), and attention reads rings
-        and entry pages in place through row indices."""
-        positions, slots, w = step.positions, step.slots, self.window
-        q_residual, q, kv = self._project(x, positions)
-        cache.kv.index_copy_(0, slots * w + positions % w, kv)
-        key_pos = positions[:, None] + torch.arange(1 - w, 1, device=x.device)[None, :]  # [B, window]
-        cols = [torch.where(key_pos >= 0, slots[:, None] * w + key_pos % w, -1)]
+        and entry pages in place through row indices (``plan``: computed once per step for every layer)."""
+        q_residual, q, kv = self._project(x, step.positions)
+        cache.kv.index_copy_(0, plan.ring_rows, kv)
+        cols = [plan.window_cols]
         if self.compressor is not None:
-            page, table = pool.spec.page_size, step.page_tables[self.ratio]
-            self.compressor.decode(x, positions, slots, table, page, cache.compressor, cache.kv, pool.entry_base)
+            ratio = plan.ratios[self.ratio]
+            self.compressor.decode(x, step.slots, ratio, cache.compressor, cache.kv, pool.entry_base)
             if self.indexer is not None:  # CSA: the indexer's top-k
-                ids = self.indexer.decode(x, q_residual, positions, slots, table, page, cache)
+                ids = self.indexer.decode(x, q_residual, step.positions, step, plan, cache)
+                cols.append(torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1))
             else:  # HCA: every entry whose window is complete at the query
-                ids = torch.arange(table.shape[1] * page, device=x.device).expand(x.shape[0], -1)
-                ids = torch.where(ids < ((positions + 1) // self.ratio)[:, None], ids, -1)
-            safe = ids.clamp(min=0)
-            rows = pool.entry_base + table.gather(1, safe // page) * page + safe % page
-            cols.append(torch.where(ids >= 0, rows, -1))
-        return self._output(q, cache.kv, torch.cat(cols, dim=1), positions)
+                cols.append(ratio.causal_entry_cols)
+        return self._output(q, cache.kv, torch.cat(cols, dim=1), step.positions)

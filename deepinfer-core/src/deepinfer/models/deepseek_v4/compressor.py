@@ -14,6 +14,7 @@ import torch
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import CompressorCache, StatePool
+from deepinfer.models.deepseek_v4.step import RatioPlan
 from deepinfer.ops import OpTable
 
 
@@ -32,7 +33,8 @@ class Compressor:
         inv_freq: torch.Tensor,
         rope_scaling: float,
     ):
-        self.ops, self.wkv, self.wgate = ops, wkv, wgate
+        self.ops = ops
+        self.w_kv_gate = torch.cat([wkv, wgate])  # one projection: kv and gate side by side, as the state keeps them
         self.position_bias, self.norm_weight = position_bias, norm_weight
         self.ratio, self.overlap, self.eps = ratio, overlap, eps
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
@@ -45,45 +47,53 @@ class Compressor:
         entries = self.ops.rms_norm(pooled, self.norm_weight, self.eps)
         return self.ops.rope(entries, first_pos, self.inv_freq, self.rope_scaling)
 
-    # --- any chunk lengths (prefill, mixed steps) ---------------------------------------------------
-    def _windows(self, kv: torch.Tensor, gate: torch.Tensor, cache: CompressorCache, slot: int, start: int):
-        """Slots ``[n, S, dim]`` (kv, fp32 score) of the windows a chunk starting at ``start`` closes; updates
-        the slot's carry-over."""
-        r, d = self.ratio, self.dim
-        held = start % r  # tokens of the unfinished window already in the slot
-        kv = torch.cat([cache.pending_kv[slot, :held], kv])
-        gate = torch.cat([cache.pending_gate[slot, :held], gate])
-        n = kv.shape[0] // r
-        rest = kv.shape[0] - n * r
-        cache.pending_kv[slot, :rest] = kv[n * r :]
-        cache.pending_gate[slot, :rest] = gate[n * r :]
-        if n == 0:
-            return None
-        kv, gate = kv[: n * r].view(n, r, -1), gate[: n * r].view(n, r, -1)
-        score = gate.float() + self.position_bias
+    def _slots(self, window: torch.Tensor, previous: torch.Tensor | None,
+               has_previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooling slots (kv, fp32 score) of windows ``[n, r, 2 * width]`` (kv | gate).  With overlap (CSA),
+        ``previous`` [n, r, 2 * dim] (kv | gate of series a of each window's predecessor) fills the first r
+        slots and series b the last r; where ``has_previous`` [n] is false there is no predecessor (score
+        ``-inf``: weight 0)."""
+        w, d = self.width, self.dim
+        kv, score = window[..., :w], window[..., w:].float() + self.position_bias
         if not self.overlap:
             return kv, score
-        # Series a of the previous window fills the first r slots; none before the very first window.
-        prev_kv = kv.new_zeros(n, r, d)
-        prev_score = score.new_full((n, r, d), float("-inf"))
-        prev_kv[1:], prev_score[1:] = kv[:-1, :, :d], score[:-1, :, :d]
-        if start >= r:
-            prev_kv[0] = cache.overlap_kv[slot]
-            prev_score[0] = cache.overlap_gate[slot].float() + self.position_bias[:, :d]
-        cache.overlap_kv[slot], cache.overlap_gate[slot] = kv[-1, :, :d], gate[-1, :, :d]
-        return torch.cat([prev_kv, kv[..., d:]], dim=1), torch.cat([prev_score, score[..., d:]], dim=1)
+        prev_score = previous[..., d:].float() + self.position_bias[:, :d]
+        prev_score = torch.where(has_previous[:, None, None], prev_score, float("-inf"))
+        return torch.cat([previous[..., :d], kv[..., d:]], dim=1), torch.cat([prev_score, score[..., d:]], dim=1)
+
+    # --- any chunk lengths (prefill, mixed steps) ---------------------------------------------------
+    def _windows(self, proj: torch.Tensor, cache: CompressorCache, slot: int, start: int):
+        """Slots ``[n, S, dim]`` (kv, fp32 score) of the windows a chunk starting at ``start`` closes; updates
+        the slot's carry-over.  ``proj`` [L, 2 * width]: the chunk's kv | gate projections."""
+        r, d, w = self.ratio, self.dim, self.width
+        held = start % r  # tokens of the unfinished window already in the slot
+        proj = torch.cat([cache.pending[slot, :held], proj])
+        n = proj.shape[0] // r
+        rest = proj.shape[0] - n * r
+        cache.pending[slot, :rest] = proj[n * r :]
+        if n == 0:
+            return None
+        windows = proj[: n * r].view(n, r, -1)
+        previous = has_previous = None
+        if self.overlap:  # series a (kv | gate) of each window's predecessor
+            series_a = torch.cat([windows[..., :d], windows[..., w : w + d]], dim=-1)
+            previous = torch.cat([cache.overlap[slot][None], series_a[:-1]])
+            has_previous = torch.ones(n, dtype=torch.bool, device=proj.device)
+            has_previous[0] = start >= r  # the sequence's first window has none
+            cache.overlap[slot] = series_a[-1]
+        return self._slots(windows, previous, has_previous)
 
     def __call__(self, x: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State], pool: StatePool,
                  cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
         """Feed the new tokens ``x`` [T, hidden]; entries of closed windows go to ``out`` rows ``base +`` page
         rows.  Returns every sequence's page rows (relative to ``base``) of all its entries so far."""
-        kv, gate = self.ops.linear(x, self.wkv), self.ops.linear(x, self.wgate)
+        proj = self.ops.linear(x, self.w_kv_gate)
         slot_kv, slot_score, positions, rows, all_rows = [], [], [], [], []
         for i, state in enumerate(states):
             start, end = layout.starts[i], layout.starts[i] + layout.lens[i]
             seq_rows = pool.page_rows(state, self.ratio)
             all_rows.append(seq_rows[: end // self.ratio])
-            windows = self._windows(kv[layout.rows(i)], gate[layout.rows(i)], cache, state.slot, start)
+            windows = self._windows(proj[layout.rows(i)], cache, state.slot, start)
             if windows is not None:
                 first, n = start // self.ratio, windows[0].shape[0]
                 slot_kv.append(windows[0])
@@ -96,29 +106,17 @@ class Compressor:
         return all_rows
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
-    def decode(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, page_table: torch.Tensor,
-               page: int, cache: CompressorCache, out: torch.Tensor, base: int) -> None:
+    def decode(self, x: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,
+               out: torch.Tensor, base: int) -> None:
         """Append each sequence's token to its slot's window; every row pools its window, and rows whose
         window closes write the entry to its page row (the others to page 0, which nothing reads)."""
-        r, d = self.ratio, self.dim
-        kv, gate = self.ops.linear(x, self.wkv), self.ops.linear(x, self.wgate)
-        flat = slots * r + positions % r
-        cache.pending_kv.view(-1, self.width).index_copy_(0, flat, kv)
-        cache.pending_gate.view(-1, self.width).index_copy_(0, flat, gate)
-        win_kv, win_gate = cache.pending_kv[slots], cache.pending_gate[slots]  # [B, r, width]
-        score = win_gate.float() + self.position_bias
-        closing = (positions + 1) % r == 0
-        entry = torch.clamp((positions + 1) // r - 1, min=0)  # the entry a closing window becomes
+        d, w = self.dim, self.width
+        cache.pending.view(-1, 2 * w).index_copy_(0, plan.pending_rows, self.ops.linear(x, self.w_kv_gate))
+        window = cache.pending[slots]  # [B, r, 2 * width]
+        previous = None
         if self.overlap:
-            prev_kv, prev_gate = cache.overlap_kv[slots], cache.overlap_gate[slots]
-            prev_score = prev_gate.float() + self.position_bias[:, :d]
-            prev_score = torch.where((positions >= r)[:, None, None], prev_score, float("-inf"))
-            shut = closing[:, None, None]
-            cache.overlap_kv.index_copy_(0, slots, torch.where(shut, win_kv[..., :d], prev_kv))
-            cache.overlap_gate.index_copy_(0, slots, torch.where(shut, win_gate[..., :d], prev_gate))
-            win_kv = torch.cat([prev_kv, win_kv[..., d:]], dim=1)
-            score = torch.cat([prev_score, score[..., d:]], dim=1)
-        entries = self._entries(win_kv, score, entry * r)
-        page_id = page_table.gather(1, (entry // page)[:, None])[:, 0]
-        rows = torch.where(closing, base + page_id * page + entry % page, base)
-        out.index_copy_(0, rows, entries)
+            previous = cache.overlap[slots]  # [B, r, 2 * dim]
+            series_a = torch.cat([window[..., :d], window[..., w : w + d]], dim=-1)
+            cache.overlap.index_copy_(0, slots, torch.where(plan.closing[:, None, None], series_a, previous))
+        kv, score = self._slots(window, previous, plan.has_previous)
+        out.index_copy_(0, base + plan.entry_write, self._entries(kv, score, plan.entry_positions))

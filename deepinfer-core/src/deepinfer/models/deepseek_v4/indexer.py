@@ -13,6 +13,7 @@ from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import LayerCache, StatePool
+from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 from deepinfer.ops import OpTable
 
 
@@ -56,11 +57,11 @@ class Indexer:
             padded[i, : r.shape[0]] = cache.index_keys[r]
         return self._topk(x, q_residual, positions, padded, layout.seq_ids)
 
-    def decode(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               page_table: torch.Tensor, page: int, cache: LayerCache) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, step: DecodeStep,
+               plan: DecodePlan, cache: LayerCache) -> torch.Tensor:
         """:meth:`__call__` for one token per sequence, with fixed shapes: every sequence's keys are read
         through its whole page table (entries past its count are masked by the causal limit)."""
-        self.compressor.decode(x, positions, slots, page_table, page, cache.indexer, cache.index_keys, 0)
-        rows = page_table[:, :, None] * page + torch.arange(page, device=x.device)
-        keys = cache.index_keys[rows.flatten(1)]  # [B, pages * page, c]
-        return self._topk(x, q_residual, positions, keys, torch.arange(x.shape[0], device=x.device))
+        ratio = plan.ratios[self.compressor.ratio]
+        self.compressor.decode(x, step.slots, ratio, cache.indexer, cache.index_keys, 0)
+        keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
+        return self._topk(x, q_residual, positions, keys, plan.seq_ids)

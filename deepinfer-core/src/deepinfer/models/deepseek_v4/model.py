@@ -22,7 +22,7 @@ from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.moe import MoE
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, pool_bytes_for
-from deepinfer.models.deepseek_v4.step import DecodeStep
+from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
@@ -179,7 +179,8 @@ class DeepseekV4ForCausalLM:
         return DecodeStep(torch.zeros(rows, dtype=torch.int64), positions, slots, tables)
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
-        return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, pool, pool.layers[attn.layer]))
+        plan = DecodePlan.build(step, pool.spec.window, pool.spec.page_size, pool.entry_base)
+        return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, plan, pool, pool.layers[attn.layer]))
 
     def _run(self, input_ids: torch.Tensor, attend: Callable[[Attention, torch.Tensor], torch.Tensor]):
         cfg, ops = self.config, self.ops

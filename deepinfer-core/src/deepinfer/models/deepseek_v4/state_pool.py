@@ -118,8 +118,9 @@ def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolP
     live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
     plan = _plan_for(spec, size, live, capacity)
     if plan is None:
+        least = 2 * spec.slot_elems() * size + sum(3 * spec.page_elems(r) * size for r in spec.paged_ratios)
         raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model "
-                         f"(a slot and one page per compression ratio take {fixed} bytes): "
+                         f"(more than {least} bytes: its slot and pages, and the pool's null slot and pages): "
                          "raise state_cache_bytes")
     return plan
 
@@ -146,19 +147,19 @@ def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -
 
 
 class CompressorCache:
-    """One compressor's carry-over for every slot."""
+    """One compressor's carry-over for every slot: ``pending`` [slots, ratio, 2 * width] holds the unfinished
+    window's projections (kv, then gate, side by side: one write and one read per step); ``overlap``
+    [slots, ratio, 2 * dim] series a of the last closed window's kv and gate (CSA only)."""
 
-    __slots__ = ("pending_kv", "pending_gate", "overlap_kv", "overlap_gate")
+    __slots__ = ("pending", "overlap")
 
     def __init__(self, slots: int, ratio: int, dim: int, overlap: bool, dtype: torch.dtype, device: torch.device):
         width = 2 * dim if overlap else dim
-        self.pending_kv = torch.zeros(slots, ratio, width, dtype=dtype, device=device)
-        self.pending_gate = torch.zeros(slots, ratio, width, dtype=dtype, device=device)
-        self.overlap_kv = torch.zeros(slots, ratio, dim, dtype=dtype, device=device) if overlap else None
-        self.overlap_gate = torch.zeros(slots, ratio, dim, dtype=dtype, device=device) if overlap else None
+        self.pending = torch.zeros(slots, ratio, 2 * width, dtype=dtype, device=device)
+        self.overlap = torch.zeros(slots, ratio, 2 * dim, dtype=dtype, device=device) if overlap else None
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.pending_kv, self.pending_gate, self.overlap_kv, self.overlap_gate) if t is not None]
+        return [t for t in (self.pending, self.overlap) if t is not None]
 
 
 class LayerCache:
@@ -292,7 +293,8 @@ class StatePool:
             count = state.num_tokens // layer.ratio
             rows = self.page_rows(state, layer.ratio)[:count]
             entries = layer.kv[self.entry_base + rows].clone()
-            pending = layer.compressor.pending_kv[state.slot, : state.num_tokens % layer.ratio].clone()
+            width = layer.compressor.pending.shape[-1] // 2
+            pending = layer.compressor.pending[state.slot, : state.num_tokens % layer.ratio, :width].clone()
             if layer.index_keys is not None:
                 keys = layer.index_keys[rows].clone()
         return LayerView(ring, entries, pending, keys)

@@ -26,3 +26,47 @@ class DecodeStep:
         out = {"input_ids": self.input_ids, "positions": self.positions, "slots": self.slots}
         out.update({f"pages_{r}": t for r, t in self.page_tables.items()})
         return out
+
+
+@dataclass(slots=True)
+class RatioPlan:
+    """Rows every layer of one compression ratio reads and writes in a decode step (computed once per step)."""
+
+    pending_rows: torch.Tensor  # [B] row of the token in the slots' flattened carry-over: slot * ratio + pos % ratio
+    closing: torch.Tensor  # [B] bool: the token closes its window, which becomes an entry
+    has_previous: torch.Tensor  # [B] bool: a window closed before this one (CSA overlap is valid)
+    entry_positions: torch.Tensor  # [B] first position of the window (the entry's RoPE position)
+    entry_write: torch.Tensor  # [B] page row (relative to page 0) the entry goes to; 0 (null page) if not closing
+    entry_rows: torch.Tensor  # [B, pages * page_size] page row of every entry id the page table covers
+    entry_cols: torch.Tensor  # [B, pages * page_size] the same as rows of the layer's KV pool
+    causal_entry_cols: torch.Tensor  # entry_cols, -1 for entries not complete at the token (HCA attends to all)
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """Index tensors shared by every layer of a decode step."""
+
+    ring_rows: torch.Tensor  # [B] the token's SWA ring row: slot * window + pos % window
+    window_cols: torch.Tensor  # [B, window] ring rows of the window ending at the token, -1 before position 0
+    seq_ids: torch.Tensor  # [B] 0 .. B-1
+    ratios: dict[int, RatioPlan]
+
+    @classmethod
+    def build(cls, step: DecodeStep, window: int, page_size: int, entry_base: int) -> "DecodePlan":
+        """``entry_base``: the row of page 0 in every layer's KV pool (after the SWA rings)."""
+        pos, slots = step.positions, step.slots
+        key_pos = pos[:, None] + torch.arange(1 - window, 1, device=pos.device)[None, :]
+        window_cols = torch.where(key_pos >= 0, slots[:, None] * window + key_pos % window, -1)
+        ratios = {}
+        for r, table in step.page_tables.items():
+            entry = torch.clamp((pos + 1) // r - 1, min=0)  # the entry a closing window becomes
+            closing = (pos + 1) % r == 0
+            page_id = table.gather(1, (entry // page_size)[:, None])[:, 0]
+            write = torch.where(closing, page_id * page_size + entry % page_size, 0)
+            rows = (table[:, :, None] * page_size + torch.arange(page_size, device=pos.device)).flatten(1)
+            cols = entry_base + rows
+            complete = torch.arange(rows.shape[1], device=pos.device)[None, :] < ((pos + 1) // r)[:, None]
+            ratios[r] = RatioPlan(slots * r + pos % r, closing, pos >= r, entry * r, write, rows, cols,
+                                  torch.where(complete, cols, -1))
+        seq_ids = torch.arange(pos.shape[0], device=pos.device)
+        return cls(slots * window + pos % window, window_cols, seq_ids, ratios)
