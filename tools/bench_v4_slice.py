@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="prefill,decode1,decode16,decode64")
     parser.add_argument("--variants", default="nvidia,nvidia-eager",
                         help="DeepInfer op tables to time (empty: HF only)")
-    parser.add_argument("--profile", help="write a profile of one decode step (b16, nvidia) to this directory")
+    parser.add_argument("--profile", help="write a profile of one decode step (nvidia) to this directory")
+    parser.add_argument("--profile-batch", type=int, default=16, help="batch of the profiled decode step")
     parser.add_argument("--no-hf", action="store_true", help="skip HF's timings (DeepInfer still uses its weights)")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"timed DeepInfer [{variant}]", flush=True)
         if args.profile:
             ops.table = tables["nvidia"]
-            profile_text = profile_steps(model, 16, args.profile)
+            profile_text = profile_steps(model, args.profile_batch, args.profile)
     report(rows, counts, bw, peak, variants)
     if profile_text:
         print("\nprofiles (nvidia ops):\n" + profile_text)
