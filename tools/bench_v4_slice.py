@@ -258,7 +258,7 @@ def _di_decode_step(model, states, graphs):
         pos = torch.tensor([s.num_tokens for s in states], device=DEVICE)
         return _di_step(model, ids, pos, [1] * batch, states)
     ids = torch.randint(0, model.vocab_size, (batch,)).tolist()
-    return model.compute_logits(graphs.run(states, ids, CudaBackend().to_device))
+    return graphs.run(states, ids, CudaBackend().to_device)
 
 
 def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, float]:

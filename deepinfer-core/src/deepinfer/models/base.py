@@ -104,7 +104,8 @@ class GraphDecodable(Protocol):
 
     ``decode_inputs`` does the host side (reserve memory, advance the states, build index tensors padded to
     ``bucket`` rows); ``decode_forward`` is the device side, reading only the tensors it is given, which the
-    runner keeps in static buffers.  Eager and replayed steps run the same code.
+    runner keeps in static buffers, and the runner captures it together with ``compute_logits``.  Eager and
+    replayed steps run the same code.
     """
 
     def decode_inputs(self, states: list[SequenceState], input_ids: list[int], bucket: int,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.backends import Backend
-from deepinfer.models.base import GraphDecodable, SequenceState
+from deepinfer.models.base import CausalLM, GraphDecodable, SequenceState
 
 
 def _bucket(n: int, smallest: int = 1) -> int:
@@ -32,7 +32,7 @@ class _Graph:
     flat: torch.Tensor  # every static input, packed (int64)
     shapes: list[tuple[str, tuple[int, ...]]]
     replay: Callable[[], object]
-    outputs: list[torch.Tensor]  # the last is the step's hidden states (a captured graph rewrites it in place)
+    outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
 
 
 class DecodeGraphs:
@@ -41,7 +41,7 @@ class DecodeGraphs:
     #: Length buckets start here (index tensors for at least this many tokens per sequence).
     MIN_TOKENS = 256
 
-    def __init__(self, model: GraphDecodable, backend: Backend, device: torch.device, max_seqs: int,
+    def __init__(self, model: GraphDecodable | CausalLM, backend: Backend, device: torch.device, max_seqs: int,
                  max_tokens: int):
         self.model, self.device = model, device
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
@@ -57,8 +57,8 @@ class DecodeGraphs:
 
     def run(self, states: list[SequenceState], input_ids: list[int],
             to_device: Callable[[torch.Tensor, torch.device], torch.Tensor]) -> torch.Tensor:
-        """Hidden states ``[len(states), hidden]`` of one decode step (advances the states); ``to_device`` is
-        the runner's host-to-device copy."""
+        """Logits ``[len(states), vocab]`` (fp32) of one decode step, which advances the states; ``to_device``
+        is the runner's host-to-device copy.  The graph holds the whole step: forward and logits."""
         rows, tokens = self.buckets(states)
         host = self.model.decode_inputs(states, input_ids, rows, tokens)
         graph = self._graphs.get((rows, tokens))
@@ -80,7 +80,7 @@ class DecodeGraphs:
         out: list[torch.Tensor] = []
 
         def step() -> None:
-            out[:] = [self.model.decode_forward(static)]
+            out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
 
         return _Graph(flat, shapes, self._capture(step), out)
 

@@ -105,7 +105,10 @@ class ModelRunner:
                                    f"chunk starts at {chunk.start}")
             batch_states.append(state)
         if self.decode_graphs is not None and all(n == 1 for n in plan.seq_lens):
-            hidden = self.decode_graphs.run(batch_states, plan.input_ids, self.backend.to_device)
+            step_logits = self.decode_graphs.run(batch_states, plan.input_ids, self.backend.to_device)
+
+            def logits_of(rows: list[int]) -> torch.Tensor:
+                return step_logits[self._upload(rows)]
         else:
             hidden = self.model.forward(ForwardBatch(
                 input_ids=self._upload(plan.input_ids),
@@ -114,9 +117,12 @@ class ModelRunner:
                 states=batch_states,
                 to_device=self.backend.to_device,
             ))
+
+            def logits_of(rows: list[int]) -> torch.Tensor:
+                return self.model.compute_logits(hidden[self._upload(rows)])
         out = RunnerOutput()
         if plan.prompt_rows:
-            logits = self.model.compute_logits(hidden[self._upload(plan.prompt_rows)])
+            logits = logits_of(plan.prompt_rows)
             targets = self._upload([t for _, _, t in plan.prompt_targets])
             ks = [req.params.prompt_logprobs for req, _, _ in plan.prompt_targets]
             for (req, pos, _), tl in zip(plan.prompt_targets, self._logprobs(logits, targets, ks)):
@@ -124,7 +130,7 @@ class ModelRunner:
         if plan.sample_rows:
             # Forks share their parent's row: compute its logits once and index them per sample.
             unique = sorted(set(plan.sample_rows))
-            logits = self.model.compute_logits(hidden[self._upload(unique)])
+            logits = logits_of(unique)
             where = {r: i for i, r in enumerate(unique)}
             logits = logits[self._upload([where[r] for r in plan.sample_rows])]
             rows = [self._sampling_row(s) for s in plan.sample_seqs]

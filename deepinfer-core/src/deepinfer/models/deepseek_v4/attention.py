@@ -90,9 +90,9 @@ class Attention:
         q_residual, q, kv = self._project(x, positions)
         entry_rows = picks = None
         if self.compressor is not None:
-            entry_rows = self.compressor(x, layout, states, pool, cache.compressor, cache.kv, pool.entry_base)
+            entry_rows = self.compressor(x, layout, states, cache.compressor, cache.kv, pool.entry_base)
         if self.indexer is not None:
-            picks = self.indexer(x, q_residual, positions, layout, states, pool, cache)
+            picks = self.indexer(x, q_residual, positions, layout, states, cache)
         parts: list[torch.Tensor] = []
         rows_per_seq: list[torch.Tensor] = []
         offset, window = 0, torch.arange(1 - self.window, 1, device=x.device)

@@ -13,7 +13,7 @@ import torch
 
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import CompressorCache, StatePool
+from deepinfer.models.deepseek_v4.state_pool import CompressorCache
 from deepinfer.models.deepseek_v4.step import RatioPlan
 from deepinfer.ops import OpTable
 
@@ -83,15 +83,15 @@ class Compressor:
             cache.overlap[slot] = series_a[-1]
         return self._slots(windows, previous, has_previous)
 
-    def __call__(self, x: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State], pool: StatePool,
-                 cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State], cache: CompressorCache,
+                 out: torch.Tensor, base: int) -> list[torch.Tensor]:
         """Feed the new tokens ``x`` [T, hidden]; entries of closed windows go to ``out`` rows ``base +`` page
         rows.  Returns every sequence's page rows (relative to ``base``) of all its entries so far."""
         proj = self.ops.linear(x, self.w_kv_gate)
         slot_kv, slot_score, positions, rows, all_rows = [], [], [], [], []
         for i, state in enumerate(states):
             start, end = layout.starts[i], layout.starts[i] + layout.lens[i]
-            seq_rows = pool.page_rows(state, self.ratio)
+            seq_rows = layout.entry_rows[self.ratio][i]
             all_rows.append(seq_rows[: end // self.ratio])
             windows = self._windows(proj[layout.rows(i)], cache, state.slot, start)
             if windows is not None:

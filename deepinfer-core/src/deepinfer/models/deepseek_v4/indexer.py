@@ -12,7 +12,7 @@ import torch
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import LayerCache, StatePool
+from deepinfer.models.deepseek_v4.state_pool import LayerCache
 from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 from deepinfer.ops import OpTable
 
@@ -46,9 +46,9 @@ class Indexer:
         )
 
     def __call__(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
-                 states: list[DeepseekV4State], pool: StatePool, cache: LayerCache) -> torch.Tensor:
+                 states: list[DeepseekV4State], cache: LayerCache) -> torch.Tensor:
         """Top-k entry ids [T, index_topk] per query (``-1`` where fewer entries are causal)."""
-        rows = self.compressor(x, layout, states, pool, cache.indexer, cache.index_keys, 0)
+        rows = self.compressor(x, layout, states, cache.indexer, cache.index_keys, 0)
         longest = max(r.shape[0] for r in rows)
         if longest == 0:
             return torch.full((x.shape[0], self.topk), -1, dtype=torch.int64, device=x.device)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,6 +14,9 @@ class RaggedLayout:
     lens: list[int]  # new tokens of each sequence
     starts: list[int]  # absolute position of each sequence's first new token (its state's num_tokens)
     seq_ids: torch.Tensor  # [T] int64: sequence index of every row
+    #: Per compression ratio, each sequence's page rows of its entries in order ([seqs, entries] int64 on the
+    #: device, relative to page 0; set by the model once per step so no layer copies host data).
+    entry_rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def build(cls, seq_lens: list[int], starts: list[int],

@@ -131,6 +131,11 @@ class DeepseekV4ForCausalLM:
             hidden = self._decode(step, pool)
         else:
             layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
+            page = pool.spec.page_size
+            for r in pool.spec.paged_ratios:  # one upload per ratio, not one per sequence and layer
+                width = max(1, max(len(s.pages.get(r, ())) for s in states))
+                table = batch.upload(pool.page_table(states, r, width))
+                layout.entry_rows[r] = (table[:, :, None] * page + torch.arange(page, device=table.device)).flatten(1)
             positions = batch.positions
 
             def attend(attn, x):
