@@ -261,6 +261,32 @@ def _di_decode_step(model, states, graphs):
     return graphs.run(states, ids, CudaBackend().to_device)
 
 
+def _host_costs(model, graphs, states) -> dict[str, float]:
+    """Host seconds of a replayed decode step's parts (medians of 5): building the inputs, the upload, and the
+    graph launch call (which returns before the device finishes)."""
+    import torch
+
+    from deepinfer_cuda.plugin import CudaBackend
+
+    upload, parts = CudaBackend().to_device, {"inputs": [], "upload": [], "launch": []}
+    for _ in range(5):
+        _sync()
+        rows, tokens = graphs.buckets(states)
+        t0 = time.perf_counter()
+        host = model.decode_inputs(states, [0] * len(states), rows, tokens)
+        packed = torch.cat([t.flatten() for t in host.values()])
+        t1 = time.perf_counter()
+        graph = graphs._graphs[rows, tokens]
+        graph.flat.copy_(upload(packed, torch.device(DEVICE)))
+        t2 = time.perf_counter()
+        graph.replay()
+        t3 = time.perf_counter()
+        _sync()
+        for key, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+            parts[key].append(value)
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
 def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, float]:
     """Seconds per case (same cases as :func:`hf_cases`); decode steps replayed from CUDA graphs (captured
     per batch size, as the engine does) unless ``use_graphs`` is false."""
@@ -294,6 +320,7 @@ def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, floa
             if graphs is not None:  # device time of the step alone: replays of its graph, back to back
                 replay = graphs._graphs[graphs.buckets(states)].replay
                 out[f"decode b{batch} ctx {CONTEXT} replay"] = _time(lambda: [replay() for _ in range(10)], 3) / 10
+                out[f"decode b{batch} ctx {CONTEXT} host"] = _host_costs(model, graphs, states)
             for state in states:
                 state.release()
             if graphs is not None:
@@ -387,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                 r[f"di_{variant}_s"] = times[r["case"]]
                 if r["case"] + " replay" in times:
                     r[f"di_{variant}_replay_s"] = times[r["case"] + " replay"]
+                    r[f"di_{variant}_host_s"] = times[r["case"] + " host"]
             print(f"timed DeepInfer [{variant}]", flush=True)
         if args.profile:
             ops.table = tables["nvidia"]
@@ -429,6 +457,10 @@ def report(rows, counts: ParamCounts, bw: float, peak: float, variants: list[str
         replays = [f"{v}: {r[f'di_{v}_replay_s'] * 1e3:.2f} ms" for v in variants if f"di_{v}_replay_s" in r]
         if replays:
             print(f"{'':22} graph replay alone (device time of the step): " + ", ".join(replays))
+        for v in variants:
+            if f"di_{v}_host_s" in r:
+                host = r[f"di_{v}_host_s"]
+                print(f"{'':22} {v} host per step: " + ", ".join(f"{k} {t * 1e3:.3f} ms" for k, t in host.items()))
 
 
 if __name__ == "__main__":
