@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -34,17 +35,19 @@ class Attention:
         spec = cfg.rope_main if self.kind == SLIDING else cfg.rope_compress
         device = get(p + "wkv.weight").device
         self.inv_freq, self.rope_scaling = inv_freq(spec, cfg.rope_head_dim).to(device), spec.attention_scaling
-        self.wq_a, self.q_norm, self.wq_b = get(p + "wq_a.weight"), get(p + "q_norm.weight"), get(p + "wq_b.weight")
-        self.wkv, self.kv_norm = get(p + "wkv.weight"), get(p + "norm.weight")
+        self.q_norm, self.wq_b, self.kv_norm = get(p + "q_norm.weight"), get(p + "wq_b.weight"), get(p + "norm.weight")
         self.wo_a, self.wo_b, self.sinks = get(p + "wo_a.weight"), get(p + "wo_b.weight"), get(p + "attn_sink")
+        # Everything the layer projects the token itself to, as one GEMM: wq_a | wkv | compressor kv | gate |
+        # indexer compressor kv | gate | indexer head weights (one read of x and one launch instead of up to 7).
+        blocks = [["wq_a"], ["wkv"]]
         self.compressor = self.indexer = None
         if self.kind != SLIDING:
             self.compressor = self._compressor(get, p + "compressor.", cfg)
+            blocks.append(["compressor.wkv", "compressor.wgate"])
         if self.kind == CSA:
             self.indexer = Indexer(
                 ops,
                 get(p + "indexer.wq_b.weight"),
-                get(p + "indexer.weights_proj.weight"),
                 self._compressor(get, p + "indexer.compressor.", cfg),
                 n_heads=cfg.index_n_heads,
                 head_dim=cfg.index_head_dim,
@@ -52,12 +55,14 @@ class Attention:
                 inv_freq=self.inv_freq,
                 rope_scaling=self.rope_scaling,
             )
+            blocks += [["indexer.compressor.wkv", "indexer.compressor.wgate"], ["indexer.weights_proj"]]
+        parts = [[get(p + name + ".weight") for name in block] for block in blocks]
+        self.w_in = torch.cat([w for block in parts for w in block])
+        self.in_splits = [sum(w.shape[0] for w in block) for block in parts]
 
     def _compressor(self, get: Callable[[str], torch.Tensor], p: str, cfg: DeepseekV4Config) -> Compressor:
         return Compressor(
             self.ops,
-            get(p + "wkv.weight"),
-            get(p + "wgate.weight"),
             get(p + "ape"),
             get(p + "norm.weight"),
             ratio=self.ratio,
@@ -68,13 +73,16 @@ class Attention:
         )
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
-        """``q_residual`` (the indexer reads it), per-head queries and the token's K=V latent, all rotated."""
+        """The token's projections: ``q_residual`` (the indexer reads it), per-head queries and the K=V
+        latent (both rotated), and what the compressors and the indexer read (``inputs``)."""
         ops, tokens = self.ops, x.shape[0]
-        q_residual = ops.rms_norm(ops.linear(x, self.wq_a), self.q_norm, self.eps)
+        q_lin, kv_lin, *rest = ops.linear(x, self.w_in).split(self.in_splits, dim=1)
+        q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
         q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(ops.rms_norm(q, None, self.eps), positions, self.inv_freq, self.rope_scaling)
-        kv = ops.rms_norm(ops.linear(x, self.wkv), self.kv_norm, self.eps)
-        return q_residual, q, ops.rope(kv, positions, self.inv_freq, self.rope_scaling)
+        kv = ops.rms_norm(kv_lin, self.kv_norm, self.eps)
+        inputs = _Inputs(*rest)
+        return q_residual, q, ops.rope(kv, positions, self.inv_freq, self.rope_scaling), inputs
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, positions: torch.Tensor):
         ops, tokens = self.ops, q.shape[0]
@@ -87,12 +95,12 @@ class Attention:
                  states: list[DeepseekV4State], pool: StatePool, cache: LayerCache) -> torch.Tensor:
         """Any chunk lengths: the KV pool of the step is gathered per sequence (window history, new latents,
         compressed entries), then each SWA ring takes its newest latents."""
-        q_residual, q, kv = self._project(x, positions)
+        q_residual, q, kv, inputs = self._project(x, positions)
         entry_rows = picks = None
         if self.compressor is not None:
-            entry_rows = self.compressor(x, layout, states, cache.compressor, cache.kv, pool.entry_base)
+            entry_rows = self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, pool.entry_base)
         if self.indexer is not None:
-            picks = self.indexer(x, q_residual, positions, layout, states, cache)
+            picks = self.indexer(inputs, q_residual, positions, layout, states, cache)
         parts: list[torch.Tensor] = []
         rows_per_seq: list[torch.Tensor] = []
         offset, window = 0, torch.arange(1 - self.window, 1, device=x.device)
@@ -129,15 +137,23 @@ class Attention:
         """One token per sequence with fixed shapes and no host data (CUDA-graph safe): the token's latent
         goes to its ring first (which then holds exactly the window ending at it), and attention reads rings
         and entry pages in place through row indices (``plan``: computed once per step for every layer)."""
-        q_residual, q, kv = self._project(x, step.positions)
+        q_residual, q, kv, inputs = self._project(x, step.positions)
         cache.kv.index_copy_(0, plan.ring_rows, kv)
         cols = [plan.window_cols]
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
-            self.compressor.decode(x, step.slots, ratio, cache.compressor, cache.kv, pool.entry_base)
+            self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv, pool.entry_base)
             if self.indexer is not None:  # CSA: the indexer's top-k
-                ids = self.indexer.decode(x, q_residual, step.positions, step, plan, cache)
+                ids = self.indexer.decode(inputs, q_residual, step.positions, step, plan, cache)
                 cols.append(torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1))
             else:  # HCA: every entry whose window is complete at the query
                 cols.append(ratio.causal_entry_cols)
         return self._output(q, cache.kv, torch.cat(cols, dim=1), step.positions)
+
+
+class _Inputs(NamedTuple):
+    """Projections of the token for the compressors and the indexer (views into one GEMM's output)."""
+
+    compressor: torch.Tensor | None = None  # [T, 2 * width]: kv | gate
+    indexer_compressor: torch.Tensor | None = None  # [T, 2 * index width]
+    indexer_weights: torch.Tensor | None = None  # [T, index heads]

@@ -22,8 +22,6 @@ class Compressor:
     def __init__(
         self,
         ops: OpTable,
-        wkv: torch.Tensor,
-        wgate: torch.Tensor,
         position_bias: torch.Tensor,
         norm_weight: torch.Tensor,
         *,
@@ -34,11 +32,10 @@ class Compressor:
         rope_scaling: float,
     ):
         self.ops = ops
-        self.w_kv_gate = torch.cat([wkv, wgate])  # one projection: kv and gate side by side, as the state keeps them
         self.position_bias, self.norm_weight = position_bias, norm_weight
         self.ratio, self.overlap, self.eps = ratio, overlap, eps
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
-        self.width = wkv.shape[0]
+        self.width = position_bias.shape[-1]  # kv / gate projection width (2 x dim with overlap)
         self.dim = self.width // 2 if overlap else self.width
 
     def _entries(self, slot_kv: torch.Tensor, slot_score: torch.Tensor, first_pos: torch.Tensor) -> torch.Tensor:
@@ -83,11 +80,11 @@ class Compressor:
             cache.overlap[slot] = series_a[-1]
         return self._slots(windows, previous, has_previous)
 
-    def __call__(self, x: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State], cache: CompressorCache,
-                 out: torch.Tensor, base: int) -> list[torch.Tensor]:
-        """Feed the new tokens ``x`` [T, hidden]; entries of closed windows go to ``out`` rows ``base +`` page
-        rows.  Returns every sequence's page rows (relative to ``base``) of all its entries so far."""
-        proj = self.ops.linear(x, self.w_kv_gate)
+    def __call__(self, proj: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State],
+                 cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
+        """Feed the new tokens' projections ``proj`` [T, 2 * width] (kv | gate); entries of closed windows go to
+        ``out`` rows ``base +`` page rows.  Returns every sequence's page rows (relative to ``base``) of all its
+        entries so far."""
         slot_kv, slot_score, positions, rows, all_rows = [], [], [], [], []
         for i, state in enumerate(states):
             start, end = layout.starts[i], layout.starts[i] + layout.lens[i]
@@ -98,7 +95,7 @@ class Compressor:
                 first, n = start // self.ratio, windows[0].shape[0]
                 slot_kv.append(windows[0])
                 slot_score.append(windows[1])
-                positions.append(torch.arange(first, first + n, device=x.device) * self.ratio)
+                positions.append(torch.arange(first, first + n, device=proj.device) * self.ratio)
                 rows.append(seq_rows[first : first + n])
         if slot_kv:
             entries = self._entries(torch.cat(slot_kv), torch.cat(slot_score), torch.cat(positions))
@@ -106,12 +103,12 @@ class Compressor:
         return all_rows
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
-    def decode(self, x: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,
+    def decode(self, proj: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,
                out: torch.Tensor, base: int) -> None:
         """Append each sequence's token to its slot's window; every row pools its window, and rows whose
         window closes write the entry to its page row (the others to page 0, which nothing reads)."""
         d, w = self.dim, self.width
-        cache.pending.view(-1, 2 * w).index_copy_(0, plan.pending_rows, self.ops.linear(x, self.w_kv_gate))
+        cache.pending.view(-1, 2 * w).index_copy_(0, plan.pending_rows, proj)
         window = cache.pending[slots]  # [B, r, 2 * width]
         previous = None
         if self.overlap:

@@ -22,7 +22,6 @@ class Indexer:
         self,
         ops: OpTable,
         wq_b: torch.Tensor,
-        weights_proj: torch.Tensor,
         compressor: Compressor,
         *,
         n_heads: int,
@@ -31,37 +30,37 @@ class Indexer:
         inv_freq: torch.Tensor,
         rope_scaling: float,
     ):
-        self.ops, self.wq_b, self.weights_proj, self.compressor = ops, wq_b, weights_proj, compressor
+        self.ops, self.wq_b, self.compressor = ops, wq_b, compressor
         self.n_heads, self.head_dim, self.topk = n_heads, head_dim, topk
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
 
-    def _topk(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+    def _topk(self, weights: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
               seq_ids: torch.Tensor) -> torch.Tensor:
-        q = self.ops.linear(q_residual, self.wq_b).view(x.shape[0], self.n_heads, self.head_dim)
+        q = self.ops.linear(q_residual, self.wq_b).view(q_residual.shape[0], self.n_heads, self.head_dim)
         q = self.ops.rope(q, positions, self.inv_freq, self.rope_scaling)
-        weights = self.ops.linear(x, self.weights_proj)
         limits = (positions + 1) // self.compressor.ratio  # entries pooling only tokens <= the query
         return self.ops.indexer_topk(
             q, weights, keys, seq_ids, limits, self.topk, self.head_dim**-0.5, self.n_heads**-0.5
         )
 
-    def __call__(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
+    def __call__(self, inputs, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
                  states: list[DeepseekV4State], cache: LayerCache) -> torch.Tensor:
-        """Top-k entry ids [T, index_topk] per query (``-1`` where fewer entries are causal)."""
-        rows = self.compressor(x, layout, states, cache.indexer, cache.index_keys, 0)
+        """Top-k entry ids [T, index_topk] per query (``-1`` where fewer entries are causal); ``inputs``: the
+        token's projections for the indexer's compressor and head weights."""
+        rows = self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, 0)
         longest = max(r.shape[0] for r in rows)
         if longest == 0:
-            return torch.full((x.shape[0], self.topk), -1, dtype=torch.int64, device=x.device)
+            return torch.full((q_residual.shape[0], self.topk), -1, dtype=torch.int64, device=q_residual.device)
         padded = cache.index_keys.new_zeros(len(rows), longest, self.head_dim)
         for i, r in enumerate(rows):
             padded[i, : r.shape[0]] = cache.index_keys[r]
-        return self._topk(x, q_residual, positions, padded, layout.seq_ids)
+        return self._topk(inputs.indexer_weights, q_residual, positions, padded, layout.seq_ids)
 
-    def decode(self, x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, step: DecodeStep,
+    def decode(self, inputs, q_residual: torch.Tensor, positions: torch.Tensor, step: DecodeStep,
                plan: DecodePlan, cache: LayerCache) -> torch.Tensor:
         """:meth:`__call__` for one token per sequence, with fixed shapes: every sequence's keys are read
         through its whole page table (entries past its count are masked by the causal limit)."""
         ratio = plan.ratios[self.compressor.ratio]
-        self.compressor.decode(x, step.slots, ratio, cache.indexer, cache.index_keys, 0)
+        self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys, 0)
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
-        return self._topk(x, q_residual, positions, keys, plan.seq_ids)
+        return self._topk(inputs.indexer_weights, q_residual, positions, keys, plan.seq_ids)
