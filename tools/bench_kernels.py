@@ -83,7 +83,7 @@ def rope_and_hc_rows() -> list[dict[str, object]]:
 
     out = []
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64))
-    for label, tokens in [("prefill", 1024), ("decode b64", 64)]:
+    for label, tokens in [("prefill", 1024), ("decode b64", 64), ("decode b16", 16), ("decode b1", 1)]:
         q = torch.randn(tokens, 64, 512, device="cuda", dtype=torch.bfloat16)
         pos = torch.arange(tokens, device="cuda")
         nbytes = 2 * q.numel() * 2

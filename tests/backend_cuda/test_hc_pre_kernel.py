@@ -38,10 +38,10 @@ SCRIPT = textwrap.dedent(
         return plan.finish()
 
     gen = torch.Generator().manual_seed(0)
-    # (tokens, streams, hidden): 2 token tiles (the last partial) x 8 slices; a flat width (800) that ends
-    # mid-slice and a hidden dim (200) that ends mid-chunk; one token alone.  4 Sinkhorn rounds keep it fast
+    # (tokens, streams, hidden): 16-token tiles (the last partial) x 8 slices; a flat width (800) that ends
+    # mid-slice and a hidden dim (200) that ends mid-chunk; one token alone; 70 tokens in 64-token tiles.  4 Sinkhorn rounds keep it fast
     # (the conformance samples run 20).
-    for tokens, n, dim in [(45, 4, 512), (5, 4, 200), (1, 4, 512)]:
+    for tokens, n, dim in [(45, 4, 512), (5, 4, 200), (1, 4, 512), (70, 4, 256)]:
         for dtype in (torch.float32, torch.bfloat16):
             streams = (2 * torch.randn(tokens, n, dim, generator=gen)).to(dtype)
             fn = 0.05 * torch.randn((2 + n) * n, n * dim, generator=gen)
@@ -51,13 +51,14 @@ SCRIPT = textwrap.dedent(
             tol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}[dtype]
             for interpreted in (False, True):
                 # tl.dot (the compiled path) runs as numpy matmul here, whose rounding of a row depends on its
-                # place in the tile; INTERPRETED multiplies without it, so every sub-batch can be compared.
+                # place in the tile and the tile's size; INTERPRETED multiplies without it, so every sub-batch
+                # (each in its own token tier: 1, 2..8, 16 and 64-token tiles) can be compared bitwise.
                 module.INTERPRETED = interpreted
                 whole = run(*args)
                 assert_close(whole, reference(*args), dtype, tol, f"hc_pre {tokens}x{n}x{dim} {dtype}")
-                keep_place = [[0], list(range(min(32, tokens - 1), tokens))]  # each row keeps its place in its tile
-                moved = [[tokens - 1], list(range(tokens - 1, -1, -3))]
-                for rows in keep_place + (moved if interpreted else []):
+                if not interpreted:
+                    continue
+                for rows in [[0], [tokens - 1], list(range(tokens - 1, -1, -3)), list(range(min(20, tokens)))]:
                     part = run(streams[rows], *args[1:])
                     for got, want in zip(part, whole):
                         assert torch.equal(got, want[rows]), f"rows {rows[:4]} of {tokens}x{n}x{dim} {dtype} differ"
@@ -71,22 +72,47 @@ def test_split_k_hc_pre_matches_reference_and_is_batch_invariant_under_the_inter
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count("OK ") == 6, proc.stdout
+    assert proc.stdout.count("OK ") == 8, proc.stdout
 
 
 def test_hc_pre_tiles_depend_on_model_dims_only():
-    """The K split and token tile are a function of (streams, hidden): the plan for 1 token and 1000 agree."""
-    from deepinfer_cuda.arch import SM90A, SM100A
+    """The K split and every finishing tile are a function of (streams, hidden): plans for 1..1000 tokens agree on
+    them; only the projection's token tile (and its warps) follows the token count, through the tiers."""
+    from deepinfer_cuda.arch import SM90A, SM100A, hc_pre_config
     from deepinfer_cuda.kernels import hc_pre as module
 
     for arch in (SM90A, SM100A):
         for n, dim in module.AOT_SHAPES:
+            tiles = hc_pre_config(arch, n, dim)
+            assert [t.max_tokens for t in tiles.tiers] == sorted(t.max_tokens for t in tiles.tiers)
             plans = []
-            for tokens in (1, 16, 1000):
+            for tokens in (1, 3, 16, 64, 65, 1000):
                 plan = module.prepare(torch.zeros(tokens, n, dim, dtype=torch.bfloat16), torch.zeros(24, n * dim),
                                       torch.zeros(24), torch.ones(3), 1e-6, 1e-6, 20, arch=arch)
                 (_, mix), (_, finish) = plan.steps
-                consts = {k: v for launch in (mix, finish) for k, v in launch.args.items() if k.isupper()}
-                plans.append((consts, mix.config, finish.config, mix.grid[1], finish.grid[1]))
-                assert mix.grid[0] * consts["BLOCK_T"] >= tokens and finish.grid[0] == tokens
-            assert plans[0] == plans[1] == plans[2]
+                consts = {k: v for launch in (mix, finish) for k, v in launch.args.items()
+                          if k.isupper() and k != "BLOCK_T"}
+                tier = tiles.tier(tokens)
+                assert mix.args["BLOCK_T"] == tier.block_t and mix.config == tier.config
+                plans.append((consts, finish.config, mix.grid[1], finish.grid[1]))
+                assert mix.grid[0] * tier.block_t >= tokens and finish.grid[0] == tokens
+            assert all(p == plans[0] for p in plans)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_hc_pre_bits_do_not_depend_on_the_token_tier_gpu():
+    """Compiled kernels: a token's outputs are bitwise the same whether the call's tier tiles it by 1, 2..8, 16 or
+    64 tokens (each mix is one FMA chain over its slice, whatever the tile)."""
+    from deepinfer_cuda.kernels.hc_pre import hc_pre
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        streams = torch.randn(200, 4, 4096, device="cuda", generator=gen).to(dtype)
+        fn = 0.05 * torch.randn(24, 4 * 4096, device="cuda", generator=gen)
+        base = 0.5 * torch.randn(24, device="cuda", generator=gen)
+        scale = 1 + 0.1 * torch.randn(3, device="cuda", generator=gen)
+        whole = hc_pre(streams, fn, base, scale, 1e-6, 1e-6, 20)
+        for rows in ([7], [199, 3], list(range(5, 12)), list(range(150, 166)), list(range(0, 200, 4))):
+            part = hc_pre(streams[rows], fn, base, scale, 1e-6, 1e-6, 20)
+            for got, want in zip(part, whole):
+                assert torch.equal(got, want[rows]), f"{len(rows)} rows {rows[:3]} ({dtype}) differ from the batch"

@@ -90,32 +90,46 @@ def hc_post_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
 
 
 @dataclass(slots=True, frozen=True)
-class HcPreTiles:
-    """Tiles of mHC pre's two kernels.  All of them are functions of the model dims only, never of the token count:
-    a token's partial sums and their reduction order must not depend on the batch (batch invariance)."""
+class HcPreTier:
+    """The projection's token tile for calls of up to ``max_tokens`` tokens.  Changing it never changes a token's
+    bits: each mix is one FMA chain over its slice's columns in order, whatever the tile (see kernels/hc_pre.py)."""
 
-    mix: LaunchConfig  #: the split-K projection
-    slice: int  #: columns of the flattened streams (n * dim) per projection program
+    max_tokens: int
     block_t: int  #: tokens per projection program (each slice of fn is read once per block_t tokens)
-    block_k: int  #: columns per step of a projection program
+    config: LaunchConfig
+
+
+@dataclass(slots=True, frozen=True)
+class HcPreTiles:
+    """Tiles of mHC pre's two kernels.  The K slices and every finishing tile are functions of the model dims
+    only: a token's partial sums and their reduction order must not depend on the batch (batch invariance)."""
+
+    slice: int  #: columns of the flattened streams (n * dim) per projection program
+    block_k: int  #: columns per step of a projection program (the sum of squares' lanes: fixed for every tier)
+    tiers: tuple[HcPreTier, ...]  #: by increasing max_tokens; the last one takes any count
     finish: LaunchConfig  #: sums of the slices, gates, Sinkhorn and collapse
     block_d: int  #: hidden columns collapsed per finishing program
 
+    def tier(self, tokens: int) -> HcPreTier:
+        return next((t for t in self.tiers if tokens <= t.max_tokens), self.tiers[-1])
+
 
 def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
-    """mHC pre: split-K projection of 32-token tiles, then one finishing program per (token, 1024 columns).
+    """mHC pre: split-K projection over 256-column slices, then one finishing program per (token, 1024 columns).
 
     The projection's (2+n)*n = 24 rows of fn are 1.5 MB for V4 (4 x 4096); slices of 256 columns give 64 programs
-    per 32 tokens, enough to spread a decode step's read of fn over the GPU, while prefill reads fn once per 32
-    tokens (48 MB of L2 traffic for 1024 tokens instead of 1.5 GB) and writes 28 floats per token and slice.
-    The projection is IEEE fp32 FMAs (CUDA cores): 2 warps over a 32 x 24 output tile give each thread ~12
-    accumulators (sm_90a: 64 registers, ~0.6 shared-memory floats loaded per FMA); 3 stages of cp.async hide the
-    loads of the next 32 columns.  Larger token tiles reuse operands better but slow decode (the tile is fixed).
+    per token tile, enough to spread a decode step's read of fn over the GPU.  The projection is IEEE fp32 FMAs
+    (CUDA cores) and latency bound at decode, so the token tile follows the call's size (which is allowed: a
+    mix's FMA chain does not depend on the tile): 1..16 tokens for decode (a 1-token call does 1/32 of the FMAs
+    of the old fixed 32-token tile), 4 warps over the slice's 24 outputs; prefill tiles of 64 tokens read each
+    slice of fn once per 64 tokens (24 MB of L2 traffic for 1024 tokens) with ~12 accumulators per thread.
     """
     if arch.triton_arch in (90, 100):
         flat = n * dim
-        return HcPreTiles(mix=LaunchConfig(num_warps=2, num_stages=3),
-                          slice=min(256, max(16, 1 << (flat - 1).bit_length())), block_t=32, block_k=32,
+        small = tuple(HcPreTier(t, t, LaunchConfig(num_warps=4 if t >= 8 else 2, num_stages=2)) for t in (1, 2, 4, 8))
+        tiers = small + (HcPreTier(64, 16, LaunchConfig(num_warps=4, num_stages=2)),
+                         HcPreTier(1 << 30, 64, LaunchConfig(num_warps=4, num_stages=3)))
+        return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), block_k=32, tiers=tiers,
                           finish=LaunchConfig(num_warps=4),
                           block_d=min(1024, max(16, 1 << (dim - 1).bit_length())))
     raise ValueError(f"no mHC pre configuration for {arch.name}")

@@ -9,10 +9,14 @@ The RMS normalisation is folded into the projection (``norm(x) . w = rsqrt(mean(
    once per token.  The slice's partial mixes and sum of squares go to an fp32 workspace.
 2. ``_hc_pre_finish_kernel``, grid (token, hidden chunk + 1): sums a token's slices in increasing slice order,
    then either collapses one chunk of the hidden dim with ``pre`` or (the extra program) runs the ``post`` gate
-   and the Sinkhorn rounds.
+   and the Sinkhorn rounds (for 4 streams on 16 scalars: no cross-thread reduction in the serial rounds).
 
-Batch invariance: the slice width, the token tile and every tile shape come from the model dims only, never
-from the token count, so a token's partial sums and their reduction order are the same in any batch.
+Batch invariance: the slice width and every finishing tile come from the model dims only.  The token tile
+follows the call's size (``HcPreTiles.tier``: 1 token for decode b1, 64 for prefill), which cannot change a
+token's bits: Triton lowers an fp32 ``ieee`` dot to one ``fma`` chain per output over k in order, starting
+from the accumulator (one chain over the whole slice, whatever the tile, its warps or its other rows), and
+the sum of squares is kept per lane (``fma(x, x, acc)``, lane = column mod ``block_k``, fixed) and reduced
+once by the same kind of chain.
 """
 
 from __future__ import annotations
@@ -51,14 +55,14 @@ def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
     # fn rows [0, 2N): pre then post; [2N, 2N + N*N): comb.  Loaded transposed: [BLOCK_K, rows].
     pp = tl.arange(0, 2 * N)
     cc = tl.arange(0, N * N)
-    sumsq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # per-lane sums of squares (lane = column mod BLOCK_K)
     acc_pp = tl.zeros([BLOCK_T, 2 * N], dtype=tl.float32)
     acc_cc = tl.zeros([BLOCK_T, N * N], dtype=tl.float32)
     for k0 in range(0, SLICE, BLOCK_K):
         ks = s * SLICE + k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         x = tl.load(src + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        sumsq += tl.sum(x * x, axis=1)
+        sq = tl.fma(x, x, sq)
         f_pp = tl.load(fn_ptr + pp[None, :] * K + ks[:, None], mask=k_ok[:, None], other=0.0)
         f_cc = tl.load(fn_ptr + (2 * N + cc[None, :]) * K + ks[:, None], mask=k_ok[:, None], other=0.0)
         if INTERPRETED:  # numpy's matmul (BLAS) rounds a row differently by its place in the tile
@@ -73,7 +77,95 @@ def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
     tl.store(gate_ws_ptr + slot[:, None] * GATE_W + pp[None, :], acc_pp, mask=row_ok[:, None] & is_pre)
     tl.store(mix_ws_ptr + slot[:, None] * MIX_W + (pp[None, :] - N), acc_pp, mask=row_ok[:, None] & ~is_pre)
     tl.store(mix_ws_ptr + slot[:, None] * MIX_W + N + cc[None, :], acc_cc, mask=row_ok[:, None])
-    tl.store(gate_ws_ptr + slot * GATE_W + N, sumsq, mask=row_ok)
+    # The lanes summed by one more FMA chain (lanes in order; 8 identical columns, the first stored).
+    one = tl.arange(0, 8)
+    if INTERPRETED:
+        sumsq = tl.sum(sq, axis=1)[:, None] + tl.zeros([BLOCK_T, 8], dtype=tl.float32)
+    else:
+        sumsq = tl.dot(sq, tl.full([BLOCK_K, 8], 1.0, tl.float32), input_precision="ieee")
+    tl.store(gate_ws_ptr + slot[:, None] * GATE_W + N + one[None, :], sumsq, mask=row_ok[:, None] & (one[None, :] == 0))
+
+
+@triton.jit
+def _normalized4(a, b, c, d, eps):
+    """Four entries of a Sinkhorn row or column divided by their sum + eps."""
+    total = a + b + c + d + eps
+    return a / total, b / total, c / total, d / total
+
+
+@triton.jit
+def _softmax4(a, b, c, d, eps):
+    """Softmax of four logits, plus eps."""
+    top = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+    a, b, c, d = tl.exp(a - top), tl.exp(b - top), tl.exp(c - top), tl.exp(d - top)
+    total = a + b + c + d
+    return a / total + eps, b / total + eps, c / total + eps, d / total + eps
+
+
+@triton.jit
+def _comb_logit(mix, s_ok, inv_rms, comb_scale, base_ptr, i: tl.constexpr, j: tl.constexpr, N: tl.constexpr):
+    """Logit (i, j) of comb: its slices summed (a fixed [BLOCK_S] reduction), normalised, scaled, biased."""
+    w = tl.sum(tl.load(mix + N + i * N + j, mask=s_ok, other=0.0), axis=0)
+    return w * inv_rms * comb_scale + tl.load(base_ptr + 2 * N + i * N + j)
+
+
+@triton.jit
+def _gates4(mix, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps, sinkhorn_iters,
+            N: tl.constexpr):
+    """post and comb of one token for N = 4 streams, on 16 scalars: the 40 serial Sinkhorn half-rounds are
+    register arithmetic, with no reduction across threads (the tensor form spends most of its time there)."""
+    ks = tl.arange(0, N)
+    post_w = tl.sum(tl.load(mix[:, None] + ks[None, :], mask=s_ok[:, None], other=0.0), axis=0)
+    post = 2 * tl.sigmoid(post_w * inv_rms * tl.load(scale_ptr + 1) + tl.load(base_ptr + N + ks))
+    tl.store(post_ptr + token * N + ks, post)
+    cs = tl.load(scale_ptr + 2)
+    c00, c01, c02, c03 = _softmax4(_comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 0, 0, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 0, 1, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 0, 2, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 0, 3, N), hc_eps)
+    c10, c11, c12, c13 = _softmax4(_comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 1, 0, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 1, 1, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 1, 2, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 1, 3, N), hc_eps)
+    c20, c21, c22, c23 = _softmax4(_comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 2, 0, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 2, 1, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 2, 2, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 2, 3, N), hc_eps)
+    c30, c31, c32, c33 = _softmax4(_comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 3, 0, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 3, 1, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 3, 2, N),
+                                   _comb_logit(mix, s_ok, inv_rms, cs, base_ptr, 3, 3, N), hc_eps)
+    # Columns once, then (rows, columns) rounds, as the reference.
+    c00, c10, c20, c30 = _normalized4(c00, c10, c20, c30, hc_eps)
+    c01, c11, c21, c31 = _normalized4(c01, c11, c21, c31, hc_eps)
+    c02, c12, c22, c32 = _normalized4(c02, c12, c22, c32, hc_eps)
+    c03, c13, c23, c33 = _normalized4(c03, c13, c23, c33, hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        c00, c01, c02, c03 = _normalized4(c00, c01, c02, c03, hc_eps)
+        c10, c11, c12, c13 = _normalized4(c10, c11, c12, c13, hc_eps)
+        c20, c21, c22, c23 = _normalized4(c20, c21, c22, c23, hc_eps)
+        c30, c31, c32, c33 = _normalized4(c30, c31, c32, c33, hc_eps)
+        c00, c10, c20, c30 = _normalized4(c00, c10, c20, c30, hc_eps)
+        c01, c11, c21, c31 = _normalized4(c01, c11, c21, c31, hc_eps)
+        c02, c12, c22, c32 = _normalized4(c02, c12, c22, c32, hc_eps)
+        c03, c13, c23, c33 = _normalized4(c03, c13, c23, c33, hc_eps)
+    out = comb_ptr + token * N * N
+    tl.store(out + 0, c00)
+    tl.store(out + 1, c01)
+    tl.store(out + 2, c02)
+    tl.store(out + 3, c03)
+    tl.store(out + 4, c10)
+    tl.store(out + 5, c11)
+    tl.store(out + 6, c12)
+    tl.store(out + 7, c13)
+    tl.store(out + 8, c20)
+    tl.store(out + 9, c21)
+    tl.store(out + 10, c22)
+    tl.store(out + 11, c23)
+    tl.store(out + 12, c30)
+    tl.store(out + 13, c31)
+    tl.store(out + 14, c32)
+    tl.store(out + 15, c33)
 
 
 @triton.jit(do_not_specialize=["tokens", "sinkhorn_iters"])
@@ -102,6 +194,9 @@ def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_
                     other=0.0).to(tl.float32)
         out = tl.sum(pre[:, None] * x, axis=0)
         tl.store(collapsed_ptr + token * D + dcols, out.to(collapsed_ptr.dtype.element_ty), mask=dok)
+    elif N == 4:
+        _gates4(mix_ws_ptr + slot * MIX_W, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps,
+                sinkhorn_iters, N)
     else:
         mix = mix_ws_ptr + slot * MIX_W
         post_w = tl.sum(tl.load(mix[:, None] + ks[None, :], mask=s_ok[:, None], other=0.0), axis=0)
@@ -125,12 +220,12 @@ def _pow2(v: int) -> int:
 
 
 @functools.cache
-def _plan(arch: CudaArch, n: int, dim: int) -> tuple[HcPreTiles, dict[str, object], dict[str, object]]:
-    """Tiles and constexprs of both kernels: a function of the model dims only (batch invariance)."""
+def _plan(arch: CudaArch, n: int, dim: int, block_t: int) -> tuple[HcPreTiles, dict[str, object], dict[str, object]]:
+    """Tiles and constexprs of both kernels: functions of the model dims, and for the mix its token tile."""
     tiles = hc_pre_config(arch, n, dim)
     slices = triton.cdiv(n * dim, tiles.slice)
     widths = {"GATE_W": _pow2(n + 1), "MIX_W": n + n * n}
-    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": tiles.block_t, "BLOCK_K": tiles.block_k, **widths,
+    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": block_t, "BLOCK_K": tiles.block_k, **widths,
            "INTERPRETED": False}
     finish = {"N": n, "D": dim, "S": slices, "BLOCK_S": _pow2(slices), "BLOCK_D": tiles.block_d, **widths}
     return tiles, mix, finish
@@ -139,19 +234,26 @@ def _plan(arch: CudaArch, n: int, dim: int) -> tuple[HcPreTiles, dict[str, objec
 def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
     variants = []
     for n, dim in AOT_SHAPES:
-        tiles, mix, finish = _plan(arch, n, dim)
+        tiles = hc_pre_config(arch, n, dim)
         for dtype in AOT_DTYPES:
             if which == "mix":
                 sig = {"streams_ptr": f"*{dtype}:D", "fn_ptr": "*fp32:D", "gate_ws_ptr": "*fp32:D",
                        "mix_ws_ptr": "*fp32:D", "tokens": "i32"}
-                variants.append(Variant(sig, dict(mix), tiles.mix.num_warps, tiles.mix.num_stages))
+                for tier in tiles.tiers:
+                    _, mix, _ = _plan(arch, n, dim, tier.block_t)
+                    variants.append(Variant(sig, dict(mix), tier.config.num_warps, tier.config.num_stages))
             else:
+                _, _, finish = _plan(arch, n, dim, tiles.tiers[0].block_t)
                 sig = {"streams_ptr": f"*{dtype}:D", "gate_ws_ptr": "*fp32:D", "mix_ws_ptr": "*fp32:D",
                        "base_ptr": "*fp32:D", "scale_ptr": "*fp32:D", "collapsed_ptr": f"*{dtype}:D",
                        "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D", "tokens": "i32", "norm_eps": "fp32",
                        "hc_eps": "fp32", "sinkhorn_iters": "i32"}
                 variants.append(Variant(sig, dict(finish), tiles.finish.num_warps, tiles.finish.num_stages))
-    return variants
+    # Two tiers of one shape may share a tile (decode b64 and b16): compile each specialization once.
+    unique = {}
+    for v in variants:
+        unique.setdefault((repr(v.signature), repr(sorted(v.constexprs.items())), v.num_warps, v.num_stages), v)
+    return list(unique.values())
 
 
 MIX_KERNEL = TritonKernel("hc_pre_mix", _hc_pre_mix_kernel, functools.partial(_aot_variants, which="mix"))
@@ -168,14 +270,15 @@ def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
     streams = streams.contiguous()
     fn, base, scale = (t.to(torch.float32).contiguous() for t in (fn, base, scale))
     device = streams.device
-    tiles, mix, finish = _plan(arch, n, dim)
+    tier = hc_pre_config(arch, n, dim).tier(tokens)
+    tiles, mix, finish = _plan(arch, n, dim, tier.block_t)
     slices = finish["S"]
     gate_ws = torch.empty((slices, tokens, mix["GATE_W"]), dtype=torch.float32, device=device)
     mix_ws = torch.empty((slices, tokens, mix["MIX_W"]), dtype=torch.float32, device=device)
     collapsed = torch.empty((tokens, dim), dtype=streams.dtype, device=device)
     post = torch.empty((tokens, n), dtype=torch.float32, device=device)
     comb = torch.empty((tokens, n, n), dtype=torch.float32, device=device)
-    mix_launch = Launch((triton.cdiv(tokens, tiles.block_t), slices), tiles.mix,
+    mix_launch = Launch((triton.cdiv(tokens, tier.block_t), slices), tier.config,
                         dict(streams_ptr=streams, fn_ptr=fn, gate_ws_ptr=gate_ws, mix_ws_ptr=mix_ws, tokens=tokens,
                              **{**mix, "INTERPRETED": INTERPRETED}), None)
     finish_launch = Launch((tokens, triton.cdiv(dim, tiles.block_d) + 1), tiles.finish,
