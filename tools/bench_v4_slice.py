@@ -250,15 +250,13 @@ def _di_decode_step(model, states, graphs):
     """One decode step of ``states`` (one random token each), eager or replayed from ``graphs``."""
     import torch
 
-    from deepinfer_cuda.plugin import CudaBackend
-
     batch = len(states)
     if graphs is None:
         ids = torch.randint(0, model.vocab_size, (batch,), device=DEVICE)
         pos = torch.tensor([s.num_tokens for s in states], device=DEVICE)
         return _di_step(model, ids, pos, [1] * batch, states)
     ids = torch.randint(0, model.vocab_size, (batch,)).tolist()
-    return graphs.run(states, ids, CudaBackend().to_device)
+    return graphs.run(states, ids)
 
 
 def _host_costs(model, graphs, states) -> dict[str, float]:
@@ -266,18 +264,16 @@ def _host_costs(model, graphs, states) -> dict[str, float]:
     graph launch call (which returns before the device finishes)."""
     import torch
 
-    from deepinfer_cuda.plugin import CudaBackend
-
-    upload, parts = CudaBackend().to_device, {"inputs": [], "upload": [], "launch": []}
+    parts = {"inputs": [], "upload": [], "launch": []}
     for _ in range(5):
         _sync()
         rows, tokens = graphs.buckets(states)
         t0 = time.perf_counter()
         host = model.decode_inputs(states, [0] * len(states), rows, tokens)
-        packed = torch.cat([t.flatten() for t in host.values()])
-        t1 = time.perf_counter()
         graph = graphs._graphs[rows, tokens]
-        graph.flat.copy_(upload(packed, torch.device(DEVICE)))
+        torch.cat([t.flatten() for t in host.values()], out=graph.staging)
+        t1 = time.perf_counter()
+        graph.flat.copy_(graph.staging, non_blocking=True)
         t2 = time.perf_counter()
         graph.replay()
         t3 = time.perf_counter()

@@ -10,7 +10,6 @@ from v4_fixtures import SMALL, build_engine_checkpoint
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends import Backend
-from deepinfer.runner.decode_graphs import DecodeGraphs
 
 PROMPTS = ["Once upon a time", "The quick brown fox", "x"]
 
@@ -58,12 +57,15 @@ def test_v4_steps_upload_ids_positions_lengths_and_rows_through_the_backend(chec
     assert sum(prompts, []) in copied
     assert sum((list(range(len(p))) for p in prompts), []) in copied
     assert [len(p) for p in prompts] in copied
-    # decode steps: one packed copy of the step's inputs (token ids, positions, slots, page tables) per step,
-    # padded to the 4-row bucket
-    spec, tokens = llm.engine.model.state_spec, min(DecodeGraphs.MIN_TOKENS, llm.engine.config.max_model_len)
-    width = 3 + sum(max(1, spec.pages_for(tokens, r)) for r in spec.paged_ratios)
-    packed = [c for c in copied if len(c) == 4 * width]
-    assert len(packed) == 2 and all(c[3] == 0 for c in packed)  # the fourth row is padding: token id 0
+    # decode steps go through the graph's host staging buffer (Backend.host_buffer), one packed copy per step:
+    # token ids, positions, slots, page tables, padded to the 4-row bucket; it holds the last step's inputs
+    graphs = llm.engine.runner.decode_graphs
+    (graph,) = graphs._graphs.values()
+    staged = graph.staging.tolist()
+    assert staged[3] == 0 and staged[4 + 3] == 0  # the padding row: token 0 at position 0 ...
+    assert staged[8 + 3] == 0 and all(s > 0 for s in staged[8:11])  # ... in the null slot; sequences elsewhere
+    # 3 tokens: the prefill samples the first, two decode steps feed tokens at positions len(p) and len(p) + 1
+    assert staged[4:7] == [len(p) + 1 for p in prompts]
     # the rows whose logits are computed (each sequence's last row) and the prompt-logprob targets
     ends = [sum(len(p) for p in prompts[: i + 1]) - 1 for i in range(len(prompts))]
     assert ends in copied

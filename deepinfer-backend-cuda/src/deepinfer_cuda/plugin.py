@@ -48,6 +48,9 @@ class CudaBackend(Backend):
     def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
+    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, pin_memory=True)
+
     def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Staged through pinned memory and copied with ``non_blocking=True``: a pageable source makes the copy
         synchronous.  ``pin_memory()`` copies a pageable ``t`` into a block of torch's caching host allocator, which

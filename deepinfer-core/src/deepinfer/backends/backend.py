@@ -51,6 +51,11 @@ class Backend:
     def synchronize(self, device: torch.device) -> None:
         """Block until all queued work on ``device`` has finished."""
 
+    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor the device can copy from without blocking the host (``dst.copy_(buf, non_blocking=True)``);
+        the caller refills it only after the device has passed the previous copy.  Default: plain memory."""
+        return torch.empty(numel, dtype=dtype)
+
     def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``t`` (a host tensor: a step's token ids, positions, row indices) on ``device``, without blocking the
         host where the device allows it.  The copy may still be in flight when this returns: the caller must not

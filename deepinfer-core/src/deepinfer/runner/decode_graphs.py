@@ -29,7 +29,8 @@ def _bucket(n: int, smallest: int = 1) -> int:
 
 @dataclass(slots=True)
 class _Graph:
-    flat: torch.Tensor  # every static input, packed (int64)
+    flat: torch.Tensor  # every static input, packed (int64), on the device
+    staging: torch.Tensor  # the same on the host (Backend.host_buffer: pinned on CUDA)
     shapes: list[tuple[str, tuple[int, ...]]]
     replay: Callable[[], object]
     outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
@@ -43,7 +44,7 @@ class DecodeGraphs:
 
     def __init__(self, model: GraphDecodable | CausalLM, backend: Backend, device: torch.device, max_seqs: int,
                  max_tokens: int):
-        self.model, self.device = model, device
+        self.model, self.backend, self.device = model, backend, device
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._exit = contextlib.ExitStack()
@@ -55,17 +56,18 @@ class DecodeGraphs:
         longest = max(s.num_tokens for s in states) + 1
         return rows, min(_bucket(longest, self.MIN_TOKENS), self.max_tokens)
 
-    def run(self, states: list[SequenceState], input_ids: list[int],
-            to_device: Callable[[torch.Tensor, torch.device], torch.Tensor]) -> torch.Tensor:
-        """Logits ``[len(states), vocab]`` (fp32) of one decode step, which advances the states; ``to_device``
-        is the runner's host-to-device copy.  The graph holds the whole step: forward and logits."""
+    def run(self, states: list[SequenceState], input_ids: list[int]) -> torch.Tensor:
+        """Logits ``[len(states), vocab]`` (fp32) of one decode step, which advances the states.  The graph holds
+        the whole step: forward and logits.  The inputs go through a host staging buffer per graph, refilled
+        each step: the caller must have waited for the previous step's results (the runner reads its sampled
+        tokens) before the next call."""
         rows, tokens = self.buckets(states)
         host = self.model.decode_inputs(states, input_ids, rows, tokens)
         graph = self._graphs.get((rows, tokens))
         if graph is None:
             graph = self._graphs[rows, tokens] = self._capture_graph(host)
-        packed = torch.cat([t.flatten() for t in host.values()])
-        graph.flat.copy_(to_device(packed, self.device))
+        torch.cat([t.flatten() for t in host.values()], out=graph.staging)
+        graph.flat.copy_(graph.staging, non_blocking=True)
         graph.replay()
         return graph.outputs[-1][: len(states)]
 
@@ -82,7 +84,8 @@ class DecodeGraphs:
         def step() -> None:
             out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
 
-        return _Graph(flat, shapes, self._capture(step), out)
+        staging = self.backend.host_buffer(flat.numel(), torch.int64)
+        return _Graph(flat, staging, shapes, self._capture(step), out)
 
     def close(self) -> None:
         self._graphs.clear()

@@ -105,7 +105,7 @@ class ModelRunner:
                                    f"chunk starts at {chunk.start}")
             batch_states.append(state)
         if self.decode_graphs is not None and all(n == 1 for n in plan.seq_lens):
-            step_logits = self.decode_graphs.run(batch_states, plan.input_ids, self.backend.to_device)
+            step_logits = self.decode_graphs.run(batch_states, plan.input_ids)
 
             def logits_of(rows: list[int]) -> torch.Tensor:
                 return step_logits[self._upload(rows)]

@@ -155,8 +155,7 @@ class DeepseekV4ForCausalLM:
             if state.pool is not pool:
                 raise ValueError("decode_inputs: a state is not from the model's configured pool")
             pool.reserve(state, state.num_tokens + 1)
-        step = self._decode_step(states, pool, max_tokens, bucket)
-        step.input_ids[: len(input_ids)] = torch.tensor(input_ids, dtype=torch.int64)
+        step = self._decode_step(states, pool, max_tokens, bucket, input_ids)
         for state in states:
             state.num_tokens += 1
         return step.tensors()
@@ -166,22 +165,31 @@ class DeepseekV4ForCausalLM:
         fixed shapes and no host data, so it can be captured and replayed."""
         return self._decode(DecodeStep.from_tensors(tensors), self.pool)
 
-    def _decode_step(self, states: list[DeepseekV4State], pool: StatePool, max_tokens: int | None,
-                     rows: int) -> DecodeStep:
-        """Host-side :class:`DecodeStep` for ``states`` padded to ``rows`` (input ids left zero)."""
-        n = len(states)
-        positions = torch.zeros(rows, dtype=torch.int64)
-        positions[:n] = torch.tensor([s.num_tokens for s in states], dtype=torch.int64)
-        slots = torch.zeros(rows, dtype=torch.int64)
-        slots[:n] = torch.tensor([s.slot for s in states], dtype=torch.int64)
-        tables = {}
-        for r in pool.spec.paged_ratios:
+    def _decode_step(self, states: list[DeepseekV4State], pool: StatePool, max_tokens: int | None, rows: int,
+                     input_ids: list[int] | None = None) -> DecodeStep:
+        """Host-side :class:`DecodeStep` for ``states`` padded to ``rows``, built from one Python list (one
+        tensor construction: this runs on the host before every replayed step)."""
+        n, pad = len(states), rows - len(states)
+        values = (list(input_ids) if input_ids is not None else [0] * n) + [0] * pad
+        values += [s.num_tokens for s in states] + [0] * pad
+        values += [s.slot for s in states] + [0] * pad
+        widths = {}
+        for r in pool.ratios:
             width = pool.spec.pages_for(max_tokens, r) if max_tokens is not None else \
                 max(len(s.pages.get(r, ())) for s in states)
-            table = torch.zeros(rows, max(1, width), dtype=torch.int64)
-            table[:n] = pool.page_table(states, r, max(1, width))
-            tables[r] = table
-        return DecodeStep(torch.zeros(rows, dtype=torch.int64), positions, slots, tables)
+            widths[r] = width = max(1, width)
+            for s in states:
+                ids = s.pages.get(r, ())
+                values += ids
+                values += [0] * (width - len(ids))
+            values += [0] * (width * pad)
+        flat = torch.tensor(values, dtype=torch.int64)
+        ids, positions, slots = flat[:rows], flat[rows : 2 * rows], flat[2 * rows : 3 * rows]
+        tables, offset = {}, 3 * rows
+        for r, width in widths.items():
+            tables[r] = flat[offset : offset + rows * width].view(rows, width)
+            offset += rows * width
+        return DecodeStep(ids, positions, slots, tables)
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
         plan = DecodePlan.build(step, pool.spec.window, pool.spec.page_size, pool.entry_base)

@@ -191,6 +191,7 @@ class StatePool:
     def __init__(self, spec: StateSpec, dtype: torch.dtype, device: torch.device, *, slots: int,
                  pages: dict[int, int], growable: bool):
         self.spec, self.dtype, self.device, self.growable = spec, dtype, torch.device(device), growable
+        self.ratios = spec.paged_ratios  # compression ratios with pages, ascending
         self.slots = max(2, slots)
         self.pages = {r: max(2, pages.get(r, 0)) for r in spec.paged_ratios}
         self.layers = [LayerCache(spec, i, self.slots, self.pages, dtype, self.device) for i in range(len(spec.kinds))]
@@ -224,7 +225,7 @@ class StatePool:
         """Give ``state`` a slot and the pages its entries need once it holds ``num_tokens`` tokens."""
         if state.slot is None:
             state.slot = self._take_slot()
-        for r in self.spec.paged_ratios:
+        for r in self.ratios:
             have = state.pages.setdefault(r, [])
             while len(have) < self.spec.pages_for(num_tokens, r):
                 have.append(self._take_page(r))
