@@ -108,6 +108,8 @@ class ModelRunner:
             step_logits = self.decode_graphs.run(batch_states, plan.input_ids)
 
             def logits_of(rows: list[int]) -> torch.Tensor:
+                if rows == list(range(len(rows))):  # every row in order (a plain decode step): no gather
+                    return step_logits[: len(rows)]
                 return step_logits[self._upload(rows)]
         else:
             hidden = self.model.forward(ForwardBatch(
