@@ -91,9 +91,9 @@ def test_hc_pre_tiles_depend_on_model_dims_only():
                                       torch.zeros(24), torch.ones(3), 1e-6, 1e-6, 20, arch=arch)
                 (_, mix), (_, finish) = plan.steps
                 consts = {k: v for launch in (mix, finish) for k, v in launch.args.items()
-                          if k.isupper() and k != "BLOCK_T"}
+                          if k.isupper() and k not in ("BLOCK_T", "BLOCK_K")}
                 tier = tiles.tier(tokens)
-                assert mix.args["BLOCK_T"] == tier.block_t and mix.config == tier.config
+                assert mix.args["BLOCK_T"] == tier.block_t and mix.args["BLOCK_K"] == tier.block_k and mix.config == tier.config
                 plans.append((consts, finish.config, mix.grid[1], finish.grid[1]))
                 assert mix.grid[0] * tier.block_t >= tokens and finish.grid[0] == tokens
             assert all(p == plans[0] for p in plans)

@@ -96,6 +96,7 @@ class HcPreTier:
 
     max_tokens: int
     block_t: int  #: tokens per projection program (each slice of fn is read once per block_t tokens)
+    block_k: int  #: columns per step of a projection program (a slice in one step: its loads all in flight)
     config: LaunchConfig
 
 
@@ -105,7 +106,6 @@ class HcPreTiles:
     only: a token's partial sums and their reduction order must not depend on the batch (batch invariance)."""
 
     slice: int  #: columns of the flattened streams (n * dim) per projection program
-    block_k: int  #: columns per step of a projection program (the sum of squares' lanes: fixed for every tier)
     tiers: tuple[HcPreTier, ...]  #: by increasing max_tokens; the last one takes any count
     finish: LaunchConfig  #: sums of the slices, gates, Sinkhorn and collapse
     block_d: int  #: hidden columns collapsed per finishing program
@@ -119,18 +119,20 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
 
     The projection's (2+n)*n = 24 rows of fn are 1.5 MB for V4 (4 x 4096); slices of 256 columns give 64 programs
     per token tile, enough to spread a decode step's read of fn over the GPU.  The projection is IEEE fp32 FMAs
-    (CUDA cores) and latency bound at decode, so the token tile follows the call's size (which is allowed: a
-    mix's FMA chain does not depend on the tile): 1..16 tokens for decode (a 1-token call does 1/32 of the FMAs
-    of the old fixed 32-token tile), 4 warps over the slice's 24 outputs; prefill tiles of 64 tokens read each
-    slice of fn once per 64 tokens (24 MB of L2 traffic for 1024 tokens) with ~12 accumulators per thread.
+    (CUDA cores).  Decode is latency bound, so its token tile follows the call's size (allowed: a mix's FMA chain
+    depends on neither the tile nor its steps): 1..8 tokens take the whole slice in one step (every load in flight
+    at once; H200, 1 token: 7.0 us with 1 warp, 11.6 with 4), 16 tokens one 16-token step (12.0 us), up to 64
+    tokens 32-token tiles in two steps (18.6 us at 64 vs 22.7 with 16-token tiles); prefill tiles of 128 tokens
+    (1024 tokens: 117 us vs 149 at 64 and 252 at 32 before the sum-of-squares chain) read fn once per 128 tokens.  The finishing kernel runs one warp per program: its slice sums are then shuffles, no barriers.
     """
     if arch.triton_arch in (90, 100):
         flat = n * dim
-        small = tuple(HcPreTier(t, t, LaunchConfig(num_warps=4 if t >= 8 else 2, num_stages=2)) for t in (1, 2, 4, 8))
-        tiers = small + (HcPreTier(64, 16, LaunchConfig(num_warps=4, num_stages=2)),
-                         HcPreTier(1 << 30, 64, LaunchConfig(num_warps=4, num_stages=3)))
-        return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), block_k=32, tiers=tiers,
-                          finish=LaunchConfig(num_warps=4),
+        small = tuple(HcPreTier(t, t, 256, LaunchConfig(num_warps=1, num_stages=1)) for t in (1, 2, 4, 8))
+        tiers = small + (HcPreTier(16, 16, 256, LaunchConfig(num_warps=4, num_stages=1)),
+                         HcPreTier(64, 32, 128, LaunchConfig(num_warps=4, num_stages=2)),
+                         HcPreTier(1 << 30, 128, 32, LaunchConfig(num_warps=4, num_stages=3)))
+        return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), tiers=tiers,
+                          finish=LaunchConfig(num_warps=1),
                           block_d=min(1024, max(16, 1 << (dim - 1).bit_length())))
     raise ValueError(f"no mHC pre configuration for {arch.name}")
 
@@ -187,6 +189,26 @@ def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no MoE plan configuration for {arch.name}")
     return LaunchConfig(num_warps=4 if slots <= 256 else 8)
+
+
+@dataclass(slots=True, frozen=True)
+class MoePlanChunks:
+    """The MoE plan above one program's slots: chunk sizes and the three kernels' configs."""
+
+    chunk: int  #: slots per counting program (a row of per-expert counts for the single-program scan)
+    block_i: int  #: slots placed per scattering program (each compared with its chunk's earlier slots)
+    count: LaunchConfig  #: per chunk: ids compared with every expert, summed
+    scan: LaunchConfig  #: one program: prefix sums down the chunks and over the experts
+    scatter: LaunchConfig  #: per (chunk, block_i slots): equal-id counts, two gathers, a store; a share of blocks
+
+
+def moe_plan_chunks_config(arch: CudaArch) -> MoePlanChunks:
+    """The chunked MoE plan (prefill).  512-slot chunks: a slot's rank among its expert's slots in the chunk
+    costs up to 512 compares, and the scan walks 12 rows for a 1024-token top-6 call (96 at 8192 tokens);
+    128-slot scatter programs, so that call is 12 counting and 48 scattering programs."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no MoE plan configuration for {arch.name}")
+    return MoePlanChunks(512, 128, LaunchConfig(num_warps=4), LaunchConfig(num_warps=8), LaunchConfig(num_warps=8))
 
 
 def moe_combine_config(arch: CudaArch, hidden: int) -> tuple[LaunchConfig, int]:

@@ -15,8 +15,7 @@ Batch invariance: the slice width and every finishing tile come from the model d
 follows the call's size (``HcPreTiles.tier``: 1 token for decode b1, 64 for prefill), which cannot change a
 token's bits: Triton lowers an fp32 ``ieee`` dot to one ``fma`` chain per output over k in order, starting
 from the accumulator (one chain over the whole slice, whatever the tile, its warps or its other rows), and
-the sum of squares is kept per lane (``fma(x, x, acc)``, lane = column mod ``block_k``, fixed) and reduced
-once by the same kind of chain.
+the sum of squares is one more such chain (``x * x`` dotted with ones).
 """
 
 from __future__ import annotations
@@ -55,42 +54,42 @@ def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
     # fn rows [0, 2N): pre then post; [2N, 2N + N*N): comb.  Loaded transposed: [BLOCK_K, rows].
     pp = tl.arange(0, 2 * N)
     cc = tl.arange(0, N * N)
-    sq = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # per-lane sums of squares (lane = column mod BLOCK_K)
+    one = tl.arange(0, 8)
+    ones = tl.full([BLOCK_K, 8], 1.0, tl.float32)
+    kk = tl.arange(0, BLOCK_K)
+    sumsq = tl.zeros([BLOCK_T, 8], dtype=tl.float32)  # 8 equal columns: the sum of squares as one more chain
     acc_pp = tl.zeros([BLOCK_T, 2 * N], dtype=tl.float32)
     acc_cc = tl.zeros([BLOCK_T, N * N], dtype=tl.float32)
     for k0 in range(0, SLICE, BLOCK_K):
-        ks = s * SLICE + k0 + tl.arange(0, BLOCK_K)
+        ks = s * SLICE + k0 + kk
         k_ok = ks < K
         x = tl.load(src + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        sq = tl.fma(x, x, sq)
         f_pp = tl.load(fn_ptr + pp[None, :] * K + ks[:, None], mask=k_ok[:, None], other=0.0)
         f_cc = tl.load(fn_ptr + (2 * N + cc[None, :]) * K + ks[:, None], mask=k_ok[:, None], other=0.0)
-        if INTERPRETED:  # numpy's matmul (BLAS) rounds a row differently by its place in the tile
-            acc_pp += tl.sum(x[:, :, None] * f_pp[None, :, :], axis=1)
-            acc_cc += tl.sum(x[:, :, None] * f_cc[None, :, :], axis=1)
-        else:  # FMAs: each output is one chain over k in order, whatever the tile or its other rows
+        if INTERPRETED:  # the same chains, one column at a time (numpy's matmul rounds a row by its tile)
+            for j in tl.static_range(BLOCK_K):
+                xj = tl.sum(tl.where(kk[None, :] == j, x, 0.0), axis=1)[:, None]
+                acc_pp = acc_pp + xj * tl.sum(tl.where(kk[:, None] == j, f_pp, 0.0), axis=0)[None, :]
+                acc_cc = acc_cc + xj * tl.sum(tl.where(kk[:, None] == j, f_cc, 0.0), axis=0)[None, :]
+                sumsq = sumsq + xj * xj
+        else:  # FMAs: each output is one chain over k in order, whatever the tile, its steps or its other rows
             acc_pp = tl.dot(x, f_pp, acc_pp, input_precision="ieee")
             acc_cc = tl.dot(x, f_cc, acc_cc, input_precision="ieee")
+            sumsq = tl.dot(x * x, ones, sumsq, input_precision="ieee")
     slot = (s * tokens + rows).to(tl.int64)
     # pre -> gate_ws[..., 0:N], post -> mix_ws[..., 0:N]; comb -> mix_ws[..., N:N + N*N]; sumsq -> gate_ws[..., N].
     is_pre = pp[None, :] < N
     tl.store(gate_ws_ptr + slot[:, None] * GATE_W + pp[None, :], acc_pp, mask=row_ok[:, None] & is_pre)
     tl.store(mix_ws_ptr + slot[:, None] * MIX_W + (pp[None, :] - N), acc_pp, mask=row_ok[:, None] & ~is_pre)
     tl.store(mix_ws_ptr + slot[:, None] * MIX_W + N + cc[None, :], acc_cc, mask=row_ok[:, None])
-    # The lanes summed by one more FMA chain (lanes in order; 8 identical columns, the first stored).
-    one = tl.arange(0, 8)
-    if INTERPRETED:
-        sumsq = tl.sum(sq, axis=1)[:, None] + tl.zeros([BLOCK_T, 8], dtype=tl.float32)
-    else:
-        sumsq = tl.dot(sq, tl.full([BLOCK_K, 8], 1.0, tl.float32), input_precision="ieee")
     tl.store(gate_ws_ptr + slot[:, None] * GATE_W + N + one[None, :], sumsq, mask=row_ok[:, None] & (one[None, :] == 0))
 
 
 @triton.jit
 def _normalized4(a, b, c, d, eps):
     """Four entries of a Sinkhorn row or column divided by their sum + eps."""
-    total = a + b + c + d + eps
-    return a / total, b / total, c / total, d / total
+    inv = 1.0 / (a + b + c + d + eps)  # one division, four products: the serial rounds' latency
+    return a * inv, b * inv, c * inv, d * inv
 
 
 @triton.jit
@@ -98,8 +97,8 @@ def _softmax4(a, b, c, d, eps):
     """Softmax of four logits, plus eps."""
     top = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
     a, b, c, d = tl.exp(a - top), tl.exp(b - top), tl.exp(c - top), tl.exp(d - top)
-    total = a + b + c + d
-    return a / total + eps, b / total + eps, c / total + eps, d / total + eps
+    inv = 1.0 / (a + b + c + d)
+    return a * inv + eps, b * inv + eps, c * inv + eps, d * inv + eps
 
 
 @triton.jit
@@ -220,12 +219,14 @@ def _pow2(v: int) -> int:
 
 
 @functools.cache
-def _plan(arch: CudaArch, n: int, dim: int, block_t: int) -> tuple[HcPreTiles, dict[str, object], dict[str, object]]:
-    """Tiles and constexprs of both kernels: functions of the model dims, and for the mix its token tile."""
+def _plan(arch: CudaArch, n: int, dim: int, block_t: int,
+          block_k: int) -> tuple[HcPreTiles, dict[str, object], dict[str, object]]:
+    """Tiles and constexprs of both kernels: functions of the model dims, and for the mix its tier's tiles."""
     tiles = hc_pre_config(arch, n, dim)
     slices = triton.cdiv(n * dim, tiles.slice)
     widths = {"GATE_W": _pow2(n + 1), "MIX_W": n + n * n}
-    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": block_t, "BLOCK_K": tiles.block_k, **widths,
+    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": block_t, "BLOCK_K": min(block_k, tiles.slice),
+           **widths,
            "INTERPRETED": False}
     finish = {"N": n, "D": dim, "S": slices, "BLOCK_S": _pow2(slices), "BLOCK_D": tiles.block_d, **widths}
     return tiles, mix, finish
@@ -240,10 +241,10 @@ def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
                 sig = {"streams_ptr": f"*{dtype}:D", "fn_ptr": "*fp32:D", "gate_ws_ptr": "*fp32:D",
                        "mix_ws_ptr": "*fp32:D", "tokens": "i32"}
                 for tier in tiles.tiers:
-                    _, mix, _ = _plan(arch, n, dim, tier.block_t)
+                    _, mix, _ = _plan(arch, n, dim, tier.block_t, tier.block_k)
                     variants.append(Variant(sig, dict(mix), tier.config.num_warps, tier.config.num_stages))
             else:
-                _, _, finish = _plan(arch, n, dim, tiles.tiers[0].block_t)
+                _, _, finish = _plan(arch, n, dim, tiles.tiers[0].block_t, tiles.tiers[0].block_k)
                 sig = {"streams_ptr": f"*{dtype}:D", "gate_ws_ptr": "*fp32:D", "mix_ws_ptr": "*fp32:D",
                        "base_ptr": "*fp32:D", "scale_ptr": "*fp32:D", "collapsed_ptr": f"*{dtype}:D",
                        "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D", "tokens": "i32", "norm_eps": "fp32",
@@ -271,7 +272,7 @@ def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
     fn, base, scale = (t.to(torch.float32).contiguous() for t in (fn, base, scale))
     device = streams.device
     tier = hc_pre_config(arch, n, dim).tier(tokens)
-    tiles, mix, finish = _plan(arch, n, dim, tier.block_t)
+    tiles, mix, finish = _plan(arch, n, dim, tier.block_t, tier.block_k)
     slices = finish["S"]
     gate_ws = torch.empty((slices, tokens, mix["GATE_W"]), dtype=torch.float32, device=device)
     mix_ws = torch.empty((slices, tokens, mix["MIX_W"]), dtype=torch.float32, device=device)
