@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         hit = int(torch.unique(ids).numel())
         floor_us = hit * 3 * i * h * 2 / bandwidth * 1e6
         base = moe_experts_config(arch, tokens * k // e, h, i)
-        plan_kernel = _graph_us(lambda: routing.plan(ids, e, base.block_m, arch=arch)[2][1].run(
+        plan_kernel = _graph_us(lambda: routing.plan(ids, e, base.block_m, arch=arch)[2][0][1].run(
             routing.PLAN_KERNEL, index)) if tokens * k <= routing.PLAN_KERNEL_MAX_SLOTS else float("nan")
         plan_torch = _graph_us(lambda: routing.expert_blocks(ids, e, base.block_m))
         print(f"T={tokens} ({hit} experts hit, floor {floor_us:.1f} us): plan kernel {plan_kernel:.1f} us, "

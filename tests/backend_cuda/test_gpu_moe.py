@@ -69,7 +69,7 @@ def test_as_accurate_as_the_reference_without_host_syncs(weights, tokens, repeat
     assert err(ours) < 1e-2
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 200])  # narrow decode tiles, decode tiles, the torch plan (> 1024 slots)
+@pytest.mark.parametrize("tokens", [1, 16, 200])  # narrow decode tiles, decode tiles, the chunked plan (> 1024 slots)
 def test_graph_capture_replays_to_the_eager_result(weights, tokens):
     from deepinfer_cuda.kernels.moe_experts import moe_experts
     from deepinfer_cuda.plugin import CudaBackend
@@ -91,17 +91,17 @@ def test_aot_cubins_equal_jit(weights, tmp_path):
     from deepinfer_cuda.kernel_set.build import build_kernel_set
     from deepinfer_cuda.kernel_set.dispatch import DEFAULT_KERNEL_SET_DIR, device_arch, use_kernel_set
     from deepinfer_cuda.kernels.moe_experts import COMBINE_KERNEL, DOWN_KERNEL, UP_KERNEL, moe_experts
-    from deepinfer_cuda.kernels.moe_routing import PLAN_KERNEL
+    from deepinfer_cuda.kernels.moe_routing import COUNT_KERNEL, PLAN_KERNEL, SCAN_KERNEL, SCATTER_KERNEL
 
     w13, w2 = weights
     arch = device_arch(torch.cuda.current_device())
-    kernels = (PLAN_KERNEL, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL)
+    kernels = (PLAN_KERNEL, COUNT_KERNEL, SCAN_KERNEL, SCATTER_KERNEL, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL)
     build_kernel_set(tmp_path, [arch], kernels=[k.name for k in kernels])
-    cases = [_routing(n, seed=n) for n in (4, 16, 1024)]  # narrow decode tiles, decode tiles, prefill (torch plan)
+    cases = [_routing(n, seed=n) for n in (4, 16, 1024)]  # narrow decode tiles, decode tiles, prefill (chunked plan)
     try:
         use_kernel_set(tmp_path)
         aot = [moe_experts(x, ids, w, w13, w2, LIMIT) for x, ids, w in cases]
-        for kernel, launches in zip(kernels, (2, 3, 3, 3)):
+        for kernel, launches in zip(kernels, (2, 1, 1, 1, 3, 3, 3)):
             assert kernel.launch_counts == {"cubin": launches, "jit": 0}, (kernel.name, kernel.launch_counts)
         use_kernel_set(None)
         jit = [moe_experts(x, ids, w, w13, w2, LIMIT) for x, ids, w in cases]

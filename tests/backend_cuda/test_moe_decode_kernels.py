@@ -6,7 +6,7 @@ compiled ahead of time.
 - the plan kernel's ``order`` and block table equal the torch plan's (:func:`expert_blocks`) bit for bit,
   repeated experts, 1..1024 slots and 4..384 experts included;
 - the combine kernel adds each token's k slot outputs in the reference's order and rounding, bit for bit;
-- the op through the plan kernel equals the op through the torch plan bit for bit; with the narrow decode tiles
+- the op through the plan kernel equals the op through the chunked (prefill) plan bit for bit; with the narrow decode tiles
   and with the b16 tiles it is as close to core's reference as the conformance tolerances ask (the interpreter's
   numpy dot sums in a shape-dependent order, so the two tiers are not compared bit for bit here).
 """
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent(
     for tokens, top_k, experts, block_m in [(1, 6, 64, 16), (1, 1, 4, 16), (3, 2, 4, 16), (8, 6, 64, 16),
                                             (40, 6, 16, 16), (170, 6, 256, 16), (2, 6, 384, 16), (9, 3, 8, 4)]:
         ids = route(tokens, top_k, experts)
-        order, blocks, (kernel, l) = routing.plan(ids, experts, block_m, arch=SM90A)
+        order, blocks, [(kernel, l)] = routing.plan(ids, experts, block_m, arch=SM90A)
         launch(kernel, l)
         want_order, want_blocks = routing.expert_blocks(ids, experts, block_m)
         assert torch.equal(order, want_order), (tokens, top_k, experts, order, want_order)
@@ -100,10 +100,10 @@ SCRIPT = textwrap.dedent(
         assert_close(run(moe.prepare(*args, arch=SM90A, tiles=wide)), expected, dtype, tol[dtype], "b16 tiles")
         limit, routing.PLAN_KERNEL_MAX_SLOTS = routing.PLAN_KERNEL_MAX_SLOTS, 0
         try:
-            by_torch = moe.prepare(*args, arch=SM90A)
+            by_chunks = moe.prepare(*args, arch=SM90A)  # the prefill plan: three chunked kernels
         finally:
             routing.PLAN_KERNEL_MAX_SLOTS = limit
-        assert len(by_torch.steps) == 3 and torch.equal(ours, run(by_torch)), "plans differ"
+        assert len(by_chunks.steps) == 6 and torch.equal(ours, run(by_chunks)), "plans differ"
     assert torch.equal(run(moe.prepare(x[:0], ids[:0], w[:0], w13, w2, 10.0, arch=SM90A)), x[:0])
     print("OK op")
     """
@@ -138,7 +138,7 @@ def test_runtime_keys_of_model_shape_calls_have_an_aot_variant():
             x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
             ids = torch.randint(0, experts, (tokens, 6))
             plan = moe_experts.prepare(x, ids, torch.rand(tokens, 6), w13, w2, 10.0, arch=SM90A)
-            assert len(plan.steps) == (4 if tokens * 6 <= 1024 else 3)
+            assert len(plan.steps) == (4 if tokens * 6 <= 1024 else 6)  # the plan: one program, or three chunked
             for kernel, launch in plan.steps:
                 sig, const = signature_of(kernel.params, launch.args)
                 key = variant_key(kernel.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)

@@ -9,8 +9,9 @@ here the routing is sorted on the device and every expert's tokens run in two la
     _moe_down_kernel              per (block, column tile): y = act @ w2[e]^T, scaled by the slot's routing weight
     _moe_combine_kernel           per (token, column tile): out[t] = its k slot outputs added in increasing expert id
 
-Decode is four launches (the plan is one Triton program up to 1024 slots), so a CUDA graph of a step pays no
-tiny torch kernels for the routing or the k-way sum.
+Decode is four launches (the plan is one Triton program up to 1024 slots; above, three chunked programs'
+launches, so prefill is six), so neither a CUDA graph of a step nor a prefill pays tiny torch kernels for the
+routing or the k-way sum.
 
 Each program streams one column tile of one expert's weights once for up to BLOCK_M tokens, so decode reads
 each hit expert's weights once (memory-bound, the roofline's term) and prefill runs tensor-core tiles.
@@ -220,7 +221,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     if tiles is None:
         tiles = moe_experts_config(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
     x, w13, w2, ids = x.contiguous(), w13.contiguous(), w2.contiguous(), ids.contiguous()
-    order, blocks, plan_step = plan(ids, num_experts, tiles.block_m, arch=arch)
+    order, blocks, plan_steps = plan(ids, num_experts, tiles.block_m, arch=arch)
     n_blocks = blocks.shape[1]
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
@@ -237,8 +238,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     combine = Launch((tokens, triton.cdiv(hidden, block_h)), config,
                      dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
                           **_combine_constexprs(hidden, top_k, block_h)), out)
-    steps = [plan_step] if plan_step is not None else []
-    steps += [(UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
+    steps = plan_steps + [(UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
     return LaunchChain(steps, lambda: out)
 
 

@@ -5,13 +5,19 @@
 block at the tail).  ``B = T*k // block_m + min(E, T*k)`` is a host-side bound, so neither the plan nor the
 expert GEMMs that read it need a host sync, and all of it can be captured in a CUDA graph.
 
-Two ways to the same tables (tested equal):
+Two ways to the same tables (tested equal to each other and to the torch oracle :func:`expert_blocks`):
 
 - decode (``T*k <= PLAN_KERNEL_MAX_SLOTS``): ``_moe_plan_kernel``, one program: a bitonic sort of the keys
   ``expert * SLOTS_PAD + slot``, per-expert counts, two prefix sums and scattered stores.  One launch
   where the torch plan is ~25 small kernels (each ~1-2 us of device time even inside a graph, and V4 has a
   MoE layer per block);
-- prefill: the torch ops of :func:`expert_blocks` (their cost vanishes beside the GEMMs).
+- any larger call (prefill): three launches over chunks of ``CHUNK`` slots, whatever the slot count:
+  ``_moe_count_kernel`` (one program per chunk: its per-expert counts), ``_moe_scan_kernel`` (one program:
+  exclusive sums over the chunks and over the experts, the expert segments and block ranges) and
+  ``_moe_scatter_kernel`` (one program per chunk: a stable sort of the chunk's keys gives each slot's rank in
+  its expert; plus the chunk's offset for that expert, read back from the scan, it is the slot's place in
+  ``order``; each program also writes its share of the block table).  No atomics: the result does not depend on
+  the order in which programs run.  Before, this path was the ~25 torch ops of :func:`expert_blocks` per call.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, LaunchConfig, moe_plan_config
+from deepinfer_cuda.arch import CudaArch, LaunchConfig, MoePlanChunks, moe_plan_chunks_config, moe_plan_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
 
-#: Largest T*k planned by the one-program kernel (decode up to 170 tokens at top-6); larger batches use torch.
+#: Largest T*k planned by the one-program kernel (decode up to 170 tokens at top-6); larger calls use the
+#: three chunked kernels.
 PLAN_KERNEL_MAX_SLOTS = 1024
 #: Expert counts compiled ahead of time: the V4 slice (64), V4-Flash (256), V4.1-Flash (384); their padded
 #: widths (``experts_pad``) are what the cubins depend on.
@@ -91,6 +98,92 @@ def _moe_plan_kernel(ids_ptr, order_ptr, blocks_ptr, n_slots, num_experts, n_blo
         tl.store(blocks_ptr + 2 * n_blocks + b, zero, mask=unused)
 
 
+# The chunked plan.  ``scratch`` [n_chunks + 4, EXPERTS_PAD] int32: row c < n_chunks holds chunk c's counts
+# (count kernel), then each expert's slots in the chunks before c (scan kernel); the last four rows hold the
+# experts' first and end sorted slot and first and end block, in that order.
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def _moe_count_kernel(ids_ptr, scratch_ptr, n_slots, CHUNK: tl.constexpr, EXPERTS_PAD: tl.constexpr,
+                      SUB: tl.constexpr):
+    """Chunk c's slots per expert: sub-chunks of ids compared with every expert and summed (not tl.histogram,
+    see the one-program kernel)."""
+    c = tl.program_id(0)
+    e = tl.arange(0, EXPERTS_PAD)
+    counts = tl.zeros([EXPERTS_PAD], dtype=tl.int32)
+    for s0 in range(0, CHUNK, SUB):
+        s = c * CHUNK + s0 + tl.arange(0, SUB)
+        sub = tl.load(ids_ptr + s, mask=s < n_slots, other=-1).to(tl.int32)
+        counts += tl.sum((sub[None, :] == e[:, None]).to(tl.int32), axis=1)
+    tl.store(scratch_ptr + c * EXPERTS_PAD + e, counts)
+
+
+@triton.jit(do_not_specialize=["n_chunks", "block_m"])
+def _moe_scan_kernel(scratch_ptr, n_chunks, block_m, EXPERTS_PAD: tl.constexpr, CHUNK_TILE: tl.constexpr):
+    """One program: over the counts, each expert's slots in the chunks before (an exclusive sum down the
+    chunks, in tiles of CHUNK_TILE chunks whose loads are all in flight at once); then the totals' segments and
+    block ranges (prefix sums over the experts)."""
+    e = tl.arange(0, EXPERTS_PAD)
+    before = tl.zeros([EXPERTS_PAD], dtype=tl.int32)  # each expert's slots in the chunks done so far
+    for c0 in range(0, n_chunks, CHUNK_TILE):
+        c = c0 + tl.arange(0, CHUNK_TILE)
+        at = scratch_ptr + c[:, None] * EXPERTS_PAD + e[None, :]
+        rows = c[:, None] < n_chunks
+        counts = tl.load(at, mask=rows, other=0)
+        tl.store(at, tl.cumsum(counts, axis=0) - counts + before[None, :], mask=rows)
+        before += tl.sum(counts, axis=0)
+    seg_end = tl.cumsum(before, 0)
+    n_blk = (before + block_m - 1) // block_m
+    blk_end = tl.cumsum(n_blk, 0)
+    rows = scratch_ptr + n_chunks * EXPERTS_PAD + e
+    tl.store(rows, seg_end - before)
+    tl.store(rows + EXPERTS_PAD, seg_end)
+    tl.store(rows + 2 * EXPERTS_PAD, blk_end - n_blk)
+    tl.store(rows + 3 * EXPERTS_PAD, blk_end)
+
+
+@triton.jit(do_not_specialize=["n_slots", "num_experts", "n_chunks", "n_blocks", "blocks_per_program", "block_m"])
+def _moe_scatter_kernel(ids_ptr, order_ptr, blocks_ptr, scratch_ptr, n_slots, num_experts, n_chunks, n_blocks,
+                        blocks_per_program, block_m, CHUNK: tl.constexpr, BLOCK_I: tl.constexpr,
+                        BLOCK_J: tl.constexpr, EXPERTS_PAD: tl.constexpr, TAIL: tl.constexpr):
+    """Program (c, q) places slots i of chunk c's q-th BLOCK_I: ``order[seg_start[e] + (e's slots in chunks
+    before c) + (e's slots before i in chunk c)] = i``, e = ids[i].  The last term is a count of equal ids over
+    the chunk's earlier slots (at most CHUNK compares per slot; no sort, no atomics)."""
+    c = tl.program_id(0)
+    q = tl.program_id(1)
+    i = c * CHUNK + q * BLOCK_I + tl.arange(0, BLOCK_I)
+    valid = i < n_slots
+    expert = tl.load(ids_ptr + i, mask=valid, other=0).to(tl.int32)
+    rank = tl.zeros([BLOCK_I], dtype=tl.int32)
+    for j0 in range(c * CHUNK, c * CHUNK + (q + 1) * BLOCK_I, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        other = tl.load(ids_ptr + j, mask=j < n_slots, other=-1).to(tl.int32)
+        earlier = (other[None, :] == expert[:, None]) & (j[None, :] < i[:, None])
+        rank += tl.sum(earlier.to(tl.int32), axis=1)
+    rows = scratch_ptr + n_chunks * EXPERTS_PAD
+    dest = (tl.load(rows + expert, mask=valid, other=0)
+            + tl.load(scratch_ptr + c * EXPERTS_PAD + expert, mask=valid, other=0) + rank)
+    tl.store(order_ptr + dest, i, mask=valid)
+
+    # This program's share of the block table: block b belongs to the expert whose block range holds it (the
+    # number of experts whose ranges end at or before b); past the last used block, first == end == 0.
+    p = c * tl.num_programs(1) + q
+    x = tl.arange(0, EXPERTS_PAD)
+    blk_end = tl.load(rows + 3 * EXPERTS_PAD + x, mask=x < num_experts, other=2147483647)
+    for b0 in range(0, blocks_per_program, TAIL):
+        b = p * blocks_per_program + b0 + tl.arange(0, TAIL)
+        mine = (b0 + tl.arange(0, TAIL) < blocks_per_program) & (b < n_blocks)
+        owner = tl.sum((blk_end[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        used = owner < num_experts
+        owner = tl.minimum(owner, num_experts - 1)
+        first = (tl.load(rows + owner, mask=mine, other=0)
+                 + (b - tl.load(rows + 2 * EXPERTS_PAD + owner, mask=mine, other=0)) * block_m)
+        end = tl.load(rows + EXPERTS_PAD + owner, mask=mine, other=0)
+        tl.store(blocks_ptr + b, owner, mask=mine)
+        tl.store(blocks_ptr + n_blocks + b, tl.where(used, first, 0), mask=mine)
+        tl.store(blocks_ptr + 2 * n_blocks + b, tl.where(used, end, 0), mask=mine)
+
+
 def _constexprs(slots: int, num_experts: int, block_m: int) -> dict[str, int]:
     pad, bins = slots_pad(slots), experts_pad(num_experts)
     return {"BLOCK_M": block_m, "SLOTS_PAD": pad, "EXPERTS_PAD": bins, "CHUNK": min(pad, max(1, 8192 // bins)),
@@ -111,11 +204,47 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
     return variants
 
 
+def chunk_experts_pad(num_experts: int) -> int:
+    """The chunked kernels' per-expert width (their padding needs no bin of its own)."""
+    return triton.next_power_of_2(max(num_experts, 1))
+
+
+def _chunk_constexprs(chunk: MoePlanChunks, num_experts: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """(count, scan, scatter) constexprs: each a function of the chunk and the expert width only, so a few AOT
+    variants serve every slot count; compare tiles of 8K elements (4K in the scatter kernel: no spills)."""
+    pad = chunk_experts_pad(num_experts)
+    tile = max(1, 8192 // pad)
+    return ({"CHUNK": chunk.chunk, "EXPERTS_PAD": pad, "SUB": min(chunk.chunk, tile)},
+            {"EXPERTS_PAD": pad, "CHUNK_TILE": min(64, tile)},
+            {"CHUNK": chunk.chunk, "BLOCK_I": chunk.block_i, "BLOCK_J": 4096 // chunk.block_i, "EXPERTS_PAD": pad,
+             "TAIL": max(8, min(128, tile // 2))})
+
+
+_COUNT_SIG = {"ids_ptr": "*i64:D", "scratch_ptr": "*i32:D", "n_slots": "i32"}
+_SCAN_SIG = {"scratch_ptr": "*i32:D", "n_chunks": "i32", "block_m": "i32"}
+_SCATTER_SIG = {"ids_ptr": "*i64:D", "order_ptr": "*i32:D", "blocks_ptr": "*i32:D", "scratch_ptr": "*i32:D",
+                "n_slots": "i32", "num_experts": "i32", "n_chunks": "i32", "n_blocks": "i32",
+                "blocks_per_program": "i32", "block_m": "i32"}
+
+
+def _aot_chunk_variants(arch: CudaArch, step: int, signature: dict[str, str]) -> list[Variant]:
+    chunks = moe_plan_chunks_config(arch)
+    config = (chunks.count, chunks.scan, chunks.scatter)[step]
+    return [Variant(signature, _chunk_constexprs(chunks, pad)[step], config.num_warps, config.num_stages)
+            for pad in sorted({chunk_experts_pad(e) for e in AOT_EXPERTS})]
+
+
 PLAN_KERNEL = TritonKernel("moe_experts_plan", _moe_plan_kernel, _aot_variants)
+COUNT_KERNEL = TritonKernel("moe_experts_plan_count", _moe_count_kernel,
+                            lambda arch: _aot_chunk_variants(arch, 0, _COUNT_SIG))
+SCAN_KERNEL = TritonKernel("moe_experts_plan_scan", _moe_scan_kernel,
+                           lambda arch: _aot_chunk_variants(arch, 1, _SCAN_SIG))
+SCATTER_KERNEL = TritonKernel("moe_experts_plan_scatter", _moe_scatter_kernel,
+                              lambda arch: _aot_chunk_variants(arch, 2, _SCATTER_SIG))
 
 
 def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(order, blocks)`` by torch ops on the device (the prefill path, and the kernel's oracle in tests)."""
+    """``(order, blocks)`` by torch ops: the kernels' oracle in tests (and a readable statement of the plan)."""
     flat = ids.reshape(-1)
     slots = flat.numel()
     order = torch.argsort(flat, stable=True)
@@ -135,19 +264,32 @@ def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[to
 
 
 def plan(ids: torch.Tensor, num_experts: int, block_m: int, *,
-         arch: CudaArch) -> tuple[torch.Tensor, torch.Tensor, tuple[TritonKernel, Launch] | None]:
-    """``(order, blocks, launch)``: the plan's tables and the kernel launch that fills them, or ``None`` where
-    torch already filled them (more than :data:`PLAN_KERNEL_MAX_SLOTS` slots)."""
+         arch: CudaArch) -> tuple[torch.Tensor, torch.Tensor, list[tuple[TritonKernel, Launch]]]:
+    """``(order, blocks, steps)``: the plan's tables and the launches that fill them, in order: one program up to
+    :data:`PLAN_KERNEL_MAX_SLOTS` slots, else the three chunked kernels."""
     slots = ids.numel()
-    if slots > PLAN_KERNEL_MAX_SLOTS:
-        order, blocks = expert_blocks(ids, num_experts, block_m)
-        return order, blocks, None
     flat = ids.reshape(-1).contiguous()
     n_blocks = num_blocks(slots, num_experts, block_m)
     order = torch.empty(slots, dtype=torch.int32, device=ids.device)
     blocks = torch.empty(3, n_blocks, dtype=torch.int32, device=ids.device)
-    config: LaunchConfig = moe_plan_config(arch, slots)
-    launch = Launch((1,), config, dict(ids_ptr=flat, order_ptr=order, blocks_ptr=blocks, n_slots=slots,
-                                       num_experts=num_experts, n_blocks=n_blocks,
-                                       **_constexprs(slots, num_experts, block_m)), (order, blocks))
-    return order, blocks, (PLAN_KERNEL, launch)
+    if slots <= PLAN_KERNEL_MAX_SLOTS:
+        config: LaunchConfig = moe_plan_config(arch, slots)
+        launch = Launch((1,), config, dict(ids_ptr=flat, order_ptr=order, blocks_ptr=blocks, n_slots=slots,
+                                           num_experts=num_experts, n_blocks=n_blocks,
+                                           **_constexprs(slots, num_experts, block_m)), (order, blocks))
+        return order, blocks, [(PLAN_KERNEL, launch)]
+    chunks: MoePlanChunks = moe_plan_chunks_config(arch)
+    n_chunks = triton.cdiv(slots, chunks.chunk)
+    count_c, scan_c, scatter_c = _chunk_constexprs(chunks, num_experts)
+    scratch = torch.empty(n_chunks + 4, scan_c["EXPERTS_PAD"], dtype=torch.int32, device=ids.device)
+    count = Launch((n_chunks,), chunks.count, dict(ids_ptr=flat, scratch_ptr=scratch, n_slots=slots, **count_c),
+                   scratch)
+    scan = Launch((1,), chunks.scan, dict(scratch_ptr=scratch, n_chunks=n_chunks, block_m=block_m, **scan_c),
+                  scratch)
+    grid = (n_chunks, chunks.chunk // chunks.block_i)
+    scatter = Launch(grid, chunks.scatter,
+                     dict(ids_ptr=flat, order_ptr=order, blocks_ptr=blocks, scratch_ptr=scratch, n_slots=slots,
+                          num_experts=num_experts, n_chunks=n_chunks, n_blocks=n_blocks,
+                          blocks_per_program=triton.cdiv(n_blocks, grid[0] * grid[1]), block_m=block_m, **scatter_c),
+                     (order, blocks))
+    return order, blocks, [(COUNT_KERNEL, count), (SCAN_KERNEL, scan), (SCATTER_KERNEL, scatter)]
