@@ -211,26 +211,6 @@ def moe_plan_chunks_config(arch: CudaArch) -> MoePlanChunks:
     return MoePlanChunks(512, 128, LaunchConfig(num_warps=4), LaunchConfig(num_warps=8), LaunchConfig(num_warps=8))
 
 
-@dataclass(slots=True, frozen=True)
-class MoePlanChunks:
-    """The MoE plan above one program's slots: chunk sizes and the three kernels' configs."""
-
-    chunk: int  #: slots per counting program (a row of per-expert counts for the single-program scan)
-    block_i: int  #: slots placed per scattering program (each compared with its chunk's earlier slots)
-    count: LaunchConfig  #: per chunk: ids compared with every expert, summed
-    scan: LaunchConfig  #: one program: prefix sums down the chunks and over the experts
-    scatter: LaunchConfig  #: per (chunk, block_i slots): equal-id counts, two gathers, a store; a share of blocks
-
-
-def moe_plan_chunks_config(arch: CudaArch) -> MoePlanChunks:
-    """The chunked MoE plan (prefill).  512-slot chunks: a slot's rank among its expert's slots in the chunk
-    costs up to 512 compares, and the scan walks 12 rows for a 1024-token top-6 call (96 at 8192 tokens);
-    128-slot scatter programs, so that call is 12 counting and 48 scattering programs."""
-    if arch.triton_arch not in (90, 100):
-        raise ValueError(f"no MoE plan configuration for {arch.name}")
-    return MoePlanChunks(512, 128, LaunchConfig(num_warps=4), LaunchConfig(num_warps=8), LaunchConfig(num_warps=8))
-
-
 def moe_combine_config(arch: CudaArch, hidden: int) -> tuple[LaunchConfig, int]:
     """The MoE k-way sum, one program per (token, block of ``block_h`` hidden columns): returns (config, block_h)."""
     if arch.triton_arch not in (90, 100):
