@@ -11,13 +11,14 @@ Two ways to the same tables (tested equal to each other and to the torch oracle 
   ``expert * SLOTS_PAD + slot``, per-expert counts, two prefix sums and scattered stores.  One launch
   where the torch plan is ~25 small kernels (each ~1-2 us of device time even inside a graph, and V4 has a
   MoE layer per block);
-- any larger call (prefill): three launches over chunks of ``CHUNK`` slots, whatever the slot count:
-  ``_moe_count_kernel`` (one program per chunk: its per-expert counts), ``_moe_scan_kernel`` (one program:
-  exclusive sums over the chunks and over the experts, the expert segments and block ranges) and
-  ``_moe_scatter_kernel`` (one program per chunk: a stable sort of the chunk's keys gives each slot's rank in
-  its expert; plus the chunk's offset for that expert, read back from the scan, it is the slot's place in
-  ``order``; each program also writes its share of the block table).  No atomics: the result does not depend on
-  the order in which programs run.  Before, this path was the ~25 torch ops of :func:`expert_blocks` per call.
+- any larger call (prefill): three launches, whatever the slot count (``arch.moe_plan_chunks_config``):
+  ``_moe_count_kernel`` (one program per chunk of 512 slots: its per-expert counts), ``_moe_scan_kernel``
+  (one program: each expert's slots in the chunks before each chunk, the expert segments and block ranges) and
+  ``_moe_scatter_kernel`` (one program per 128 slots: a slot's rank among its expert's slots in its chunk is a
+  count of equal ids over the chunk's earlier slots; plus its expert's segment start and the slots of earlier
+  chunks, read back from the scan, it is the slot's place in ``order``; each program also writes a share of
+  the block table).  No sort, no atomics: every value is a count, so the tables do not depend on the order in
+  which programs run.  Before, this path was the ~25 torch ops of :func:`expert_blocks` per call.
 """
 
 from __future__ import annotations
