@@ -38,11 +38,13 @@ SCRIPT = textwrap.dedent(
         return plan.finish()
 
     gen = torch.Generator().manual_seed(0)
-    # (tokens, streams, hidden): 16-token tiles (the last partial) x 8 slices; a flat width (800) that ends
-    # mid-slice and a hidden dim (200) that ends mid-chunk; one token alone; 70 tokens in 64-token tiles.  4 Sinkhorn rounds keep it fast
-    # (the conformance samples run 20).
-    for tokens, n, dim in [(45, 4, 512), (5, 4, 200), (1, 4, 512), (70, 4, 256)]:
-        for dtype in (torch.float32, torch.bfloat16):
+    # (tokens, streams, hidden, dtype): 40 tokens in 32-token tiles (the last partial) x 4 slices; a flat width
+    # (800) that ends mid-slice and a hidden dim (200) that ends mid-chunk; one token alone; 70 tokens in the
+    # largest tier.  4 Sinkhorn rounds keep it fast (the conformance samples run 20).
+    cases = [(40, 4, 256, torch.float32), (5, 4, 200, torch.float32), (5, 4, 200, torch.bfloat16),
+             (1, 4, 512, torch.bfloat16), (70, 4, 128, torch.bfloat16)]
+    for tokens, n, dim, dtype in cases:
+        if True:
             streams = (2 * torch.randn(tokens, n, dim, generator=gen)).to(dtype)
             fn = 0.05 * torch.randn((2 + n) * n, n * dim, generator=gen)
             base = 0.5 * torch.randn((2 + n) * n, generator=gen)
@@ -58,7 +60,7 @@ SCRIPT = textwrap.dedent(
                 assert_close(whole, reference(*args), dtype, tol, f"hc_pre {tokens}x{n}x{dim} {dtype}")
                 if not interpreted:
                     continue
-                for rows in [[0], [tokens - 1], list(range(tokens - 1, -1, -3)), list(range(min(20, tokens)))]:
+                for rows in [[tokens - 1], list(range(tokens - 1, -1, -3))]:
                     part = run(streams[rows], *args[1:])
                     for got, want in zip(part, whole):
                         assert torch.equal(got, want[rows]), f"rows {rows[:4]} of {tokens}x{n}x{dim} {dtype} differ"
@@ -72,7 +74,7 @@ def test_split_k_hc_pre_matches_reference_and_is_batch_invariant_under_the_inter
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count("OK ") == 8, proc.stdout
+    assert proc.stdout.count("OK ") == 5, proc.stdout
 
 
 def test_hc_pre_tiles_depend_on_model_dims_only():
