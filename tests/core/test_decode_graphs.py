@@ -71,6 +71,31 @@ def test_replayed_decode_steps_equal_eager_steps(checkpoint):
         assert_same_output(a, b)
 
 
+class FailingCaptureBackend(Backend):
+    """Capturing fails after the warm-up ran, as CUDA's does when an op synchronises with the host."""
+
+    name = "failing-capture"
+
+    @contextlib.contextmanager
+    def graph_capture(self, device):
+        def capture(fn):
+            fn()
+            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+        yield capture
+
+
+def test_a_failed_capture_falls_back_to_eager_steps(checkpoint, caplog):
+    eager, _ = _generate(checkpoint, enforce_eager=True)
+    with caplog.at_level("WARNING", logger="deepinfer.runner.decode_graphs"):
+        replayed, llm = _generate(checkpoint, backend=FailingCaptureBackend())
+    graphs = llm.engine.runner.decode_graphs
+    assert graphs.eager_reason == "RuntimeError: operation not permitted when stream is capturing"
+    assert sum("decode steps run eagerly" in r.message for r in caplog.records) == 1  # said once
+    for a, b in zip(eager, replayed):
+        assert_same_output(a, b)
+
+
 def test_bucket_choice():
     graphs = object.__new__(__import__("deepinfer.runner.decode_graphs", fromlist=["DecodeGraphs"]).DecodeGraphs)
     graphs.max_seqs, graphs.max_tokens = 48, 5000

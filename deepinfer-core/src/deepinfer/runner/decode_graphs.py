@@ -11,6 +11,7 @@ the state pool's null slot and page, so no sequence's state is written twice.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ import torch
 
 from deepinfer.backends import Backend
 from deepinfer.models.base import CausalLM, GraphDecodable, SequenceState
+
+logger = logging.getLogger(__name__)
 
 
 def _bucket(n: int, smallest: int = 1) -> int:
@@ -47,6 +50,9 @@ class DecodeGraphs:
         self.model, self.backend, self.device = model, backend, device
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        #: Set when a capture failed (an op of the table synchronises with the host, say): every step then runs
+        #: eagerly on the same static buffers, which is exact, only slower.
+        self.eager_reason: str | None = None
         self._exit = contextlib.ExitStack()
         self._capture = self._exit.enter_context(backend.graph_capture(device))
 
@@ -85,7 +91,16 @@ class DecodeGraphs:
             out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
 
         staging = self.backend.host_buffer(flat.numel(), torch.int64)
-        return _Graph(flat, staging, shapes, self._capture(step), out)
+        replay: Callable[[], object] = step
+        if self.eager_reason is None:
+            try:
+                replay = self._capture(step)
+            except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager steps
+                self.eager_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                logger.warning("capturing a decode step failed (%s); decode steps run eagerly from now on",
+                               self.eager_reason)
+                replay = step
+        return _Graph(flat, staging, shapes, replay, out)
 
     def close(self) -> None:
         self._graphs.clear()
