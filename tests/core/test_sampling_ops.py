@@ -153,3 +153,40 @@ def test_sample_tokens_comparison_tolerates_only_near_ties():
     wrong[0] = (wrong[0] + 1) % case.args[0].shape[-1]
     with pytest.raises(AssertionError, match="row 0"):
         op.compare(wrong, expected, case, torch.float32)
+
+
+def test_temperature_only_rows_skip_truncation_and_ignore_their_neighbours():
+    """Rows without top-k / top-p / min-p are only scaled (no full-vocabulary sort, no tail cut), and a row's
+    draw does not depend on whether the rows beside it truncate."""
+    from deepinfer.ops import OpTable
+    from deepinfer.sample.sampler import Sampler, SamplingRow
+    from deepinfer.sampling_params import SamplingParams
+
+    calls = []
+    table = OpTable()
+    real = table.filter_logits
+
+    def counting_filter(logits, *args):
+        calls.append(logits.shape[0])
+        return real(logits, *args)
+
+    table._impls["filter_logits"] = counting_filter
+    sampler = Sampler(table)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 300, generator=gen) * 3
+    plain, nucleus = SamplingParams(temperature=0.9), SamplingParams(temperature=0.9, top_p=0.5, top_k=20)
+
+    def rows(params):
+        return [SamplingRow(p, seed=11 + i, step=4, prompt_ids=[1], output_ids=[]) for i, p in enumerate(params)]
+
+    alone = sampler(logits, rows([plain, plain, plain]))
+    assert calls == []  # nobody truncates: the filter op never runs
+    mixed = sampler(logits, rows([plain, nucleus, plain]))
+    assert calls == [1]  # only the truncating row goes through it
+    assert mixed[0] == alone[0] and mixed[2] == alone[2]
+    # Temperature-only draws reach the far tail: over many seeds, tokens outside the top 50 % mass appear.
+    flat = torch.zeros(1, 300)
+    flat[0, :5] = 4.0
+    seen = {int(sampler(flat, [SamplingRow(plain, seed=s, step=0, prompt_ids=[1], output_ids=[])])[0])
+            for s in range(200)}
+    assert any(t >= 5 for t in seen)

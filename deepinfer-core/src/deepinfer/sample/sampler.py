@@ -105,13 +105,19 @@ class Sampler:
         if drawn:  # only the rows that sample pay for truncation and noise
             ps, rs = [params[i] for i in drawn], [rows[i] for i in drawn]
             index = torch.tensor(drawn, dtype=torch.int64, device=device)
-            xs = self.ops.filter_logits(
-                x[index],
-                torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=device),
-                torch.tensor([p.top_k for p in ps], dtype=torch.int64, device=device),
-                torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=device),
-                torch.tensor([p.min_p for p in ps], dtype=torch.float32, device=device),
-            )
+            temperature = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=device)
+            xs = x[index].float() / temperature[:, None]  # rows without top-k / top-p / min-p: only this
+            cut = [j for j, p in enumerate(ps) if p.truncates]
+            if cut:  # per row, so a row's logits never depend on whether its neighbours truncate
+                pc = [ps[j] for j in cut]
+                at = torch.tensor(cut, dtype=torch.int64, device=device)
+                xs[at] = self.ops.filter_logits(
+                    x[index[at]],
+                    temperature[at],
+                    torch.tensor([p.top_k for p in pc], dtype=torch.int64, device=device),
+                    torch.tensor([p.top_p for p in pc], dtype=torch.float32, device=device),
+                    torch.tensor([p.min_p for p in pc], dtype=torch.float32, device=device),
+                )
             tokens[index] = self.ops.sample_tokens(
                 xs,
                 torch.zeros(len(drawn), dtype=torch.bool, device=device),

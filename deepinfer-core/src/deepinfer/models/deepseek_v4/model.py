@@ -89,12 +89,10 @@ class DeepseekV4ForCausalLM:
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
         self.layers = [DecoderLayer(ops, cfg, i, get) for i in range(cfg.num_hidden_layers)]
         self.pool: StatePool | None = None  # set by configure_state, or grown on demand by new_state
+        self.state_spec = StateSpec.from_config(cfg)
+        self._element_size = torch.empty(0, dtype=dtype).element_size()
 
     # --- state ----------------------------------------------------------------------------------
-    @property
-    def state_spec(self) -> StateSpec:
-        return StateSpec.from_config(self.config)
-
     def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
         """Allocate a fixed state pool for at most ``max_seqs`` sequences within ``capacity_bytes``."""
         self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes)
@@ -112,7 +110,7 @@ class DeepseekV4ForCausalLM:
 
     def state_bytes(self, num_tokens: int) -> int:
         """``nbytes()`` of a state after ``num_tokens`` tokens: its slot and its pages (see :mod:`.state`)."""
-        return self.state_spec.state_elems(num_tokens) * torch.empty(0, dtype=self.dtype).element_size()
+        return self.state_spec.state_elems(num_tokens) * self._element_size
 
     # --- compute --------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

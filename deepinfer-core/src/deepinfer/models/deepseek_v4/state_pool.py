@@ -9,7 +9,7 @@ steps can be captured) or **growable** (tests and tools: slots and pages double 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,11 @@ class StateSpec:
     kinds: tuple[str, ...]
     ratios: tuple[int, ...]  # per layer; 0 for sliding layers
     page_size: int = PAGE_SIZE
+    #: (slot elements, {ratio: page elements}): computed once, since the scheduler asks for sizes every step
+    sizes: tuple[int, dict[int, int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", (self.slot_elems(), {r: self.page_elems(r) for r in self.paged_ratios}))
 
     @classmethod
     def from_config(cls, cfg: DeepseekV4Config) -> "StateSpec":
@@ -72,7 +77,8 @@ class StateSpec:
     def state_elems(self, num_tokens: int) -> int:
         if num_tokens <= 0:
             return 0
-        return self.slot_elems() + sum(self.pages_for(num_tokens, r) * self.page_elems(r) for r in self.paged_ratios)
+        slot, pages = self.sizes
+        return slot + sum(self.pages_for(num_tokens, r) * elems for r, elems in pages.items())
 
 
 @dataclass(slots=True, frozen=True)
