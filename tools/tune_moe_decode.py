@@ -19,19 +19,10 @@ import sys
 
 
 def _graph_us(fn, calls: int = 10) -> float:
-    import torch
-    from triton.testing import do_bench
+    """Device µs per call of ``fn`` replayed from a CUDA graph (bench_kernels' measurement)."""
+    from bench_kernels import _graph_time  # tools/ is on sys.path when this script runs
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3 / calls
+    return _graph_time(fn, calls) * 1e6
 
 
 def candidates(base):
