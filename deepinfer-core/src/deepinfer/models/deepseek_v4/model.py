@@ -100,8 +100,7 @@ class DeepseekV4ForCausalLM:
 
     def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
         """The ``configure_state`` budget under which ``max_seqs`` sequences of ``num_tokens`` tokens all fit."""
-        return pool_bytes_for(self.state_spec, torch.empty(0, dtype=self.dtype).element_size(), max_seqs,
-                              num_tokens)
+        return pool_bytes_for(self.state_spec, self._element_size, max_seqs, num_tokens)
 
     def new_state(self) -> DeepseekV4State:
         if self.pool is None:  # not configured (tests, tools): a pool that grows on demand
@@ -129,11 +128,7 @@ class DeepseekV4ForCausalLM:
             hidden = self._decode(step, pool)
         else:
             layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
-            page = pool.spec.page_size
-            for r in pool.spec.paged_ratios:  # one upload per ratio, not one per sequence and layer
-                width = max(1, max(len(s.pages.get(r, ())) for s in states))
-                table = batch.upload(pool.page_table(states, r, width))
-                layout.entry_rows[r] = (table[:, :, None] * page + torch.arange(page, device=table.device)).flatten(1)
+            layout.entry_rows = self._entry_rows(states, pool, batch.upload)
             positions = batch.positions
 
             def attend(attn, x):
@@ -143,6 +138,17 @@ class DeepseekV4ForCausalLM:
         for state, n in zip(states, batch.seq_lens):
             state.num_tokens += n
         return hidden
+
+    @staticmethod
+    def _entry_rows(states: list[DeepseekV4State], pool: StatePool, upload) -> dict[int, torch.Tensor]:
+        """Per ratio, every sequence's page rows of its entries in order ([seqs, entries] on the device): one
+        upload per ratio, not one per sequence and layer."""
+        page, out = pool.spec.page_size, {}
+        for r in pool.ratios:
+            width = max(1, max(len(s.pages.get(r, ())) for s in states))
+            table = upload(pool.page_table(states, r, width))
+            out[r] = (table[:, :, None] * page + torch.arange(page, device=table.device)).flatten(1)
+        return out
 
     def decode_inputs(self, states: list[DeepseekV4State], input_ids: list[int], bucket: int,
                       max_tokens: int) -> dict[str, torch.Tensor]:
@@ -178,6 +184,8 @@ class DeepseekV4ForCausalLM:
             widths[r] = width = max(1, width)
             for s in states:
                 ids = s.pages.get(r, ())
+                if len(ids) > width:
+                    raise ValueError(f"a sequence holds {len(ids)} pages of ratio {r}; the step is sized for {width}")
                 values += ids
                 values += [0] * (width - len(ids))
             values += [0] * (width * pad)
