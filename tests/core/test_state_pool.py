@@ -84,3 +84,20 @@ def test_growable_pool_keeps_contents_when_it_grows():
         assert bool((layer.kv[pool.ring_rows(first.slot)] == 1.0).all())
         if layer.ratio:
             assert bool((layer.kv[pool.entry_base + pool.page_rows(first, layer.ratio)] == 2.0).all())
+
+
+def test_a_model_in_use_is_not_reconfigured(tmp_path):
+    from v4_fixtures import SMALL, build_checkpoint
+
+    from deepinfer.models import load_model
+    from deepinfer.ops import OpTable
+
+    path, _ = build_checkpoint(tmp_path, SMALL, seed=3)
+    model = load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
+    model.configure_state(4, model.state_pool_bytes(4, 64))
+    state = model.new_state()
+    model.pool.reserve(state, 10)
+    with pytest.raises(RuntimeError, match="still holds 1 sequences"):
+        model.configure_state(4, model.state_pool_bytes(4, 64))
+    state.release()
+    assert model.configure_state(2, model.state_pool_bytes(2, 64)).max_seqs == 2

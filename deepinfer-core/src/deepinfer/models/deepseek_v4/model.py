@@ -94,7 +94,11 @@ class DeepseekV4ForCausalLM:
 
     # --- state ----------------------------------------------------------------------------------
     def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
-        """Allocate a fixed state pool for at most ``max_seqs`` sequences within ``capacity_bytes``."""
+        """Allocate a fixed state pool for at most ``max_seqs`` sequences within ``capacity_bytes``.  A model
+        serves one engine at a time: this replaces the pool, so it is refused while sequences still hold state."""
+        if self.pool is not None and self.pool.live:
+            raise RuntimeError(f"this model's state pool still holds {self.pool.live} sequences (an engine is "
+                               "using it); a model serves one engine at a time")
         self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes)
         return StateCapacity(plan.admissible, plan.slots - 1)
 

@@ -223,6 +223,11 @@ class StatePool:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for layer in self.layers for t in _layer_tensors(layer))
 
+    @property
+    def live(self) -> int:
+        """Sequences holding a slot."""
+        return self.slots - 1 - len(self._free_slots)
+
     # --- sequences ----------------------------------------------------------------------------------
     def new_state(self) -> DeepseekV4State:
         return DeepseekV4State(self)
