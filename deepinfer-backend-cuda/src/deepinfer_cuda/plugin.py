@@ -48,6 +48,22 @@ class CudaBackend(Backend):
     def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
+    def to_host_async(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """A non-blocking copy into pinned memory and an event recorded after it: waiting on the event waits
+        for this copy (and what was queued before it), not for later steps."""
+        if t.device.type != "cuda":
+            return super().to_host_async(t)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> torch.Tensor:
+            done.synchronize()
+            return host
+
+        return wait
+
     def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(numel, dtype=dtype, pin_memory=True)
 

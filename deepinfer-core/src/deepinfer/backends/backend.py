@@ -56,6 +56,12 @@ class Backend:
         the caller refills it only after the device has passed the previous copy.  Default: plain memory."""
         return torch.empty(numel, dtype=dtype)
 
+    def to_host_async(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start copying device tensor ``t`` to the host and return a function that waits for that copy alone
+        (not for work queued after it) and returns the host tensor.  Default: copy now."""
+        host = t.cpu()
+        return lambda: host
+
     def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``t`` (a host tensor: a step's token ids, positions, row indices) on ``device``, without blocking the
         host where the device allows it.  The copy may still be in flight when this returns: the caller must not

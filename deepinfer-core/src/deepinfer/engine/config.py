@@ -27,6 +27,8 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = ()
     #: Run every step eagerly (no captured decode graphs).
     enforce_eager: bool = False
+    #: Queue step N+1 before reading step N's tokens (they reach it on the device); see ``Engine.step``.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "state_cache_bytes"):

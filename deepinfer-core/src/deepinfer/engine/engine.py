@@ -25,7 +25,7 @@ from deepinfer.engine.validation import RequestError, check_request, normalize_p
 from deepinfer.models.base import CausalLM, GraphDecodable
 from deepinfer.outputs import RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
-from deepinfer.runner.model_runner import ModelRunner, RunnerOutput
+from deepinfer.runner.model_runner import ModelRunner, RunnerOutput, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
 
@@ -67,6 +67,8 @@ class Engine:
         self.seqs: dict[int, Sequence] = {}
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        #: The step queued on the device whose results the host has not read yet (async scheduling).
+        self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
@@ -137,13 +139,29 @@ class Engine:
 
     # --- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return the requests that finished in it."""
+        """Run one scheduling step; return the requests that finished in it.
+
+        Async scheduling: the step is queued on the device, then the previous step's results are read and
+        processed while it runs.  Tokens the previous step sampled reach this step on the device (the
+        scheduler counts them as in flight).  A sequence that finishes on reading has one extra token
+        computed, which is dropped.  Steps run one after the other instead when a sequence in flight
+        needs its new token on the host before the next draw (penalties, a grammar), or when
+        ``EngineConfig.async_scheduling`` is off.
+        """
+        done: list[RequestOutput] = []
+        if self._inflight is not None and not self._may_overlap():
+            done += self._land()
         sched = self.schedule()
         if sched.empty:
-            if self.has_unfinished():
+            done += self._land()
+            if not done and self._inflight is None and self.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (state budget too small?)")
-            return []
-        return self.process(sched, self.execute(sched))
+            return done
+        previous, self._inflight = self._inflight, (sched, self.launch(sched))
+        done += self._process_landed(previous)
+        if not self.config.async_scheduling:
+            done += self._land()
+        return done
 
     def schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()
@@ -151,19 +169,69 @@ class Engine:
             self.state_cache.free(seq_id)
         return sched
 
-    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        result = self.runner.execute(sched, self.seqs, self.state_cache)
+    def launch(self, sched: SchedulerOutput) -> StepHandle:
+        """Queue ``sched`` on the device (tokens in flight come from the step before); nothing is read back."""
+        previous = self._inflight[1] if self._inflight is not None else None
+        handle = self.runner.launch(sched, self.seqs, self.state_cache, previous)
         for chunk in sched.chunks:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)
-        return result
+        for seq_id in handle.seq_ids:
+            self.seqs[seq_id].num_inflight += 1
+        return handle
+
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        """Run ``sched`` and read its results at once (no overlap)."""
+        handle = self.launch(sched)
+        for seq_id in handle.seq_ids:
+            self.seqs[seq_id].num_inflight -= 1
+        return handle.collect()
+
+    def drain(self) -> list[RequestOutput]:
+        """Read the step still in flight, if any."""
+        return self._land()
+
+    def abandon_inflight(self) -> None:
+        """Forget the step in flight without reading it (after an error)."""
+        if self._inflight is not None:
+            for seq_id in self._inflight[1].seq_ids:
+                if seq_id in self.seqs:
+                    self.seqs[seq_id].num_inflight = 0
+            self._inflight = None
+
+    def _may_overlap(self) -> bool:
+        """Whether the next step may be scheduled before the host reads the tokens in flight."""
+        if not self.config.async_scheduling:
+            return False
+        for seq_id in self._inflight[1].seq_ids:
+            seq = self.seqs.get(seq_id)
+            if seq is not None and (seq.grammar is not None or seq.request.params.has_penalties):
+                return False
+        return True
+
+    def _land(self) -> list[RequestOutput]:
+        inflight, self._inflight = self._inflight, None
+        return self._process_landed(inflight)
+
+    def _process_landed(self, inflight: tuple[SchedulerOutput, StepHandle] | None) -> list[RequestOutput]:
+        if inflight is None:
+            return []
+        sched, handle = inflight
+        result = handle.collect()
+        for seq_id in handle.seq_ids:
+            seq = self.seqs.get(seq_id)
+            if seq is not None:
+                seq.num_inflight -= 1
+        return self.process(sched, result)
 
     def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         for request, position, tl in result.prompt_logprobs:
             self.outputs.record_prompt_logprobs(request, position, tl)
         done: list[RequestOutput] = []
         for seq_id, tl in result.sampled:
-            seq = self.seqs[seq_id]
+            seq = self.seqs.get(seq_id)
+            if seq is None or seq.status is SequenceStatus.FINISHED:  # finished while this step was in flight
+                continue
             self.num_generated_tokens += 1
             if self.outputs.append_token(seq, tl):
                 self._retire(seq)

@@ -107,6 +107,8 @@ class LLM:
             sequence's state fits in the state cache budget.
         max_num_seqs / max_num_batched_tokens: per-step limits on sequences and tokens (chunked prefill).
         enforce_eager: run decode steps eagerly instead of replaying captured graphs (debugging).
+        async_scheduling: queue each step before reading the previous one's tokens (default); False runs
+            steps strictly one after the other (debugging; outputs are the same).
         state_cache_bytes: memory for all sequences' model state, allocated once; default: what
             ``max_num_seqs`` sequences of ``min(max_model_len, 8192)`` tokens need, at most
             ``memory_utilization`` times the device memory free after loading the weights.
@@ -116,7 +118,7 @@ class LLM:
                  revision: str | None = None, dtype: str | torch.dtype = "auto", seed: int = 0,
                  max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  state_cache_bytes: int | None = None, memory_utilization: float = 0.9,
-                 max_logprobs: int = MAX_LOGPROBS, enforce_eager: bool = False):
+                 max_logprobs: int = MAX_LOGPROBS, enforce_eager: bool = False, async_scheduling: bool = True):
         from deepinfer.backends import current_backend
         from deepinfer.ops import OpTable
 
@@ -142,7 +144,7 @@ class LLM:
         self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), seed=seed, max_model_len=max_model_len,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     state_cache_bytes=state_cache_bytes, max_logprobs=max_logprobs, backend=backend,
-                    enforce_eager=enforce_eager)
+                    enforce_eager=enforce_eager, async_scheduling=async_scheduling)
 
     @classmethod
     def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
@@ -162,7 +164,7 @@ class LLM:
                max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                state_cache_bytes: int, max_logprobs: int = MAX_LOGPROBS,
                token_masks: TokenMaskProvider | None = None, backend: Any = None,
-               enforce_eager: bool = False) -> None:
+               enforce_eager: bool = False, async_scheduling: bool = True) -> None:
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
         capacity = model.configure_state(max_num_seqs, state_cache_bytes)
@@ -173,7 +175,7 @@ class LLM:
             max_model_len=_fit_max_model_len(max_model_len, model, capacity.nbytes),
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=max_num_batched_tokens, seed=seed, max_logprobs=max_logprobs, eos_token_ids=eos,
-            enforce_eager=enforce_eager,
+            enforce_eager=enforce_eager, async_scheduling=async_scheduling,
         )
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()
@@ -230,6 +232,8 @@ class LLM:
             try:
                 while engine.has_unfinished():
                     finished = engine.step()
+                    if not engine.has_unfinished():
+                        finished += engine.drain()
                     for out in finished:
                         results[index[out.request_id]] = out
                     if finished:
@@ -238,6 +242,7 @@ class LLM:
                                             f"out: {(engine.num_generated_tokens - gen0) / elapsed:.1f} tok/s")
                         bar.update(len(finished))
             except BaseException:
+                engine.abandon_inflight()
                 for seq in list(engine.seqs.values()):  # leave the engine empty for the next call
                     engine.abort_request(seq.request)
                 raise

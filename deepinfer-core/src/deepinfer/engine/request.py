@@ -39,6 +39,9 @@ class Sequence:
     detokenizer: object | None = None  # an IncrementalDetokenizer, set by the output processor
     #: Structured output: this completion's ``GrammarMatcher`` (``None`` for free requests).
     grammar: object | None = None
+    #: Tokens sampled on the device whose values the host has not read yet (async scheduling: 0 or 1).  The
+    #: scheduler counts them as known tokens; the runner feeds them to the next step from the device.
+    num_inflight: int = 0
 
     @property
     def prompt_len(self) -> int:
@@ -49,8 +52,13 @@ class Sequence:
         return len(self.token_ids) - self.request.prompt_len
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens so far, in-flight ones included."""
+        return len(self.token_ids) + self.num_inflight
+
+    @property
     def num_uncomputed(self) -> int:
-        return len(self.token_ids) - self.num_computed
+        return self.num_tokens - self.num_computed
 
     @property
     def output_ids(self) -> list[int]:

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.state_cache import StateBudget
 
+#: A token the device sampled and the host has not read yet; the runner takes it from the previous step.
+PLACEHOLDER = -1
+
 
 @dataclass(slots=True)
 class ScheduledChunk:
@@ -99,10 +102,11 @@ class Scheduler:
     def _chunk(self, seq: Sequence, num_tokens: int) -> tuple[ScheduledChunk, list[Sequence], int]:
         """The next chunk of ``seq`` and the bytes it needs (its growth plus copies for its forks)."""
         start, end = seq.num_computed, seq.num_computed + num_tokens
-        forks = seq.pending_forks if end == len(seq.token_ids) else []
+        forks = seq.pending_forks if end == seq.num_tokens else []
         need = self.budget.extra_for(seq.seq_id, end) + len(forks) * self.budget.bytes_for(end)
-        chunk = ScheduledChunk(seq.seq_id, start, seq.token_ids[start:end], end == len(seq.token_ids),
-                               tuple(f.seq_id for f in forks))
+        token_ids = seq.token_ids[start:end]
+        token_ids += [PLACEHOLDER] * (end - start - len(token_ids))  # in-flight tokens
+        chunk = ScheduledChunk(seq.seq_id, start, token_ids, end == seq.num_tokens, tuple(f.seq_id for f in forks))
         return chunk, forks, need
 
     def _commit(self, seq: Sequence, chunk: ScheduledChunk, forks: list[Sequence]) -> list[Sequence]:
@@ -124,7 +128,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and tokens_left > 0:
             seq = self.running[i]
-            if seq.num_uncomputed == 0:
+            last_in_flight = seq.num_inflight > 0 and seq.num_tokens >= seq.request.max_total_tokens
+            if seq.num_uncomputed == 0 or last_in_flight:  # (the latter finishes by length when it is read)
                 i += 1
                 continue
             chunk, forks, need = self._chunk(seq, min(seq.num_uncomputed, tokens_left))

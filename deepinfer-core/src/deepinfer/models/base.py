@@ -111,7 +111,8 @@ class GraphDecodable(Protocol):
     def decode_inputs(self, states: list[SequenceState], input_ids: list[int], bucket: int,
                       max_tokens: int) -> dict[str, torch.Tensor]:
         """Host int64 tensors of one decode step, padded to ``bucket`` rows, shaped for ``max_tokens``-token
-        sequences whatever the states hold (so one capture serves every step of that bucket)."""
+        sequences whatever the states hold (so one capture serves every step of that bucket); ``"input_ids"``
+        ``[bucket]`` among them (the runner may overwrite rows of it on the device)."""
         ...
 
     def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:

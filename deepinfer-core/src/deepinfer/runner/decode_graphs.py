@@ -34,6 +34,7 @@ def _bucket(n: int, smallest: int = 1) -> int:
 class _Graph:
     flat: torch.Tensor  # every static input, packed (int64), on the device
     staging: torch.Tensor  # the same on the host (Backend.host_buffer: pinned on CUDA)
+    input_ids: torch.Tensor  # the view of ``flat`` holding the step's token ids
     shapes: list[tuple[str, tuple[int, ...]]]
     replay: Callable[[], object]
     outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
@@ -62,11 +63,13 @@ class DecodeGraphs:
         longest = max(s.num_tokens for s in states) + 1
         return rows, min(_bucket(longest, self.MIN_TOKENS), self.max_tokens)
 
-    def run(self, states: list[SequenceState], input_ids: list[int]) -> torch.Tensor:
+    def run(self, states: list[SequenceState], input_ids: list[int],
+            feed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Logits ``[len(states), vocab]`` (fp32) of one decode step, which advances the states.  The graph holds
         the whole step: forward and logits.  The inputs go through a host staging buffer per graph, refilled
         each step: the caller must have waited for the previous step's results (the runner reads its sampled
-        tokens) before the next call."""
+        tokens) before the next call.  ``feed`` = (rows, tokens, their rows): token ids already on the device
+        (sampled by the previous step) written over ``input_ids[rows]`` before the replay."""
         rows, tokens = self.buckets(states)
         host = self.model.decode_inputs(states, input_ids, rows, tokens)
         graph = self._graphs.get((rows, tokens))
@@ -74,6 +77,8 @@ class DecodeGraphs:
             graph = self._graphs[rows, tokens] = self._capture_graph(host)
         torch.cat([t.flatten() for t in host.values()], out=graph.staging)
         graph.flat.copy_(graph.staging, non_blocking=True)
+        if feed is not None:
+            graph.input_ids[feed[0]] = feed[1][feed[2]]
         graph.replay()
         return graph.outputs[-1][: len(states)]
 
@@ -100,7 +105,7 @@ class DecodeGraphs:
                 logger.warning("capturing a decode step failed (%s); decode steps run eagerly from now on",
                                self.eager_reason)
                 replay = step
-        return _Graph(flat, staging, shapes, replay, out)
+        return _Graph(flat, staging, static["input_ids"], shapes, replay, out)
 
     def close(self) -> None:
         self._graphs.clear()

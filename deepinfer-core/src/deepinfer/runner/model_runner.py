@@ -7,7 +7,7 @@ for), samples, and returns plain Python data.  Device-agnostic: the device is th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch
 
 from deepinfer.backends import Backend
 from deepinfer.engine.request import Request, Sequence
-from deepinfer.engine.scheduler import SchedulerOutput
+from deepinfer.engine.scheduler import PLACEHOLDER, SchedulerOutput
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.models.base import CausalLM, ForwardBatch
 from deepinfer.runner.decode_graphs import DecodeGraphs
@@ -38,6 +38,16 @@ class RunnerOutput:
     sampled: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
     #: Prompt logprobs computed this step: (request, position of the scored token, its logprobs).
     prompt_logprobs: list[tuple[Request, int, TokenLogprobs]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepHandle:
+    """A step queued on the device: its sampled tokens there (one per ``seq_ids`` entry) and ``collect()``,
+    which waits for this step's results alone and returns them as plain data."""
+
+    tokens: torch.Tensor | None
+    seq_ids: list[int]
+    collect: Callable[[], RunnerOutput]
 
 
 @dataclass(slots=True)
@@ -95,6 +105,13 @@ class ModelRunner:
         return plan
 
     def execute(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence], states: StateCache) -> RunnerOutput:
+        """Run one step and read its results (:meth:`launch` then :meth:`StepHandle.collect`)."""
+        return self.launch(sched, seqs, states).collect()
+
+    def launch(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence], states: StateCache,
+               previous: StepHandle | None = None) -> StepHandle:
+        """Queue one step on the device without waiting for it.  Tokens scheduled as ``PLACEHOLDER`` (sampled
+        by ``previous``, not yet read by the host) are taken from ``previous``'s device tensor."""
         plan = self._plan(sched, seqs)
         device = self.model.device
         batch_states = []
@@ -104,16 +121,21 @@ class ModelRunner:
                 raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
                                    f"chunk starts at {chunk.start}")
             batch_states.append(state)
+        feed = self._feed(plan, sched, previous)
+        input_ids = [max(t, 0) for t in plan.input_ids] if feed is not None else plan.input_ids
         if self.decode_graphs is not None and all(n == 1 for n in plan.seq_lens):
-            step_logits = self.decode_graphs.run(batch_states, plan.input_ids)
+            step_logits = self.decode_graphs.run(batch_states, input_ids, feed)
 
             def logits_of(rows: list[int]) -> torch.Tensor:
                 if rows == list(range(len(rows))):  # every row in order (a plain decode step): no gather
                     return step_logits[: len(rows)]
                 return step_logits[self._upload(rows)]
         else:
+            ids = self._upload(input_ids)
+            if feed is not None:
+                ids[feed[0]] = feed[1][feed[2]]
             hidden = self.model.forward(ForwardBatch(
-                input_ids=self._upload(plan.input_ids),
+                input_ids=ids,
                 positions=self._upload(plan.positions),
                 seq_lens=plan.seq_lens,
                 states=batch_states,
@@ -122,13 +144,13 @@ class ModelRunner:
 
             def logits_of(rows: list[int]) -> torch.Tensor:
                 return self.model.compute_logits(hidden[self._upload(rows)])
-        out = RunnerOutput()
+        prompt_results = sampled_results = None
+        tokens = None
         if plan.prompt_rows:
             logits = logits_of(plan.prompt_rows)
             targets = self._upload([t for _, _, t in plan.prompt_targets])
             ks = [req.params.prompt_logprobs for req, _, _ in plan.prompt_targets]
-            for (req, pos, _), tl in zip(plan.prompt_targets, self._logprobs(logits, targets, ks)):
-                out.prompt_logprobs.append((req, pos, tl))
+            prompt_results = self._logprobs(logits, targets, ks)
         if plan.sample_rows:
             # Forks share their parent's row: compute its logits once and index them per sample.
             unique = sorted(set(plan.sample_rows))
@@ -139,22 +161,50 @@ class ModelRunner:
             bitmask = self.token_masks.token_bitmask(rows, logits.shape[-1], device) if self.token_masks else None
             tokens = self.sampler(logits, rows, bitmask)
             ks = [s.request.params.logprobs or 0 for s in plan.sample_seqs]
-            for seq, tl in zip(plan.sample_seqs, self._logprobs(logits, tokens, ks)):
-                out.sampled.append((seq.seq_id, tl))
-        return out
+            sampled_results = self._logprobs(logits, tokens, ks)
+
+        def collect() -> RunnerOutput:
+            out = RunnerOutput()
+            if prompt_results is not None:
+                for (req, pos, _), tl in zip(plan.prompt_targets, prompt_results()):
+                    out.prompt_logprobs.append((req, pos, tl))
+            if sampled_results is not None:
+                for seq, tl in zip(plan.sample_seqs, sampled_results()):
+                    out.sampled.append((seq.seq_id, tl))
+            return out
+
+        return StepHandle(tokens, [s.seq_id for s in plan.sample_seqs], collect)
+
+    def _feed(self, plan: _Plan, sched: SchedulerOutput, previous: StepHandle | None):
+        """(rows of the flat batch, the previous step's token tensor, its rows) for every placeholder token."""
+        dst = [i for i, t in enumerate(plan.input_ids) if t == PLACEHOLDER]
+        if not dst:
+            return None
+        if previous is None or previous.tokens is None:
+            raise RuntimeError("a step has in-flight tokens but no previous step to take them from")
+        row_of = {seq_id: i for i, seq_id in enumerate(previous.seq_ids)}
+        owners = [chunk.seq_id for chunk in sched.chunks for t in chunk.token_ids if t == PLACEHOLDER]
+        return self._upload(dst), previous.tokens, self._upload([row_of[s] for s in owners])
 
     @staticmethod
     def _sampling_row(seq: Sequence) -> SamplingRow:
-        return SamplingRow(seq.request.params, seq.seed, seq.num_output, seq.request.prompt_token_ids, seq.output_ids,
-                           seq.grammar)
+        # The output position being sampled counts a token still in flight (async scheduling).
+        return SamplingRow(seq.request.params, seq.seed, seq.num_output + seq.num_inflight,
+                           seq.request.prompt_token_ids, seq.output_ids, seq.grammar)
 
-    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]) -> list[TokenLogprobs]:
-        """Raw-distribution logprob and rank of each chosen token, plus each row's top-``k``."""
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor,
+                  ks: list[int | None]) -> Callable[[], list[TokenLogprobs]]:
+        """Raw-distribution logprob and rank of each chosen token, plus each row's top-``k``: the device work is
+        queued now; the returned function reads the results (waiting for this step's copies only)."""
         k_max = max((k or 0 for k in ks), default=0)
-        lp, rank, top_ids, top_lp = self.ops.token_logprobs(logits, tokens, k_max)
-        lp, rank, tokens_l = lp.tolist(), rank.tolist(), tokens.tolist()
-        top_ids, top_lp = top_ids.tolist(), top_lp.tolist()
-        return [
-            TokenLogprobs(tokens_l[i], lp[i], rank[i], list(zip(top_ids[i][: ks[i] or 0], top_lp[i][: ks[i] or 0])))
-            for i in range(len(ks))
-        ]
+        parts = [self.backend.to_host_async(t) for t in (tokens, *self.ops.token_logprobs(logits, tokens, k_max))]
+
+        def read() -> list[TokenLogprobs]:
+            tokens_l, lp, rank, top_ids, top_lp = (wait().tolist() for wait in parts)
+            return [
+                TokenLogprobs(tokens_l[i], lp[i], rank[i],
+                              list(zip(top_ids[i][: ks[i] or 0], top_lp[i][: ks[i] or 0])))
+                for i in range(len(ks))
+            ]
+
+        return read
