@@ -271,9 +271,9 @@ def _host_costs(model, graphs, states) -> dict[str, float]:
         t0 = time.perf_counter()
         host = model.decode_inputs(states, [0] * len(states), rows, tokens)
         graph = graphs._graphs[rows, tokens]
-        torch.cat([t.flatten() for t in host.values()], out=graph.staging)
+        torch.cat([t.flatten() for t in host.values()], out=graph.staging[0])
         t1 = time.perf_counter()
-        graph.flat.copy_(graph.staging, non_blocking=True)
+        graph.flat.copy_(graph.staging[0], non_blocking=True)
         t2 = time.perf_counter()
         graph.replay()
         t3 = time.perf_counter()

@@ -61,7 +61,7 @@ def test_v4_steps_upload_ids_positions_lengths_and_rows_through_the_backend(chec
     # token ids, positions, slots, page tables, padded to the 4-row bucket; it holds the last step's inputs
     graphs = llm.engine.runner.decode_graphs
     (graph,) = graphs._graphs.values()
-    staged = graph.staging.tolist()
+    staged = graph.staging[graph.turn ^ 1].tolist()  # the buffer the last step used
     assert staged[3] == 0 and staged[4 + 3] == 0  # the padding row: token 0 at position 0 ...
     assert staged[8 + 3] == 0 and all(s > 0 for s in staged[8:11])  # ... in the null slot; sequences elsewhere
     # 3 tokens: the prefill samples the first, two decode steps feed tokens at positions len(p) and len(p) + 1

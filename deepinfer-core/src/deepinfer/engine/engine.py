@@ -58,7 +58,8 @@ class Engine:
         graphs = None
         if isinstance(model, GraphDecodable) and not config.enforce_eager:
             graphs = DecodeGraphs(model, backend, model.device, config.max_num_seqs, config.max_model_len)
-        self.runner = ModelRunner(model, Sampler(ops, config.eos_token_ids), ops, token_masks, backend, graphs)
+        sampler = Sampler(ops, config.eos_token_ids, upload=backend.to_device)
+        self.runner = ModelRunner(model, sampler, ops, token_masks, backend, graphs)
         self.outputs = OutputProcessor(tokenizer, config.eos_token_ids)
         self.token_masks: Any = token_masks
         self._seed_rng = random.Random(config.seed)

@@ -33,11 +33,14 @@ def _bucket(n: int, smallest: int = 1) -> int:
 @dataclass(slots=True)
 class _Graph:
     flat: torch.Tensor  # every static input, packed (int64), on the device
-    staging: torch.Tensor  # the same on the host (Backend.host_buffer: pinned on CUDA)
+    #: Two host copies of ``flat`` (Backend.host_buffer: pinned on CUDA), used in turn: with one step in flight
+    #: (async scheduling) the copy out of one may still be queued while the next step fills the other.
+    staging: tuple[torch.Tensor, torch.Tensor]
     input_ids: torch.Tensor  # the view of ``flat`` holding the step's token ids
     shapes: list[tuple[str, tuple[int, ...]]]
     replay: Callable[[], object]
     outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
+    turn: int = 0
 
 
 class DecodeGraphs:
@@ -66,17 +69,19 @@ class DecodeGraphs:
     def run(self, states: list[SequenceState], input_ids: list[int],
             feed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Logits ``[len(states), vocab]`` (fp32) of one decode step, which advances the states.  The graph holds
-        the whole step: forward and logits.  The inputs go through a host staging buffer per graph, refilled
-        each step: the caller must have waited for the previous step's results (the runner reads its sampled
-        tokens) before the next call.  ``feed`` = (rows, tokens, their rows): token ids already on the device
+        the whole step: forward and logits.  The inputs go through two host staging buffers per graph, in turn:
+        a buffer is refilled two steps after its copy was queued, by when the caller has read the step in
+        between (at most one step in flight).  ``feed`` = (rows, tokens, their rows): token ids already on the device
         (sampled by the previous step) written over ``input_ids[rows]`` before the replay."""
         rows, tokens = self.buckets(states)
         host = self.model.decode_inputs(states, input_ids, rows, tokens)
         graph = self._graphs.get((rows, tokens))
         if graph is None:
             graph = self._graphs[rows, tokens] = self._capture_graph(host)
-        torch.cat([t.flatten() for t in host.values()], out=graph.staging)
-        graph.flat.copy_(graph.staging, non_blocking=True)
+        staging = graph.staging[graph.turn]
+        graph.turn ^= 1
+        torch.cat([t.flatten() for t in host.values()], out=staging)
+        graph.flat.copy_(staging, non_blocking=True)
         if feed is not None:
             graph.input_ids[feed[0]] = feed[1][feed[2]]
         graph.replay()
@@ -95,7 +100,7 @@ class DecodeGraphs:
         def step() -> None:
             out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
 
-        staging = self.backend.host_buffer(flat.numel(), torch.int64)
+        staging = tuple(self.backend.host_buffer(flat.numel(), torch.int64) for _ in range(2))
         replay: Callable[[], object] = step
         if self.eager_reason is None:
             try:

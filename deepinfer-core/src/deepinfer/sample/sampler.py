@@ -6,6 +6,7 @@ output position, never on its batch neighbours.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,9 +68,13 @@ def token_table(rows: list[list[int]], vocab_size: int, device: torch.device) ->
 class Sampler:
     """Draws one token per row of fp32 logits ``[N, V]``."""
 
-    def __init__(self, ops: Any, eos_token_ids: Seq[int] = ()):
+    def __init__(self, ops: Any, eos_token_ids: Seq[int] = (),
+                 upload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None):
         self.ops = ops
         self.eos_token_ids = tuple(eos_token_ids)
+        #: Host-to-device copy of the per-row parameters (the backend's non-blocking ``to_device``): a plain
+        #: ``torch.tensor(..., device=cuda)`` would wait for the queued step, and undo async scheduling.
+        self.upload = upload if upload is not None else (lambda t, device: t.to(device))
 
     def __call__(
         self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
@@ -85,9 +90,9 @@ class Sampler:
                 x,
                 token_table([r.prompt_ids for r in rows], vocab, device) > 0,
                 token_table([r.output_ids for r in rows], vocab, device),
-                torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device),
-                torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device),
-                torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device),
+                self._to([p.presence_penalty for p in params], torch.float32, device),
+                self._to([p.frequency_penalty for p in params], torch.float32, device),
+                self._to([p.repetition_penalty for p in params], torch.float32, device),
             )
 
         banned = [self._banned_until_min_tokens(r) for r in rows]
@@ -95,7 +100,7 @@ class Sampler:
             mask = torch.zeros(len(rows), vocab, dtype=torch.bool)
             for i, ids in enumerate(banned):
                 mask[i, [t for t in ids if t < vocab]] = True
-            x = x.masked_fill(mask.to(device), float("-inf"))
+            x = x.masked_fill(self.upload(mask, device), float("-inf"))
 
         if token_bitmask is not None:
             x = self.ops.apply_token_bitmask(x, token_bitmask)
@@ -104,27 +109,30 @@ class Sampler:
         drawn = [i for i, p in enumerate(params) if not p.greedy]
         if drawn:  # only the rows that sample pay for truncation and noise
             ps, rs = [params[i] for i in drawn], [rows[i] for i in drawn]
-            index = torch.tensor(drawn, dtype=torch.int64, device=device)
-            temperature = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=device)
+            index = self._to(drawn, torch.int64, device)
+            temperature = self._to([p.temperature for p in ps], torch.float32, device)
             xs = x[index].float() / temperature[:, None]  # rows without top-k / top-p / min-p: only this
             cut = [j for j, p in enumerate(ps) if p.truncates]
             if cut:  # per row, so a row's logits never depend on whether its neighbours truncate
                 pc = [ps[j] for j in cut]
-                at = torch.tensor(cut, dtype=torch.int64, device=device)
+                at = self._to(cut, torch.int64, device)
                 xs[at] = self.ops.filter_logits(
                     x[index[at]],
                     temperature[at],
-                    torch.tensor([p.top_k for p in pc], dtype=torch.int64, device=device),
-                    torch.tensor([p.top_p for p in pc], dtype=torch.float32, device=device),
-                    torch.tensor([p.min_p for p in pc], dtype=torch.float32, device=device),
+                    self._to([p.top_k for p in pc], torch.int64, device),
+                    self._to([p.top_p for p in pc], torch.float32, device),
+                    self._to([p.min_p for p in pc], torch.float32, device),
                 )
             tokens[index] = self.ops.sample_tokens(
                 xs,
-                torch.zeros(len(drawn), dtype=torch.bool, device=device),
-                torch.tensor([_signed64(r.seed) for r in rs], dtype=torch.int64, device=device),
-                torch.tensor([r.step for r in rs], dtype=torch.int64, device=device),
+                self._to([False] * len(drawn), torch.bool, device),
+                self._to([_signed64(r.seed) for r in rs], torch.int64, device),
+                self._to([r.step for r in rs], torch.int64, device),
             )
         return tokens
+
+    def _to(self, values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.upload(torch.tensor(values, dtype=dtype), device)
 
     def _banned_until_min_tokens(self, row: SamplingRow) -> list[int]:
         """EOS and stop tokens may not end the output before ``min_tokens`` tokens.
