@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from deepinfer.models.deepseek_v4.compressor import Compressor
+from deepinfer.models.deepseek_v4.compressor import Compressor, cat
 from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
@@ -129,7 +129,8 @@ class Attention:
             ring_rows = state.slot * self.window + torch.arange(end - keep, end, device=x.device) % self.window
             cache.kv.index_copy_(0, ring_rows, kv[layout.rows(i)][-keep:])
         width = max(r.shape[1] for r in rows_per_seq)
-        indices = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) for r in rows_per_seq])
+        indices = cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) if r.shape[1] < width else r
+                       for r in rows_per_seq])
         return self._output(q, torch.cat(parts), indices, positions)
 
     def decode(self, x: torch.Tensor, step: DecodeStep, plan: DecodePlan, pool: StatePool,

@@ -64,7 +64,8 @@ class Compressor:
         the slot's carry-over.  ``proj`` [L, 2 * width]: the chunk's kv | gate projections."""
         r, d, w = self.ratio, self.dim, self.width
         held = start % r  # tokens of the unfinished window already in the slot
-        proj = torch.cat([cache.pending[slot, :held], proj])
+        if held:
+            proj = torch.cat([cache.pending[slot, :held], proj])
         n = proj.shape[0] // r
         rest = proj.shape[0] - n * r
         cache.pending[slot, :rest] = proj[n * r :]
@@ -98,8 +99,8 @@ class Compressor:
                 positions.append(torch.arange(first, first + n, device=proj.device) * self.ratio)
                 rows.append(seq_rows[first : first + n])
         if slot_kv:
-            entries = self._entries(torch.cat(slot_kv), torch.cat(slot_score), torch.cat(positions))
-            out.index_copy_(0, base + torch.cat(rows), entries)
+            entries = self._entries(cat(slot_kv), cat(slot_score), cat(positions))
+            out.index_copy_(0, base + cat(rows), entries)
         return all_rows
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
@@ -117,3 +118,8 @@ class Compressor:
             cache.overlap.index_copy_(0, slots, torch.where(plan.closing[:, None, None], series_a, previous))
         kv, score = self._slots(window, previous, plan.has_previous)
         out.index_copy_(0, base + plan.entry_write, self._entries(kv, score, plan.entry_positions))
+
+
+def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` without the copy when there is one part (a one-sequence step: one kernel launch less)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
