@@ -62,3 +62,14 @@ def test_outputs_in_input_order_and_engine_survives_a_failing_step():
     assert not engine.has_unfinished() and len(engine.state_cache) == 0 and engine.state_cache.budget.used == 0
     again = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in ref]
+
+
+def test_from_model_uses_the_backend_of_the_models_device():
+    from deepinfer.backends import Backend, current_backend
+
+    tokenizer = toy_tokenizer()
+    model = ToyCausalLM(len(tokenizer), seed=1)
+    llm = LLM.from_model(model, tokenizer)
+    assert llm.engine.runner.backend.name == current_backend().name == "cpu"  # the toy model lives on the CPU
+    mine = Backend()
+    assert LLM.from_model(model, tokenizer, backend=mine).engine.runner.backend is mine

@@ -150,11 +150,21 @@ class LLM:
     def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
                    state_cache_bytes: int = 1 << 30, token_masks: TokenMaskProvider | None = None,
                    **limits: Any) -> "LLM":
-        """An LLM over an already-built model (tests, custom loaders).  ``limits`` as in ``__init__``."""
+        """An LLM over an already-built model (tests, custom loaders).  ``limits`` as in ``__init__``, plus
+        ``backend``: the device services (graph capture, copies); default: the selected backend when it drives
+        the model's device type, else the base class (plain copies, no graphs)."""
+        from deepinfer.backends import Backend, current_backend
         from deepinfer.ops import OpTable
 
         envs.check_consistency()
         self = cls.__new__(cls)
+        if limits.get("backend") is None:
+            try:
+                selected = current_backend()
+            except Exception:  # noqa: BLE001 - an unusable DEEPINFER_ACCELERATOR: the model still runs
+                selected = None
+            same = selected is not None and selected.device_type == torch.device(model.device).type
+            limits["backend"] = selected if same else Backend()
         eos = tuple(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(None, model, tokenizer)
         self._setup(model, tokenizer, ops if ops is not None else OpTable(), eos, token_masks=token_masks,
                     state_cache_bytes=state_cache_bytes, **limits)
