@@ -21,7 +21,11 @@ init leaves them zero, which sends every token of the first layers to expert 0).
 torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops), by CUDA and by CPU time.
 
     python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
-                                   [--variants nvidia,nvidia-no-moe,reference] [--profile DIR] [--no-hf]
+                                   [--variants nvidia,nvidia-eager] [--profile DIR] [--no-hf]
+                                   [--engine 1,16,64]
+
+``--engine`` also times decode steps through ``LLM.generate`` (scheduler, graphs, sampler, output processing) with
+async scheduling on and off.
 
 Needs transformers >= 5.24 (DeepseekV4ForCausalLM).
 """
@@ -374,6 +378,34 @@ def profile_steps(model, batch: int, directory: str) -> str:
     return decode + "\n" + "\n".join(prefill.splitlines()[:18])
 
 
+def engine_decode(model, ops, batch: int, new_tokens: int = 33) -> dict[str, float]:
+    """Milliseconds per decode step of ``batch`` requests through ``LLM.generate`` (the whole engine: scheduler,
+    graphs, sampler, output processing), with async scheduling on and off: (time of ``new_tokens`` tokens -
+    time of 1 token) / (new_tokens - 1), so the prefill cancels out."""
+    import torch
+
+    from deepinfer import LLM, SamplingParams
+    from deepinfer_cuda.plugin import CudaBackend
+
+    prompts = torch.randint(0, model.vocab_size, (batch, CONTEXT)).tolist()
+    out = {}
+    for mode in (True, False):
+        llm = LLM.from_model(model, None, ops=ops, backend=CudaBackend(), max_num_seqs=MAX_SEQS,
+                             max_model_len=CONTEXT + 64, async_scheduling=mode,
+                             state_cache_bytes=model.state_pool_bytes(MAX_SEQS, CONTEXT + 64))
+        times = {}
+        for n in (1, new_tokens, 1, new_tokens):  # the first pair warms up (captures the decode graphs)
+            params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+            _sync()
+            start = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            _sync()
+            times[n] = time.perf_counter() - start
+        out["async" if mode else "sequential"] = (times[new_tokens] - times[1]) / (new_tokens - 1) * 1e3
+        del llm
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -385,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="write a profile of one decode step (nvidia) to this directory")
     parser.add_argument("--profile-batch", type=int, default=16, help="batch of the profiled decode step")
     parser.add_argument("--no-hf", action="store_true", help="skip HF's timings (DeepInfer still uses its weights)")
+    parser.add_argument("--engine", default="", help="decode batches to time through LLM.generate (e.g. 1,16,64)")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     variants = [v for v in args.variants.split(",") if v]
@@ -395,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         {"case": c, "tokens": n, "hf_s": float("nan")}
         for c, n in ([(f"prefill 1x{PREFILL}", PREFILL)] if "prefill" in cases else [])
         + [(f"decode b{c[6:]} ctx {CONTEXT}", int(c[6:])) for c in cases if c.startswith("decode")]]
-    profile_text = None
-    if variants or args.profile:
+    profile_text, engine_rows = None, {}
+    if variants or args.profile or args.engine:
         tables = op_tables()
         ops = SwitchableOps(tables["nvidia"])
         model = deepinfer_from_hf(hf, ops, torch.bfloat16, DEVICE)
@@ -415,7 +448,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             ops.table = tables["nvidia"]
             profile_text = profile_steps(model, args.profile_batch, args.profile)
+        for batch in [int(b) for b in args.engine.split(",") if b]:
+            ops.table = tables["nvidia"]
+            engine_rows[batch] = engine_decode(model, ops, batch)
     report(rows, counts, bw, peak, variants)
+    for batch, ms in engine_rows.items():
+        print(f"engine decode b{batch} (LLM.generate, ms per step): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
     if profile_text:
         print("\nprofiles (nvidia ops):\n" + profile_text)
     if args.json:
