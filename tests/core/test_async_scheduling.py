@@ -2,8 +2,7 @@
 
 Outputs must equal strictly sequential steps (``async_scheduling=False``): same tokens, finish reasons, text
 and logprobs, whatever finishes a sequence (EOS, a stop string, max_tokens) while its next step is in flight,
-with ``n > 1`` forks, chunked prefill and preemption.  Overlap must really happen, and must not happen for
-sequences whose next draw needs the token on the host (penalties).
+with ``n > 1`` forks, chunked prefill, preemption and penalties.  Overlap must really happen.
 """
 
 from __future__ import annotations
@@ -67,8 +66,8 @@ def test_v4_async_steps_equal_sequential_steps(checkpoint, limits):
             del llm
         llm = LLM(str(checkpoint), dtype="float32", async_scheduling=mode, **extra)
         feeds = _spy_feeds(llm)
-        prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[58, 3, 62, 17, 9, 55])  # some cross 64
-        outs[mode] = llm.generate(prompts, _params(12), use_tqdm=False)
+        prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[58, 3, 62, 17, 9, 55, 21])  # some cross 64
+        outs[mode] = llm.generate(prompts, _params(12, penalties=True), use_tqdm=False)
         fed[mode] = sum(feeds)
         if limits.get("preempt"):
             assert llm.engine.num_preemptions > 0
@@ -92,15 +91,17 @@ def test_toy_model_async_steps_equal_sequential_steps():
         assert_same_output(a, b)
 
 
-def test_penalties_wait_for_the_token_on_the_host(checkpoint):
-    """A sequence with penalties needs its last token counted before its next draw: no step overlaps it."""
+def test_penalties_count_the_token_in_flight(checkpoint):
+    """Penalties need every output token counted, the one in flight too: it is added on the device, so steps
+    still overlap and the tokens equal sequential steps'."""
     llm = LLM(str(checkpoint), dtype="float32")
     feeds = _spy_feeds(llm)
-    prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[10, 20])
-    params = SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, max_tokens=8,
-                            ignore_eos=True)
+    prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[10, 20, 5, 33])
+    # Strong penalties: a draw that missed the token in flight would often repeat it.
+    params = SamplingParams(temperature=0.0, repetition_penalty=3.0, presence_penalty=2.0, frequency_penalty=2.0,
+                            max_tokens=12, logprobs=1, ignore_eos=True)
     together = llm.generate(prompts, params, use_tqdm=False)
-    assert sum(feeds) == 0
+    assert sum(feeds) > 0
     sequential = LLM(str(checkpoint), dtype="float32", async_scheduling=False).generate(prompts, params,
                                                                                        use_tqdm=False)
     for a, b in zip(sequential, together):

@@ -190,3 +190,21 @@ def test_temperature_only_rows_skip_truncation_and_ignore_their_neighbours():
     seen = {int(sampler(flat, [SamplingRow(plain, seed=s, step=0, prompt_ids=[1], output_ids=[])])[0])
             for s in range(200)}
     assert any(t >= 5 for t in seen)
+
+
+def test_penalties_count_the_token_in_flight():
+    """A row whose last token is still on the device (async scheduling) is penalised for it as if it were
+    in ``output_ids``."""
+    from deepinfer.ops import OpTable
+    from deepinfer.sample.sampler import Sampler, SamplingRow
+    from deepinfer.sampling_params import SamplingParams
+
+    sampler = Sampler(OpTable())
+    logits = torch.zeros(2, 50)
+    logits[:, 7], logits[:, 9] = 5.0, 4.0  # token 7 wins unless it is penalised
+    params = SamplingParams(temperature=0.0, presence_penalty=2.0)
+    counted = [SamplingRow(params, 0, 3, [1], [7]) for _ in range(2)]  # token 7 already read by the host
+    in_flight = [SamplingRow(params, 0, 3, [1], []) for _ in range(2)]  # ... or still on the device (row 1)
+    assert sampler(logits, counted).tolist() == [9, 9]
+    assert sampler(logits, in_flight).tolist() == [7, 7]
+    assert sampler(logits, in_flight, inflight=(torch.tensor([1]), torch.tensor([7]))).tolist() == [7, 9]

@@ -145,9 +145,9 @@ class Engine:
         Async scheduling: the step is queued on the device, then the previous step's results are read and
         processed while it runs.  Tokens the previous step sampled reach this step on the device (the
         scheduler counts them as in flight).  A sequence that finishes on reading has one extra token
-        computed, which is dropped.  Steps run one after the other instead when a sequence in flight
-        needs its new token on the host before the next draw (penalties, a grammar), or when
-        ``EngineConfig.async_scheduling`` is off.
+        computed, which is dropped.  Penalties count the in-flight token on the device.  Steps run one after
+        the other instead when a sequence in flight has a grammar (its matcher must accept the token before
+        the next mask), or when ``EngineConfig.async_scheduling`` is off.
         """
         done: list[RequestOutput] = []
         if self._inflight is not None and not self._may_overlap():
@@ -206,7 +206,7 @@ class Engine:
             return False
         for seq_id in self._inflight[1].seq_ids:
             seq = self.seqs.get(seq_id)
-            if seq is not None and (seq.grammar is not None or seq.request.params.has_penalties):
+            if seq is not None and seq.grammar is not None:
                 return False
         return True
 

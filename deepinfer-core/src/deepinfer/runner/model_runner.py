@@ -159,7 +159,7 @@ class ModelRunner:
             logits = logits[self._upload([where[r] for r in plan.sample_rows])]
             rows = [self._sampling_row(s) for s in plan.sample_seqs]
             bitmask = self.token_masks.token_bitmask(rows, logits.shape[-1], device) if self.token_masks else None
-            tokens = self.sampler(logits, rows, bitmask)
+            tokens = self.sampler(logits, rows, bitmask, self._inflight_tokens(plan.sample_seqs, previous))
             ks = [s.request.params.logprobs or 0 for s in plan.sample_seqs]
             sampled_results = self._logprobs(logits, tokens, ks)
 
@@ -174,6 +174,14 @@ class ModelRunner:
             return out
 
         return StepHandle(tokens, [s.seq_id for s in plan.sample_seqs], collect)
+
+    def _inflight_tokens(self, seqs: list[Sequence], previous: StepHandle | None):
+        """(sample rows, their in-flight token on the device) for sequences whose last token is not read yet."""
+        rows = [i for i, seq in enumerate(seqs) if seq.num_inflight]
+        if not rows:
+            return None
+        row_of = {seq_id: i for i, seq_id in enumerate(previous.seq_ids)}
+        return self._upload(rows), previous.tokens[self._upload([row_of[seqs[i].seq_id] for i in rows])]
 
     def _feed(self, plan: _Plan, sched: SchedulerOutput, previous: StepHandle | None):
         """(rows of the flat batch, the previous step's token tensor, its rows) for every placeholder token."""

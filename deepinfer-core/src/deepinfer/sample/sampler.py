@@ -53,13 +53,14 @@ def _signed64(seed: int) -> int:
     return seed - _U64 if seed >= 1 << 63 else seed
 
 
-def token_table(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+def token_table(rows: list[list[int]], vocab_size: int, device: torch.device,
+                upload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None) -> torch.Tensor:
     """Occurrence counts ``[len(rows), vocab_size]`` int32 of each row's token ids."""
     width = max((len(r) for r in rows), default=0)
     padded = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.int64)
     for i, r in enumerate(rows):
         padded[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-    padded = padded.to(device)
+    padded = upload(padded, device) if upload is not None else padded.to(device)
     counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
     counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
     return counts[:, :vocab_size]
@@ -77,19 +78,26 @@ class Sampler:
         self.upload = upload if upload is not None else (lambda t, device: t.to(device))
 
     def __call__(
-        self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
+        self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
+        inflight: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Token ids int64 ``[N]`` on the logits' device."""
+        """Token ids int64 ``[N]`` on the logits' device.  ``inflight`` = (rows, tokens) on the device: the
+        token each of those rows has sampled but ``output_ids`` does not hold yet (async scheduling); the
+        penalties count it."""
         device = logits.device
         vocab = logits.shape[-1]
         params = [r.params for r in rows]
         x = logits
 
         if any(p.has_penalties for p in params):
+            output_counts = token_table([r.output_ids for r in rows], vocab, device, self.upload)
+            if inflight is not None:
+                ones = torch.ones_like(inflight[0], dtype=output_counts.dtype)
+                output_counts.index_put_(inflight, ones, accumulate=True)  # one (row, token) each: no collision
             x = self.ops.apply_penalties(
                 x,
-                token_table([r.prompt_ids for r in rows], vocab, device) > 0,
-                token_table([r.output_ids for r in rows], vocab, device),
+                token_table([r.prompt_ids for r in rows], vocab, device, self.upload) > 0,
+                output_counts,
                 self._to([p.presence_penalty for p in params], torch.float32, device),
                 self._to([p.frequency_penalty for p in params], torch.float32, device),
                 self._to([p.repetition_penalty for p in params], torch.float32, device),
