@@ -121,29 +121,7 @@ class ModelRunner:
                 raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
                                    f"chunk starts at {chunk.start}")
             batch_states.append(state)
-        feed = self._feed(plan, sched, previous)
-        input_ids = [max(t, 0) for t in plan.input_ids] if feed is not None else plan.input_ids
-        if self.decode_graphs is not None and all(n == 1 for n in plan.seq_lens):
-            step_logits = self.decode_graphs.run(batch_states, input_ids, feed)
-
-            def logits_of(rows: list[int]) -> torch.Tensor:
-                if rows == list(range(len(rows))):  # every row in order (a plain decode step): no gather
-                    return step_logits[: len(rows)]
-                return step_logits[self._upload(rows)]
-        else:
-            ids = self._upload(input_ids)
-            if feed is not None:
-                ids[feed[0]] = feed[1][feed[2]]
-            hidden = self.model.forward(ForwardBatch(
-                input_ids=ids,
-                positions=self._upload(plan.positions),
-                seq_lens=plan.seq_lens,
-                states=batch_states,
-                to_device=self.backend.to_device,
-            ))
-
-            def logits_of(rows: list[int]) -> torch.Tensor:
-                return self.model.compute_logits(hidden[self._upload(rows)])
+        logits_of = self._forward(plan, batch_states, self._feed(plan, sched, previous))
         prompt_results = sampled_results = None
         tokens = None
         if plan.prompt_rows:
@@ -174,6 +152,31 @@ class ModelRunner:
             return out
 
         return StepHandle(tokens, [s.seq_id for s in plan.sample_seqs], collect)
+
+    def _forward(self, plan: _Plan, batch_states: list, feed) -> Callable[[list[int]], torch.Tensor]:
+        """Run the model on the step; returns ``logits_of(rows)`` (fp32 logits of those flat-batch rows).  A
+        step whose chunks are all one token replays a decode graph, whose logits cover every row."""
+        input_ids = [max(t, 0) for t in plan.input_ids] if feed is not None else plan.input_ids
+        if self.decode_graphs is not None and all(n == 1 for n in plan.seq_lens):
+            step_logits = self.decode_graphs.run(batch_states, input_ids, feed)
+
+            def logits_of(rows: list[int]) -> torch.Tensor:
+                if rows == list(range(len(rows))):  # every row in order (a plain decode step): no gather
+                    return step_logits[: len(rows)]
+                return step_logits[self._upload(rows)]
+
+            return logits_of
+        ids = self._upload(input_ids)
+        if feed is not None:
+            ids[feed[0]] = feed[1][feed[2]]
+        hidden = self.model.forward(ForwardBatch(
+            input_ids=ids,
+            positions=self._upload(plan.positions),
+            seq_lens=plan.seq_lens,
+            states=batch_states,
+            to_device=self.backend.to_device,
+        ))
+        return lambda rows: self.model.compute_logits(hidden[self._upload(rows)])
 
     def _inflight_tokens(self, seqs: list[Sequence], previous: StepHandle | None):
         """(sample rows, their in-flight token on the device) for sequences whose last token is not read yet."""
