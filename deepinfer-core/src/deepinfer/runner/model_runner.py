@@ -133,8 +133,9 @@ class ModelRunner:
             # Forks share their parent's row: compute its logits once and index them per sample.
             unique = sorted(set(plan.sample_rows))
             logits = logits_of(unique)
-            where = {r: i for i, r in enumerate(unique)}
-            logits = logits[self._upload([where[r] for r in plan.sample_rows])]
+            if plan.sample_rows != unique:
+                where = {r: i for i, r in enumerate(unique)}
+                logits = logits[self._upload([where[r] for r in plan.sample_rows])]
             rows = [self._sampling_row(s) for s in plan.sample_seqs]
             bitmask = self.token_masks.token_bitmask(rows, logits.shape[-1], device) if self.token_masks else None
             tokens = self.sampler(logits, rows, bitmask, self._inflight_tokens(plan.sample_seqs, previous))
