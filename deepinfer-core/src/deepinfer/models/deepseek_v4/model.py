@@ -21,7 +21,7 @@ from deepinfer.models.deepseek_v4.config import DeepseekV4Config
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.moe import MoE
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, pool_bytes_for
+from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, entry_rows, padded_pages, pool_bytes_for
 from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.ops import OpTable
@@ -151,7 +151,7 @@ class DeepseekV4ForCausalLM:
         for r in pool.ratios:
             width = max(1, max(len(s.pages.get(r, ())) for s in states))
             table = upload(pool.page_table(states, r, width))
-            out[r] = (table[:, :, None] * page + torch.arange(page, device=table.device)).flatten(1)
+            out[r] = entry_rows(table, page)
         return out
 
     def decode_inputs(self, states: list[DeepseekV4State], input_ids: list[int], bucket: int,
@@ -186,13 +186,7 @@ class DeepseekV4ForCausalLM:
             width = pool.spec.pages_for(max_tokens, r) if max_tokens is not None else \
                 max(len(s.pages.get(r, ())) for s in states)
             widths[r] = width = max(1, width)
-            for s in states:
-                ids = s.pages.get(r, ())
-                if len(ids) > width:
-                    raise ValueError(f"a sequence holds {len(ids)} pages of ratio {r}; the step is sized for {width}")
-                values += ids
-                values += [0] * (width - len(ids))
-            values += [0] * (width * pad)
+            values += padded_pages(states, r, width) + [0] * (width * pad)
         flat = torch.tensor(values, dtype=torch.int64)
         ids, positions, slots = flat[:rows], flat[rows : 2 * rows], flat[2 * rows : 3 * rows]
         tables, offset = {}, 3 * rows

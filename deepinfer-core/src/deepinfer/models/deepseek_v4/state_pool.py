@@ -74,6 +74,11 @@ class StateSpec:
                         for k, r in zip(self.kinds, self.ratios) if r == ratio)
         return self.page_size * per_entry
 
+    def byte_sizes(self, element_size: int) -> tuple[int, dict[int, int]]:
+        """(bytes of one slot, {ratio: bytes of one page}) at ``element_size`` bytes per element."""
+        slot, pages = self.sizes
+        return slot * element_size, {r: n * element_size for r, n in pages.items()}
+
     def state_elems(self, num_tokens: int) -> int:
         if num_tokens <= 0:
             return 0
@@ -97,8 +102,7 @@ def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan 
     bounds the tokens that many reserved bytes can describe (entries are ``floor(n / ratio)``, hence the slack).
     """
     ratios = spec.paged_ratios
-    slot_bytes = spec.slot_elems() * size
-    page_bytes = {r: spec.page_elems(r) * size for r in ratios}
+    slot_bytes, page_bytes = spec.byte_sizes(size)
     per_token = sum(page_bytes[r] / (r * spec.page_size) for r in ratios)
     slack_tokens = live * sum(page_bytes[r] / spec.page_size for r in ratios) / per_token if ratios else 0.0
 
@@ -120,11 +124,12 @@ def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan 
 def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan:
     """The pool for ``capacity`` bytes: at most ``max_seqs`` slots, fewer when their fixed cost (a slot and a
     partly filled page per ratio each) would take more than half the budget; the rest holds pages."""
-    fixed = spec.slot_elems() * size + sum(spec.page_elems(r) * size for r in spec.paged_ratios)
+    slot_bytes, page_bytes = spec.byte_sizes(size)
+    fixed = slot_bytes + sum(page_bytes.values())
     live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
     plan = _plan_for(spec, size, live, capacity)
     if plan is None:
-        least = 2 * spec.slot_elems() * size + sum(3 * spec.page_elems(r) * size for r in spec.paged_ratios)
+        least = 2 * slot_bytes + 3 * sum(page_bytes.values())
         raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model "
                          f"(more than {least} bytes: its slot and pages, and the pool's null slot and pages): "
                          "raise state_cache_bytes")
@@ -150,6 +155,25 @@ def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return hi
+
+
+def padded_pages(states: list[DeepseekV4State], ratio: int, width: int) -> list[int]:
+    """Every sequence's page ids for ``ratio``, each padded to ``width`` with the null page 0, in one list."""
+    values: list[int] = []
+    for state in states:
+        ids = state.pages.get(ratio, ())
+        if len(ids) > width:
+            raise ValueError(f"a sequence holds {len(ids)} pages of ratio {ratio}; the table has {width} columns")
+        values += ids
+        values += [0] * (width - len(ids))
+    return values
+
+
+def entry_rows(table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Rows (relative to page 0) of every entry id a page table ``[seqs, pages]`` covers: ``[seqs, pages *
+    page_size]``, entry ``e`` of a sequence at page ``table[e // page_size]``, row ``e % page_size``."""
+    offsets = torch.arange(page_size, device=table.device)
+    return (table[:, :, None] * page_size + offsets).flatten(1)
 
 
 class CompressorCache:
@@ -203,9 +227,7 @@ class StatePool:
         self.layers = [LayerCache(spec, i, self.slots, self.pages, dtype, self.device) for i in range(len(spec.kinds))]
         self._free_slots = list(range(self.slots - 1, 0, -1))
         self._free_pages = {r: list(range(n - 1, 0, -1)) for r, n in self.pages.items()}
-        size = torch.empty(0, dtype=dtype).element_size()
-        self.slot_bytes = spec.slot_elems() * size
-        self.page_bytes = {r: spec.page_elems(r) * size for r in spec.paged_ratios}
+        self.slot_bytes, self.page_bytes = spec.byte_sizes(torch.empty(0, dtype=dtype).element_size())
 
     # --- sizing -------------------------------------------------------------------------------------
     @classmethod
@@ -283,17 +305,12 @@ class StatePool:
 
     def page_rows(self, state: DeepseekV4State, ratio: int) -> torch.Tensor:
         """Rows (relative to page 0) of every page ``state`` holds for ``ratio``, in entry order."""
-        ids = torch.tensor(state.pages.get(ratio, []), dtype=torch.int64)
-        rows = ids[:, None] * self.spec.page_size + torch.arange(self.spec.page_size)[None, :]
-        return rows.flatten().to(self.device)
+        table = torch.tensor([state.pages.get(ratio, [])], dtype=torch.int64)
+        return entry_rows(table, self.spec.page_size)[0].to(self.device)
 
     def page_table(self, states: list[DeepseekV4State], ratio: int, width: int) -> torch.Tensor:
         """Host int64 ``[len(states), width]`` page ids per sequence, padded with the null page 0."""
-        table = torch.zeros(len(states), width, dtype=torch.int64)
-        for i, state in enumerate(states):
-            ids = state.pages.get(ratio, [])
-            table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        return table
+        return torch.tensor(padded_pages(states, ratio, width), dtype=torch.int64).view(len(states), width)
 
     def layer_view(self, state: DeepseekV4State, index: int) -> LayerView:
         layer = self.layers[index]

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer.models.deepseek_v4.state_pool import entry_rows
+
 
 @dataclass(slots=True)
 class DecodeStep:
@@ -63,7 +65,7 @@ class DecodePlan:
             closing = (pos + 1) % r == 0
             page_id = table.gather(1, (entry // page_size)[:, None])[:, 0]
             write = torch.where(closing, page_id * page_size + entry % page_size, 0)
-            rows = (table[:, :, None] * page_size + torch.arange(page_size, device=pos.device)).flatten(1)
+            rows = entry_rows(table, page_size)
             cols = entry_base + rows
             complete = torch.arange(rows.shape[1], device=pos.device)[None, :] < ((pos + 1) // r)[:, None]
             ratios[r] = RatioPlan(slots * r + pos % r, closing, pos >= r, entry * r, write, rows, cols,
