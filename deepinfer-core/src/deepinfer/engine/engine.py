@@ -1,10 +1,10 @@
 """The engine loop: add requests, then step until done.
 
-One step is three stages with plain data between them, so that scheduling step N+1 can later overlap
-the device running step N (async scheduling):
+One step is three stages with plain data between them; step N+1 is launched before step N is processed, so
+the host's scheduling and processing overlap the device (async scheduling, see ``Engine.step``):
 
     schedule()  -> SchedulerOutput      which sequences run how many tokens (plain data)
-    execute()   -> RunnerOutput         model forward + sampling on the device
+    launch()    -> StepHandle           model forward + sampling queued on the device; collect() reads it
     process()   -> finished outputs     append tokens, detokenize, stop checks, free finished state
 """
 
@@ -181,13 +181,6 @@ class Engine:
             self.seqs[seq_id].num_inflight += 1
         return handle
 
-    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        """Run ``sched`` and read its results at once (no overlap)."""
-        handle = self.launch(sched)
-        for seq_id in handle.seq_ids:
-            self.seqs[seq_id].num_inflight -= 1
-        return handle.collect()
-
     def drain(self) -> list[RequestOutput]:
         """Read the step still in flight, if any."""
         return self._land()
@@ -195,10 +188,15 @@ class Engine:
     def abandon_inflight(self) -> None:
         """Forget the step in flight without reading it (after an error)."""
         if self._inflight is not None:
-            for seq_id in self._inflight[1].seq_ids:
-                if seq_id in self.seqs:
-                    self.seqs[seq_id].num_inflight = 0
+            self._settle(self._inflight[1])
             self._inflight = None
+
+    def _settle(self, handle: StepHandle) -> None:
+        """The tokens ``handle`` sampled are no longer in flight (read, or abandoned)."""
+        for seq_id in handle.seq_ids:
+            seq = self.seqs.get(seq_id)
+            if seq is not None:
+                seq.num_inflight -= 1
 
     def _may_overlap(self) -> bool:
         """Whether the next step may be scheduled before the host reads the tokens in flight."""
@@ -219,10 +217,7 @@ class Engine:
             return []
         sched, handle = inflight
         result = handle.collect()
-        for seq_id in handle.seq_ids:
-            seq = self.seqs.get(seq_id)
-            if seq is not None:
-                seq.num_inflight -= 1
+        self._settle(handle)
         return self.process(sched, result)
 
     def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:

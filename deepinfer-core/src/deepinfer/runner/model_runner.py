@@ -49,6 +49,11 @@ class StepHandle:
     seq_ids: list[int]
     collect: Callable[[], RunnerOutput]
 
+    def rows_of(self, seq_ids: list[int]) -> list[int]:
+        """Rows of ``tokens`` holding the tokens of ``seq_ids``."""
+        row = {seq_id: i for i, seq_id in enumerate(self.seq_ids)}
+        return [row[s] for s in seq_ids]
+
 
 @dataclass(slots=True)
 class _Plan:
@@ -103,10 +108,6 @@ class ModelRunner:
                     plan.sample_seqs.append(seqs[sid])
             row += n
         return plan
-
-    def execute(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence], states: StateCache) -> RunnerOutput:
-        """Run one step and read its results (:meth:`launch` then :meth:`StepHandle.collect`)."""
-        return self.launch(sched, seqs, states).collect()
 
     def launch(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence], states: StateCache,
                previous: StepHandle | None = None) -> StepHandle:
@@ -184,8 +185,7 @@ class ModelRunner:
         rows = [i for i, seq in enumerate(seqs) if seq.num_inflight]
         if not rows:
             return None
-        row_of = {seq_id: i for i, seq_id in enumerate(previous.seq_ids)}
-        return self._upload(rows), previous.tokens[self._upload([row_of[seqs[i].seq_id] for i in rows])]
+        return self._upload(rows), previous.tokens[self._upload(previous.rows_of([seqs[i].seq_id for i in rows]))]
 
     def _feed(self, plan: _Plan, sched: SchedulerOutput, previous: StepHandle | None):
         """(rows of the flat batch, the previous step's token tensor, its rows) for every placeholder token."""
@@ -194,9 +194,8 @@ class ModelRunner:
             return None
         if previous is None or previous.tokens is None:
             raise RuntimeError("a step has in-flight tokens but no previous step to take them from")
-        row_of = {seq_id: i for i, seq_id in enumerate(previous.seq_ids)}
         owners = [chunk.seq_id for chunk in sched.chunks for t in chunk.token_ids if t == PLACEHOLDER]
-        return self._upload(dst), previous.tokens, self._upload([row_of[s] for s in owners])
+        return self._upload(dst), previous.tokens, self._upload(previous.rows_of(owners))
 
     @staticmethod
     def _sampling_row(seq: Sequence) -> SamplingRow:

@@ -54,13 +54,13 @@ def _signed64(seed: int) -> int:
 
 
 def token_table(rows: list[list[int]], vocab_size: int, device: torch.device,
-                upload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None) -> torch.Tensor:
+                upload: Callable[[torch.Tensor, torch.device], torch.Tensor]) -> torch.Tensor:
     """Occurrence counts ``[len(rows), vocab_size]`` int32 of each row's token ids."""
     width = max((len(r) for r in rows), default=0)
     padded = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.int64)
     for i, r in enumerate(rows):
         padded[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-    padded = upload(padded, device) if upload is not None else padded.to(device)
+    padded = upload(padded, device)
     counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
     counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
     return counts[:, :vocab_size]
