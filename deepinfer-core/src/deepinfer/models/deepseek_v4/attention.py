@@ -145,7 +145,7 @@ class Attention:
             ratio = plan.ratios[self.ratio]
             self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv, pool.entry_base)
             if self.indexer is not None:  # CSA: the indexer's top-k
-                ids = self.indexer.decode(inputs, q_residual, step.positions, step, plan, cache)
+                ids = self.indexer.decode(inputs, q_residual, step, plan, cache)
                 cols.append(torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1))
             else:  # HCA: every entry whose window is complete at the query
                 cols.append(ratio.causal_entry_cols)

@@ -56,11 +56,11 @@ class Indexer:
             padded[i, : r.shape[0]] = cache.index_keys[r]
         return self._topk(inputs.indexer_weights, q_residual, positions, padded, layout.seq_ids)
 
-    def decode(self, inputs, q_residual: torch.Tensor, positions: torch.Tensor, step: DecodeStep,
-               plan: DecodePlan, cache: LayerCache) -> torch.Tensor:
+    def decode(self, inputs, q_residual: torch.Tensor, step: DecodeStep, plan: DecodePlan,
+               cache: LayerCache) -> torch.Tensor:
         """:meth:`__call__` for one token per sequence, with fixed shapes: every sequence's keys are read
         through its whole page table (entries past its count are masked by the causal limit)."""
         ratio = plan.ratios[self.compressor.ratio]
         self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys, 0)
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
-        return self._topk(inputs.indexer_weights, q_residual, positions, keys, plan.seq_ids)
+        return self._topk(inputs.indexer_weights, q_residual, step.positions, keys, plan.seq_ids)
