@@ -34,23 +34,30 @@ class Indexer:
         self.n_heads, self.head_dim, self.topk = n_heads, head_dim, topk
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
 
+    def _limits(self, positions: torch.Tensor) -> torch.Tensor:
+        return (positions + 1) // self.compressor.ratio  # entries pooling only tokens <= the query
+
     def _topk(self, weights: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
               seq_ids: torch.Tensor) -> torch.Tensor:
+        """The op's top-k, except that a query with at most ``index_topk`` causal entries takes them all in
+        order, as when no sequence of the step has more (a row's picks never depend on its batch)."""
+        limits = self._limits(positions)
         q = self.ops.linear(q_residual, self.wq_b).view(q_residual.shape[0], self.n_heads, self.head_dim)
         q = self.ops.rope(q, positions, self.inv_freq, self.rope_scaling)
-        limits = (positions + 1) // self.compressor.ratio  # entries pooling only tokens <= the query
-        return self.ops.indexer_topk(
+        ids = self.ops.indexer_topk(
             q, weights, keys, seq_ids, limits, self.topk, self.head_dim**-0.5, self.n_heads**-0.5
         )
+        return torch.where((limits <= self.topk)[:, None], causal_ids(limits, self.topk), ids)
 
     def __call__(self, inputs, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
                  states: list[DeepseekV4State], cache: LayerCache) -> torch.Tensor:
-        """Top-k entry ids [T, index_topk] per query (``-1`` where fewer entries are causal); ``inputs``: the
-        token's projections for the indexer's compressor and head weights."""
+        """Picked entry ids [T, min(entries, index_topk)] per query (``-1`` where fewer entries are causal);
+        ``inputs``: the token's projections for the indexer's compressor and head weights.  While no sequence
+        has more than ``index_topk`` entries, every causal entry is picked without scoring."""
         rows = self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, 0)
         longest = max(r.shape[0] for r in rows)
-        if longest == 0:
-            return torch.full((q_residual.shape[0], self.topk), -1, dtype=torch.int64, device=q_residual.device)
+        if longest <= self.topk:
+            return causal_ids(self._limits(positions), max(longest, 1))
         padded = cache.index_keys.new_zeros(len(rows), longest, self.head_dim)
         for i, r in enumerate(rows):
             padded[i, : r.shape[0]] = cache.index_keys[r]
@@ -62,5 +69,13 @@ class Indexer:
         through its whole page table (entries past its count are masked by the causal limit)."""
         ratio = plan.ratios[self.compressor.ratio]
         self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys, 0)
+        if ratio.entry_rows.shape[1] <= self.topk:  # the length bucket holds no more entries than are picked
+            return causal_ids(self._limits(step.positions), ratio.entry_rows.shape[1])
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
         return self._topk(inputs.indexer_weights, q_residual, step.positions, keys, plan.seq_ids)
+
+
+def causal_ids(limits: torch.Tensor, width: int) -> torch.Tensor:
+    """Entry ids ``0 .. width-1`` per query, ``-1`` from the query's causal limit on: every entry it may see."""
+    ids = torch.arange(width, device=limits.device)[None, :]
+    return torch.where(ids < limits[:, None], ids, -1)
