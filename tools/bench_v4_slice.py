@@ -381,7 +381,9 @@ def profile_steps(model, batch: int, directory: str) -> str:
 def engine_decode(model, ops, batch: int, new_tokens: int = 33) -> dict[str, float]:
     """Milliseconds per decode step of ``batch`` requests through ``LLM.generate`` (the whole engine: scheduler,
     graphs, sampler, output processing), with async scheduling on and off: (time of ``new_tokens`` tokens -
-    time of 1 token) / (new_tokens - 1), so the prefill cancels out."""
+    time of 1 token) / (new_tokens - 1), so the prefill cancels out.  The whole prompt batch is one prefill step
+    (``max_num_batched_tokens``): with smaller chunks the first sequences decode beside the later ones' prefill
+    and the 1-token and ``new_tokens`` runs no longer share their prefill steps."""
     import torch
 
     from deepinfer import LLM, SamplingParams
@@ -392,6 +394,7 @@ def engine_decode(model, ops, batch: int, new_tokens: int = 33) -> dict[str, flo
     for mode in (True, False):
         llm = LLM.from_model(model, None, ops=ops, backend=CudaBackend(), max_num_seqs=MAX_SEQS,
                              max_model_len=CONTEXT + 64, async_scheduling=mode,
+                             max_num_batched_tokens=batch * CONTEXT,
                              state_cache_bytes=model.state_pool_bytes(MAX_SEQS, CONTEXT + 64))
         times = {}
         for n in (1, new_tokens, 1, new_tokens):  # the first pair warms up (captures the decode graphs)
