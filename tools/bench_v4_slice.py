@@ -22,10 +22,11 @@ torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops)
 
     python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
                                    [--variants nvidia,nvidia-eager] [--profile DIR] [--no-hf]
-                                   [--engine 1,16,64]
+                                   [--engine 1,16,64] [--sync-trace]
 
 ``--engine`` also times decode steps through ``LLM.generate`` (scheduler, graphs, sampler, output processing) with
-async scheduling on and off.
+async scheduling on and off.  ``--sync-trace`` prints each host synchronisation of one prefill and where it comes
+from.
 
 Needs transformers >= 5.24 (DeepseekV4ForCausalLM).
 """
@@ -378,6 +379,40 @@ def profile_steps(model, batch: int, directory: str) -> str:
     return decode + "\n" + "\n".join(prefill.splitlines()[:18])
 
 
+def sync_trace(model) -> str:
+    """Where a prefill of ``PREFILL`` tokens waits for the device: each host synchronisation that
+    ``torch.cuda.set_sync_debug_mode`` reports, with the DeepInfer frames that led to it."""
+    import traceback
+    import warnings
+
+    import torch
+
+    ids = torch.randint(0, model.vocab_size, (PREFILL,), device=DEVICE)
+    pos = torch.arange(PREFILL, device=DEVICE)
+    _di_prefill_once(model, ids, pos)  # warm: allocations, first launches
+    _sync()
+    seen: list[str] = []
+
+    def record(message, *_args, **_kwargs):
+        frames = [f for f in traceback.extract_stack()[:-1] if "deepinfer" in f.filename or "bench_v4" in f.filename]
+        seen.append(f"{message}\n" + "".join(traceback.format_list(frames[-4:])))
+
+    previous = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                _di_prefill_once(model, ids, pos)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = previous
+    return f"host syncs in one prefill of {PREFILL} tokens: {len(seen)}\n" + "\n".join(seen)
+
+
 def engine_decode(model, ops, batch: int, new_tokens: int = 33) -> dict[str, float]:
     """Milliseconds per decode step of ``batch`` requests through ``LLM.generate`` (the whole engine: scheduler,
     graphs, sampler, output processing), with async scheduling on and off: (time of ``new_tokens`` tokens -
@@ -420,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="write a profile of one decode step (nvidia) to this directory")
     parser.add_argument("--profile-batch", type=int, default=16, help="batch of the profiled decode step")
     parser.add_argument("--no-hf", action="store_true", help="skip HF's timings (DeepInfer still uses its weights)")
+    parser.add_argument("--sync-trace", action="store_true", help="print where a prefill synchronises the host")
     parser.add_argument("--engine", default="", help="decode batches to time through LLM.generate (e.g. 1,16,64)")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
@@ -432,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         for c, n in ([(f"prefill 1x{PREFILL}", PREFILL)] if "prefill" in cases else [])
         + [(f"decode b{c[6:]} ctx {CONTEXT}", int(c[6:])) for c in cases if c.startswith("decode")]]
     profile_text, engine_rows = None, {}
-    if variants or args.profile or args.engine:
+    if variants or args.profile or args.engine or args.sync_trace:
         tables = op_tables()
         ops = SwitchableOps(tables["nvidia"])
         model = deepinfer_from_hf(hf, ops, torch.bfloat16, DEVICE)
@@ -448,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                     r[f"di_{variant}_replay_s"] = times[r["case"] + " replay"]
                     r[f"di_{variant}_host_s"] = times[r["case"] + " host"]
             print(f"timed DeepInfer [{variant}]", flush=True)
+        if args.sync_trace:
+            ops.table = tables["nvidia"]
+            print(sync_trace(model), flush=True)
         if args.profile:
             ops.table = tables["nvidia"]
             profile_text = profile_steps(model, args.profile_batch, args.profile)
