@@ -148,6 +148,9 @@ class MoeTiles:
     down: LaunchConfig
     down_block_n: int
     down_block_k: int
+    #: program order: False launches one column tile of every block together (block index fastest), True all
+    #: column tiles of one block together (column index fastest: the block's x rows are reused from L2 at once)
+    cols_inner: bool = False
 
 
 def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
@@ -162,7 +165,11 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
       768 + 768 programs of 256 / 128 KiB (the next tier: 384 + 384, one 120 KiB program per SM, 3 waves with a
       ramp and a tail each);
     - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (~87% of the copy ceiling at b16 / b64, H200);
-    - prefill (>= 32): 64-row tiles and 64-128 columns feed the tensor cores (wgmma on SM90).
+    - prefill (>= 32): 64-row wgmma tiles over 128 gate + 128 up (up) / 256 (down) columns, 64-deep reduction
+      tiles, 8 warps (two warpgroups side by side in N), 3 stages (40 KiB a stage).  The weights are streamed from
+      DRAM once either way; the wider column tiles halve the x / activation rows each program re-reads from L2
+      (the old 64 + 64 / 128-column tiles: 41% / 33% of the bf16 peak at 1024 tokens, H200).
+      ``tools/sweep_moe_prefill.py`` times the alternatives.
     fp32 inputs (tests) halve the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed
     the padded problem dims.
     """
@@ -181,7 +188,8 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
     if slots_per_expert < 32:
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
-    return MoeTiles(64, stages, fit(64, inter), fit(64 // wide, hidden), stages, fit(128, hidden), fit(64 // wide, inter))
+    wgmma = LaunchConfig(num_warps=8, num_stages=3 if wide == 1 else 2)
+    return MoeTiles(64, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter))
 
 
 def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:

@@ -57,8 +57,8 @@ def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
                    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
                    FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    block = tl.program_id(0)
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
+    block = tl.program_id(1 if COLS_INNER else 0)
     start = tl.load(blocks_ptr + n_blocks + block)
     end = tl.load(blocks_ptr + 2 * n_blocks + block)
     if start >= end:  # past the last block of the batch: no slots
@@ -67,7 +67,7 @@ def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, lim
     rows = start + tl.arange(0, BLOCK_M)
     row_ok = rows < end
     tokens = (tl.load(order_ptr + rows, mask=row_ok, other=0) // TOPK).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(0 if COLS_INNER else 1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < I
     gate_rows = w13_ptr + expert * (2 * I * H) + cols.to(tl.int64)[None, :] * H  # [1, BLOCK_N]
     up_rows = gate_rows + I * H
@@ -99,8 +99,8 @@ def _moe_up_kernel(x_ptr, w13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, lim
 @triton.jit(do_not_specialize=["n_blocks"])
 def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
                      H: tl.constexpr, I: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    block = tl.program_id(0)
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
+    block = tl.program_id(1 if COLS_INNER else 0)
     start = tl.load(blocks_ptr + n_blocks + block)
     end = tl.load(blocks_ptr + 2 * n_blocks + block)
     if start >= end:
@@ -109,7 +109,7 @@ def _moe_down_kernel(act_ptr, w2_ptr, weights_ptr, slot_out_ptr, order_ptr, bloc
     rows = start + tl.arange(0, BLOCK_M)
     row_ok = rows < end
     slots = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(0 if COLS_INNER else 1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     w_rows = w2_ptr + expert * (H * I) + cols.to(tl.int64)[None, :] * I  # [1, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -155,9 +155,11 @@ def _constexprs(tiles: MoeTiles, hidden: int, inter: int, top_k: int, has_limit:
     fp32_dot = fp32 or INTERPRETED  # fp32: IEEE products (no TF32), as the reference computes them
     up = {"H": hidden, "I": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "FP32_DOT": fp32_dot,
           "INTERPRETED": INTERPRETED,
-          "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.up_block_n, "BLOCK_K": tiles.up_block_k}
+          "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.up_block_n, "BLOCK_K": tiles.up_block_k,
+          "COLS_INNER": tiles.cols_inner}
     down = {"H": hidden, "I": inter, "FP32_DOT": fp32_dot, "INTERPRETED": INTERPRETED,
-            "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.down_block_n, "BLOCK_K": tiles.down_block_k}
+            "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.down_block_n, "BLOCK_K": tiles.down_block_k,
+            "COLS_INNER": tiles.cols_inner}
     return up, down
 
 
@@ -228,10 +230,13 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     out = torch.empty_like(x)
     scale = weights.reshape(-1).to(torch.float32).contiguous()
     up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None, x.dtype == torch.float32)
-    up = Launch((n_blocks, triton.cdiv(inter, tiles.up_block_n)), tiles.up,
+    def grid(cols: int) -> tuple[int, int]:
+        return (cols, n_blocks) if tiles.cols_inner else (n_blocks, cols)
+
+    up = Launch(grid(triton.cdiv(inter, tiles.up_block_n)), tiles.up,
                 dict(x_ptr=x, w13_ptr=w13, act_ptr=act, order_ptr=order, blocks_ptr=blocks, n_blocks=n_blocks,
                      limit=float(swiglu_limit or 0.0), **up_c), act)
-    down = Launch((n_blocks, triton.cdiv(hidden, tiles.down_block_n)), tiles.down,
+    down = Launch(grid(triton.cdiv(hidden, tiles.down_block_n)), tiles.down,
                   dict(act_ptr=act, w2_ptr=w2, weights_ptr=scale, slot_out_ptr=slot_out, order_ptr=order,
                        blocks_ptr=blocks, n_blocks=n_blocks, **down_c), slot_out)
     config, block_h = moe_combine_config(arch, hidden)
