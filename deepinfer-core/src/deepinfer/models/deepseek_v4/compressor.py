@@ -76,8 +76,8 @@ class Compressor:
         if self.overlap:  # series a (kv | gate) of each window's predecessor
             series_a = torch.cat([windows[..., :d], windows[..., w : w + d]], dim=-1)
             previous = torch.cat([cache.overlap[slot][None], series_a[:-1]])
-            has_previous = torch.ones(n, dtype=torch.bool, device=proj.device)
-            has_previous[0] = start >= r  # the sequence's first window has none
+            first = start // r  # the sequence's first window (index 0) has none; no host scalar written to the
+            has_previous = torch.arange(first, first + n, device=proj.device) >= 1  # device: that would sync
             cache.overlap[slot] = series_a[-1]
         return self._slots(windows, previous, has_previous)
 
