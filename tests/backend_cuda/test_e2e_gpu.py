@@ -144,3 +144,36 @@ def test_bf16_gpu_matches_cpu_fp32_reference(case, nvidia, limits):
     for prompt, out in zip(prompts, outs):
         assert out.error is None, out.error
         _check_against_reference(hf, prompt, out)
+
+
+def test_prefill_steps_never_wait_for_the_device(case, nvidia):
+    """Ragged prefill steps (fresh sequences, then the same sequences continued across window boundaries) queue
+    their work without one host synchronisation: a blocking copy in a layer would stall the host on every step."""
+    from deepinfer.models import ForwardBatch
+    from deepinfer_cuda.plugin import CudaBackend
+
+    directory, _, prompts = case
+    model = LLM(str(directory), dtype="bfloat16").engine.model
+    upload = CudaBackend().to_device
+    halves = [(p[: len(p) // 2 + 1], p[len(p) // 2 + 1 :]) for p in prompts]
+
+    def prefill(check: bool) -> None:
+        states = [model.new_state() for _ in prompts]
+        for part in (0, 1):
+            chunks = [(s, h[part], len(h[0]) * part) for s, h in zip(states, halves) if h[part]]
+            ids = torch.tensor([t for _, c, _ in chunks for t in c], device="cuda")
+            pos = torch.cat([torch.arange(len(c), device="cuda") + first for _, c, first in chunks])
+            batch = ForwardBatch(ids, pos, [len(c) for _, c, _ in chunks], [s for s, _, _ in chunks], to_device=upload)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error" if check else "default")
+            try:
+                with torch.inference_mode():
+                    model.forward(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        for s in states:
+            s.release()
+
+    prefill(check=False)  # warm-up: kernel loading and first allocations may synchronise
+    prefill(check=True)
