@@ -240,6 +240,7 @@ class SparseAttentionTiles:
 
 def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> SparseAttentionTiles:
     """Sparse attention over index columns in fixed splits of ``split_n`` (flash-decoding).
+    skip_empty: bool = True  #: skip the products of chunks whose indices are all -1 (bitwise neutral, a speed choice)
 
     The heads of a query share each gathered chunk of ``block_n`` pool rows, so more heads per program means fewer
     gathers; 32 heads x 512 dims keeps each fp32 accumulator (the split's and the running one) at 64 registers per
@@ -247,7 +248,11 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     chunks): a V4 CSA decode row (128 window + 512 top-k) is 10 splits, so decode b1 runs 20 programs instead of 2.
     When queries x head blocks already fill half the SMs (decode >= b33 at 64 heads, prefill) one program walks all
     of its query's splits and merges them in registers instead: the same code and the same merge order, so the
-    result is bitwise the same either way, and the choice is free to depend on the batch.
+    result is bitwise the same either way, and the choice is free to depend on the batch.  3 stages: the index
+    loads run two chunks ahead and the gather one (with 2, each chunk waited on its own index load first).
+    ``skip_empty``: each program walks only the chunks from its first to its last valid index (a 1024-token CSA
+    prefill row of 640 columns has ~250 valid ones on average, -1 at both ends).  ``tools/sweep_sparse_attention.py``
+    times the alternatives.
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no sparse attention configuration for {arch.name}")
@@ -255,7 +260,7 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     wide = element_bytes > 2 or dim > 512
     sms = 132 if arch.triton_arch == 90 else 148  # H100 / H200 SXM; B200
     return SparseAttentionTiles(
-        split=LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 2),
+        split=LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 3),
         block_h=block_h, block_n=16 if wide else 32, split_n=64,
         combine=LaunchConfig(num_warps=max(1, min(4, dim // 128)), num_stages=2), split_below=sms // 2)
 

@@ -24,6 +24,9 @@ Both run the same attention binary (``partial`` is a runtime flag), the same spl
 same bits: a row's result depends neither on the regime nor on the other rows.  Width padding (-1) only adds
 masked chunks (p = 0, rescale exactly 1) or whole splits with m_s = -inf, which the merge skips.  A query with no
 valid index returns zeros (M = sink, L = 1, ACC = 0).  fp32 inputs use IEEE fp32 products (not TF32).
+With ``skip_empty`` a program first scans its index columns and walks only the chunks from the first to the last
+valid one (prefill rows are -1 at both ends): the chunks it leaves out would not have changed a bit, and a live
+stretch that ends inside a split is merged where it ends, as the split's remaining -1 chunks would have left it.
 """
 
 from __future__ import annotations
@@ -56,11 +59,28 @@ def _merge(M, L, ACC, m_s, l_s, acc_s):
     return tl.where(has, m_new, M), tl.where(has, l_new, L), tl.where(has[:, None], acc_new, ACC)
 
 
+@triton.jit
+def _live_chunks(idx_row, col_lo, col_hi, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
+    """Chunks [lo, hi) of BLOCK_N columns spanning the valid indices among columns [col_lo, col_hi) of a row
+    (lo = hi when there is none).  Chunks outside hold -1 only: walking them would leave the softmax state bit for
+    bit as it is (p = 0, rescale exactly 1), so skipping them is free of any numerical effect."""
+    first = col_hi
+    last = col_lo - 1
+    for w in range(col_lo, col_hi, SCAN):
+        cols = w + tl.arange(0, SCAN)
+        valid = tl.load(idx_row + cols, mask=cols < col_hi, other=-1) >= 0
+        first = tl.minimum(first, tl.min(tl.where(valid, cols, col_hi), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(valid, cols, col_lo - 1), axis=0))
+    lo = first // BLOCK_N
+    return lo, tl.maximum(lo, (last + BLOCK_N) // BLOCK_N)  # last + BLOCK_N >= 0: no negative division
+
+
 @triton.jit(do_not_specialize=["width", "n_splits", "partial"])
 def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
                              width, n_splits, partial, scale,
                              H: tl.constexpr, D: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr):
+                             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr,
+                             SKIP_EMPTY: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     z = tl.program_id(2)
@@ -77,11 +97,15 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
     ACC = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # partial: this program's split z only; whole (grid z = 1): every split of the row, in order.
     CHUNKS: tl.constexpr = SPLIT_N // BLOCK_N
+    c_lo = z * CHUNKS
     c_hi = (z + 1 + (1 - partial) * (n_splits - 1)) * CHUNKS
+    if SKIP_EMPTY:  # walk only the chunks from the first to the last valid index of those columns
+        c_lo, c_hi = _live_chunks(idx_ptr + t * width, c_lo * BLOCK_N, tl.minimum(c_hi * BLOCK_N, width),
+                                  BLOCK_N, SPLIT_N)
     m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for c in range(z * CHUNKS, c_hi):
+    for c in range(c_lo, c_hi):
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
         valid = idx >= 0
@@ -103,16 +127,18 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
         else:
             acc_s = tl.dot(p.to(k.dtype), k, acc_s * alpha[:, None])
         m_s = m_new
-        if (c + 1) % CHUNKS == 0:  # the split ends: publish or merge its state, start the next from scratch
-            row = t * n_splits + c // CHUNKS
-            if partial != 0:  # workspace [T, n_splits, 2, H] (m, l) and [T, n_splits, H, D] (acc)
-                tl.store(ws_ml_ptr + row * (2 * H) + heads, m_s, mask=head_ok)
-                tl.store(ws_ml_ptr + row * (2 * H) + H + heads, l_s, mask=head_ok)
-                tl.store(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], acc_s, mask=q_mask)
+        # A split ends (or the live chunks do: the rest of the split is -1, which would change nothing): merge its
+        # state and start the next from scratch.  The split regime publishes its one split after the loop.
+        if (partial == 0) & (((c + 1) % CHUNKS == 0) | (c == c_hi - 1)):
             M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
             m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
             l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
             acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    if partial != 0:  # workspace [T, n_splits, 2, H] (m, l) and [T, n_splits, H, D] (acc); -inf, 0, 0 if no column
+        row = t * n_splits + z
+        tl.store(ws_ml_ptr + row * (2 * H) + heads, m_s, mask=head_ok)
+        tl.store(ws_ml_ptr + row * (2 * H) + H + heads, l_s, mask=head_ok)
+        tl.store(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], acc_s, mask=q_mask)
     if partial == 0:
         out = ACC / L[:, None]
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -147,7 +173,8 @@ def _block_d(dim: int) -> int:
 
 def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool) -> dict[str, object]:
     return {"H": heads, "D": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": tiles.block_h,
-            "BLOCK_D": _block_d(dim), "BLOCK_N": tiles.block_n, "SPLIT_N": tiles.split_n}
+            "BLOCK_D": _block_d(dim), "BLOCK_N": tiles.block_n, "SPLIT_N": tiles.split_n,
+            "SKIP_EMPTY": tiles.skip_empty}
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
@@ -179,17 +206,18 @@ COMBINE_KERNEL = TritonKernel("sparse_attention_combine", _combine_kernel, _comb
 
 
 def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float, *,
-            arch: CudaArch, split: bool | None = None) -> LaunchChain:
+            arch: CudaArch, split: bool | None = None,
+            tiles: SparseAttentionTiles | None = None) -> LaunchChain:
     """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: outputs allocated, nothing launched.
 
     ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
-    Either regime gives the same bits."""
+    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep_sparse_attention.py)."""
     tokens, heads, dim = q.shape
     q, kv = q.contiguous(), kv.to(q.dtype).contiguous()
     indices = indices.to(torch.int64).contiguous()
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     out = torch.empty_like(q)
-    tiles = sparse_attention_config(arch, heads, dim, q.element_size())
+    tiles = tiles or sparse_attention_config(arch, heads, dim, q.element_size())
     width = indices.shape[1]
     n_splits = triton.cdiv(width, tiles.split_n)
     head_blocks = triton.cdiv(heads, tiles.block_h)
