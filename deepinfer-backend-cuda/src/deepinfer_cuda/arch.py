@@ -236,11 +236,11 @@ class SparseAttentionTiles:
     split_n: int  #: index columns per split: fixed per (arch, head_dim), never from the batch or the width
     combine: LaunchConfig  #: the combine kernel, one program per (query, head)
     split_below: int  #: one program per split when queries x head blocks <= this (a speed choice only)
+    skip_empty: bool = True  #: skip the products of chunks whose indices are all -1 (bitwise neutral, a speed choice)
 
 
 def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> SparseAttentionTiles:
     """Sparse attention over index columns in fixed splits of ``split_n`` (flash-decoding).
-    skip_empty: bool = True  #: skip the products of chunks whose indices are all -1 (bitwise neutral, a speed choice)
 
     The heads of a query share each gathered chunk of ``block_n`` pool rows, so more heads per program means fewer
     gathers; 32 heads x 512 dims keeps each fp32 accumulator (the split's and the running one) at 64 registers per
