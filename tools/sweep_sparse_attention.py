@@ -10,10 +10,11 @@ at most 256 entries exist, the rest -1), and decode batches of 1, 16 and 64 quer
 Every candidate ``SparseAttentionTiles`` (``arch.sparse_attention_config``'s first, marked *) runs the whole op
 (attention + combine when split) 10 times per graph replay.  Per (case, candidate): µs per call, TFLOP/s over the
 valid columns, % of the floor (max of valid FLOPs / --tflops and bytes moved once / copy bandwidth), the max
-|difference| to the default's output and whether the bits are equal (``bits=``: a candidate with another block_n
-or split_n computes other bits, which is allowed if its own regimes agree), and ``inv=``: the first rows run
-alone in the split regime give the same bits as in the batch (what batch invariance rests on).  The default
-is also checked against core's reference.  A candidate that fails to compile prints its error; the sweep goes on.
+|difference| to the default's output and whether the bits are equal (``bits=``: a candidate with another block_n,
+split_n or product form computes other bits, which is allowed if its own regimes agree), and ``inv=``: four rows
+spread over the batch, run alone in the split regime, give the same bits as in the batch (what batch invariance
+rests on).  The default is also checked against core's reference.  A candidate that fails to compile prints its
+error; the sweep goes on.  ``--only 0,9`` times some candidates (their numbers as printed).
 To adopt a winner, write its fields into ``arch.sparse_attention_config``.
 """
 
@@ -70,6 +71,16 @@ def make_case(name: str, gen):
     return [t.cuda() for t in (q, kv, idx, sinks)]
 
 
+def copy_bandwidth() -> float:
+    """Device-to-device copy bytes (read + written) per second."""
+    import torch
+    from triton.testing import do_bench
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
+
+
 def candidates(base):
     """The default first, then single changes around it (each is a compiled variant of the same kernel)."""
     from deepinfer_cuda.arch import LaunchConfig
@@ -79,10 +90,13 @@ def candidates(base):
         return dataclasses.replace(base, split=split, block_n=block_n or base.block_n, **kw)
 
     yield base
-    options = [tiles(skip_empty=not base.skip_empty), tiles(stages=2), tiles(stages=3), tiles(stages=4),
+    options = [tiles(skip_empty=not base.skip_empty), tiles(stages=2), tiles(stages=3),
                tiles(block_n=64, stages=2), tiles(block_n=64, stages=3), tiles(block_n=16, stages=3),
-               tiles(block_n=16, stages=4), tiles(block_n=16, stages=5), tiles(block_h=16, warps=4),
-               tiles(block_h=16, warps=4, block_n=64), tiles(split_n=128), tiles(split_n=128, block_n=64)]
+               tiles(block_n=16, stages=5), tiles(block_h=16, warps=4), tiles(split_n=128),
+               # gathered rows on the M side of both products: wgmma (M = 64) instead of mma.sync (M = 32 heads)
+               tiles(block_n=64, stages=3, transposed=True), tiles(block_n=64, stages=2, transposed=True),
+               tiles(block_h=16, block_n=64, stages=3, transposed=True),
+               tiles(block_n=64, stages=3, split_n=128, transposed=True)]
     seen = {base}
     for option in options:
         if option not in seen:
@@ -92,7 +106,7 @@ def candidates(base):
 
 def describe(tiles) -> str:
     return (f"h{tiles.block_h} n{tiles.block_n} split{tiles.split_n} w{tiles.split.num_warps} "
-            f"s{tiles.split.num_stages} skip{int(tiles.skip_empty)}")
+            f"s{tiles.split.num_stages} skip{int(tiles.skip_empty)}{' T' if tiles.transposed else ''}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,16 +119,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="swa,hca,csa,b1,b16,b64")
+    parser.add_argument("--only", help="comma-separated candidate numbers (0 = the default) to time")
     parser.add_argument("--tflops", type=float, default=695.0, help="the matmul rate the floor assumes")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     start = time.time()
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    from triton.testing import do_bench
-
-    bandwidth = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
-    del src, dst
+    bandwidth = copy_bandwidth()
     gen = torch.Generator().manual_seed(0)
     scale = DIM**-0.5
     rows = []
@@ -131,32 +141,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: T={q.shape[0]} W={idx.shape[1]} valid {valid.float().mean().item():.0%} "
               f"({flops / 1e9:.1f} GFLOP valid, floor {floor_us:.1f} us); default vs reference max err {ref_err:.3g}",
               flush=True)
-        for tiles in candidates(base):
+        for number, tiles in enumerate(candidates(base)):
+            if args.only and str(number) not in args.only.split(","):
+                continue
             try:
                 def call(t=tiles):
                     return module.prepare(q, kv, idx, sinks, scale, arch=arch, tiles=t).run(index)
 
                 out = call()
-                few = min(4, q.shape[0])
-                alone = module.prepare(q[:few], kv, idx[:few], sinks, scale, arch=arch, split=True,
+                pick = torch.linspace(0, q.shape[0] - 1, min(4, q.shape[0]), device=q.device).long()
+                alone = module.prepare(q[pick], kv, idx[pick], sinks, scale, arch=arch, split=True,
                                        tiles=tiles).run(index)
                 us = _graph_us(call)
             except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is reported, not fatal
-                print(f"    {describe(tiles)}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
-                      flush=True)
+                error = str(exc).splitlines()[0][:160] if str(exc) else ""
+                print(f"  {number:2d}  {describe(tiles)}: FAILED {type(exc).__name__}: {error}", flush=True)
                 continue
             row = {"case": name, "tiles": describe(tiles), "default": tiles == base, "us": us,
                    "tflops": flops / us / 1e6, "roof_pct": 100 * floor_us / us,
                    "max_err_vs_default": (out.float() - default.float()).abs().max().item(),
                    "bits_equal_default": bool(torch.equal(out, default)),
-                   "invariant": bool(torch.equal(alone, out[:few]))}
+                   "invariant": bool(torch.equal(alone, out[pick]))}
             rows.append(row)
-            print(f"  {'*' if row['default'] else ' '} {row['tiles']:<34s} {us:8.1f} us {row['tflops']:6.1f} TFLOP/s "
+            mark = "*" if row["default"] else " "
+            print(f"  {number:2d}{mark} {row['tiles']:<36s} {us:8.1f} us {row['tflops']:6.1f} TFLOP/s "
                   f"{row['roof_pct']:5.1f}% of floor  err {row['max_err_vs_default']:.3g} "
                   f"bits={'=' if row['bits_equal_default'] else 'x'} inv={'ok' if row['invariant'] else 'BROKEN'}",
                   flush=True)
-        del q, kv, idx, sinks, default
-        torch.cuda.empty_cache()
     print(f"sweep took {time.time() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -3,8 +3,9 @@
 Prefill rows are mostly -1 at both ends (a window that starts before the sequence, top-k slots past the visible
 entries), so the kernel skips those chunks (``SparseAttentionTiles.skip_empty``).  Skipping is exact only because
 a chunk of -1 leaves the split's softmax state bit for bit as it is; these tests check that claim on rows whose
-live columns start and end inside splits and inside chunks, in both regimes, with skipping on and off (under
-Triton's interpreter on CPU; the same kernel runs on the GPU in test_sparse_attention_splits.py).
+live columns start and end inside splits and inside chunks, in both regimes, with skipping on and off, for both
+forms of the products (``transposed``) (under Triton's interpreter on CPU; the GPU runs the default tiles in
+test_sparse_attention_splits.py and every candidate in tools/sweep_sparse_attention.py).
 """
 
 from __future__ import annotations
@@ -56,19 +57,23 @@ SCRIPT = textwrap.dedent(
         idx[2, sn + 1:] = -1                        # one live stretch, its last column the first of a split
         idx[3, : width - 1] = -1                    # only the very last column
         idx[4, sn:2 * sn] = -1                      # a whole split of -1 between live columns
-        outs = {}
-        for skip in (True, False):
-            for split in (True, False):
-                t = dataclasses.replace(tiles, skip_empty=skip)
-                outs[skip, split] = run(module.prepare(q, kv, idx, sinks, 0.125, arch=SM90A, split=split, tiles=t))
-        first = outs[True, True]
-        for key, out in outs.items():
-            assert torch.equal(out, first), f"skip/split {key} differs from skipping in the split regime"
-        for row in range(5):  # each row alone: the same bits
-            alone = run(module.prepare(q[row:row + 1], kv, idx[row:row + 1], sinks, 0.125, arch=SM90A, split=True))
-            assert torch.equal(alone[0], first[row]), row
-        assert_close(first, OP.reference(q, kv, idx, sinks, 0.125), dtype, OP.tolerances[dtype], "skip")
-        checked += 1
+        for trans in (False, True):  # either form of the products (another compiled variant, its own bits)
+            outs = {}
+            for skip in (True, False):
+                for split in (True, False):
+                    t = dataclasses.replace(tiles, skip_empty=skip, transposed=trans)
+                    outs[skip, split] = run(module.prepare(q, kv, idx, sinks, 0.125, arch=SM90A, split=split,
+                                                           tiles=t))
+            first = outs[True, True]
+            for key, out in outs.items():
+                assert torch.equal(out, first), f"transposed {trans}, skip/split {key} differs"
+            for row in range(5):  # each row alone: the same bits
+                t = dataclasses.replace(tiles, transposed=trans)
+                alone = run(module.prepare(q[row:row + 1], kv, idx[row:row + 1], sinks, 0.125, arch=SM90A,
+                                           split=True, tiles=t))
+                assert torch.equal(alone[0], first[row]), (trans, row)
+            assert_close(first, OP.reference(q, kv, idx, sinks, 0.125), dtype, OP.tolerances[dtype], "skip")
+            checked += 1
     print("CHECKED", checked)
     """
 )
@@ -78,7 +83,7 @@ def test_skipping_chunks_of_padding_keeps_the_bits_under_the_triton_interpreter(
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert "CHECKED 2" in proc.stdout, proc.stdout
+    assert "CHECKED 4" in proc.stdout, proc.stdout
 
 
 def test_live_chunk_range_is_a_compile_time_choice_of_the_tiles():

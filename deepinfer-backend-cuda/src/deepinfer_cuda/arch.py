@@ -238,6 +238,7 @@ class SparseAttentionTiles:
     combine: LaunchConfig  #: the combine kernel, one program per (query, head)
     split_below: int  #: one program per split when queries x head blocks <= this (a speed choice only)
     skip_empty: bool = True  #: skip the products of chunks whose indices are all -1 (bitwise neutral, a speed choice)
+    transposed: bool = False  #: products as k @ q^T and k^T @ p^T (gathered rows on the M side; other bits)
 
 
 def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes: int) -> SparseAttentionTiles:

@@ -27,6 +27,8 @@ valid index returns zeros (M = sink, L = 1, ACC = 0).  fp32 inputs use IEEE fp32
 With ``skip_empty`` a program first scans its index columns and walks only the chunks from the first to the last
 valid one (prefill rows are -1 at both ends): the chunks it leaves out would not have changed a bit, and a live
 stretch that ends inside a split is merged where it ends, as the split's remaining -1 chunks would have left it.
+``transposed`` tiles compute s^T = k @ q^T and acc^T = k^T @ p^T: the gathered rows are then the M side of both
+products, so a 64-row chunk is a Hopper wgmma (32 heads as M is an mma.sync); other bits, the same in both regimes.
 """
 
 from __future__ import annotations
@@ -47,16 +49,21 @@ INTERPRETED = False
 
 
 @triton.jit
-def _merge(M, L, ACC, m_s, l_s, acc_s):
+def _merge(M, L, ACC, m_s, l_s, acc_s, TRANS: tl.constexpr = False):
     """Fold one split's state into the running (M, L, ACC); a split with no valid column (m_s = -inf) leaves it
-    untouched, bit for bit.  The one merge both kernels use."""
+    untouched, bit for bit.  The one merge both kernels use (``TRANS``: ACC is [D, heads], the same element ops)."""
     has = m_s > float("-inf")
     m_new = tl.maximum(M, m_s)
     a = tl.exp(M - m_new)
     b = tl.exp(m_s - m_new)
     l_new = tl.fma(l_s, b, L * a)
-    acc_new = tl.fma(acc_s, b[:, None], ACC * a[:, None])
-    return tl.where(has, m_new, M), tl.where(has, l_new, L), tl.where(has[:, None], acc_new, ACC)
+    if TRANS:
+        acc_new = tl.fma(acc_s, b[None, :], ACC * a[None, :])
+        acc_out = tl.where(has[None, :], acc_new, ACC)
+    else:
+        acc_new = tl.fma(acc_s, b[:, None], ACC * a[:, None])
+        acc_out = tl.where(has[:, None], acc_new, ACC)
+    return tl.where(has, m_new, M), tl.where(has, l_new, L), acc_out
 
 
 @triton.jit
@@ -80,21 +87,28 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
                              width, n_splits, partial, scale,
                              H: tl.constexpr, D: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr,
-                             SKIP_EMPTY: tl.constexpr):
+                             SKIP_EMPTY: tl.constexpr, TRANS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     z = tl.program_id(2)
     head_ok = heads < H
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < D
-    q_offs = t * (H * D) + heads[:, None] * D + dims[None, :]
-    q_mask = head_ok[:, None] & dim_ok[None, :]
+    if TRANS:  # [BLOCK_D, BLOCK_H] tiles: the gathered rows are the M side of both products (wgmma needs M >= 64)
+        q_offs = t * (H * D) + heads[None, :] * D + dims[:, None]
+        q_mask = head_ok[None, :] & dim_ok[:, None]
+        ACC = tl.zeros([BLOCK_D, BLOCK_H], dtype=tl.float32)
+        acc_s = tl.zeros([BLOCK_D, BLOCK_H], dtype=tl.float32)
+    else:
+        q_offs = t * (H * D) + heads[:, None] * D + dims[None, :]
+        q_mask = head_ok[:, None] & dim_ok[None, :]
+        ACC = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     if FP32_DOT:
         q = q.to(tl.float32)
     M = tl.load(sinks_ptr + heads, mask=head_ok, other=0.0).to(tl.float32)  # the sink: exp(sink - M) = 1
     L = tl.full([BLOCK_H], 1.0, tl.float32)
-    ACC = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # partial: this program's split z only; whole (grid z = 1): every split of the row, in order.
     CHUNKS: tl.constexpr = SPLIT_N // BLOCK_N
     c_lo = z * CHUNKS
@@ -104,7 +118,6 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
                                   BLOCK_N, SPLIT_N)
     m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for c in range(c_lo, c_hi):
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
@@ -113,34 +126,54 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
                     mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
         if FP32_DOT:
             k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        if TRANS:
+            if FP32_DOT:
+                s = tl.dot(k, q, input_precision="ieee")
+            else:
+                s = tl.dot(k, q)  # [BLOCK_N, BLOCK_H]
+            s = tl.where(valid[:, None], s * scale, float("-inf"))
+            m_new = tl.maximum(m_s, tl.max(s, axis=0))
+            m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # all masked so far: p = 0, state stays 0
+            alpha = tl.exp(m_s - m_use)
+            p = tl.exp(s - m_use[None, :])
+            l_s = l_s * alpha + tl.sum(p, axis=0)
+            if FP32_DOT:
+                acc_s = tl.dot(tl.trans(k), p, acc_s * alpha[None, :], input_precision="ieee")
+            else:
+                acc_s = tl.dot(tl.trans(k), p.to(k.dtype), acc_s * alpha[None, :])
         else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_s, tl.max(s, axis=1))
-        m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # all masked so far: p = 0, state stays 0
-        alpha = tl.exp(m_s - m_use)
-        p = tl.exp(s - m_use[:, None])
-        l_s = l_s * alpha + tl.sum(p, axis=1)
-        if FP32_DOT:
-            acc_s = tl.dot(p, k, acc_s * alpha[:, None], input_precision="ieee")
-        else:
-            acc_s = tl.dot(p.to(k.dtype), k, acc_s * alpha[:, None])
+            if FP32_DOT:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(valid[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m_s, tl.max(s, axis=1))
+            m_use = tl.where(m_new > float("-inf"), m_new, 0.0)  # all masked so far: p = 0, state stays 0
+            alpha = tl.exp(m_s - m_use)
+            p = tl.exp(s - m_use[:, None])
+            l_s = l_s * alpha + tl.sum(p, axis=1)
+            if FP32_DOT:
+                acc_s = tl.dot(p, k, acc_s * alpha[:, None], input_precision="ieee")
+            else:
+                acc_s = tl.dot(p.to(k.dtype), k, acc_s * alpha[:, None])
         m_s = m_new
         # A split ends (or the live chunks do: the rest of the split is -1, which would change nothing): merge its
         # state and start the next from scratch.  The split regime publishes its one split after the loop.
         if (partial == 0) & (((c + 1) % CHUNKS == 0) | (c == c_hi - 1)):
-            M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s)
+            M, L, ACC = _merge(M, L, ACC, m_s, l_s, acc_s, TRANS)
             m_s = tl.full([BLOCK_H], float("-inf"), tl.float32)
             l_s = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc_s = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+            acc_s = tl.zeros_like(acc_s)
     if partial != 0:  # workspace [T, n_splits, 2, H] (m, l) and [T, n_splits, H, D] (acc); -inf, 0, 0 if no column
         row = t * n_splits + z
         tl.store(ws_ml_ptr + row * (2 * H) + heads, m_s, mask=head_ok)
         tl.store(ws_ml_ptr + row * (2 * H) + H + heads, l_s, mask=head_ok)
-        tl.store(ws_acc_ptr + row * (H * D) + heads[:, None] * D + dims[None, :], acc_s, mask=q_mask)
+        tl.store(ws_acc_ptr + row * (H * D) + (q_offs - t * (H * D)), acc_s, mask=q_mask)
     if partial == 0:
-        out = ACC / L[:, None]
+        if TRANS:
+            out = ACC / L[None, :]
+        else:
+            out = ACC / L[:, None]
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
@@ -174,7 +207,7 @@ def _block_d(dim: int) -> int:
 def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool) -> dict[str, object]:
     return {"H": heads, "D": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": tiles.block_h,
             "BLOCK_D": _block_d(dim), "BLOCK_N": tiles.block_n, "SPLIT_N": tiles.split_n,
-            "SKIP_EMPTY": tiles.skip_empty}
+            "SKIP_EMPTY": tiles.skip_empty, "TRANS": tiles.transposed}
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
