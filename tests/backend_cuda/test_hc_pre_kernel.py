@@ -51,10 +51,11 @@ SCRIPT = textwrap.dedent(
             scale = 1 + 0.1 * torch.randn(3, generator=gen)
             args = (streams, fn, base, scale, 1e-6, 1e-6, 4)
             tol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}[dtype]
-            for interpreted in (False, True):
+            for interpreted in ((False, True) if dtype == torch.float32 else (True,)):
                 # tl.dot (the compiled path) runs as numpy matmul here, whose rounding of a row depends on its
-                # place in the tile and the tile's size; INTERPRETED multiplies without it, so every sub-batch
-                # (each in its own token tier: 1, 2..8, 16 and 64-token tiles) can be compared bitwise.
+                # place in the tile and the tile's size (and whose bf16 dot is wrong: bf16 streams take the
+                # tensor-core path, checked on the GPU); INTERPRETED multiplies product by product in the
+                # compiled order, so every sub-batch (each in its own token tier) can be compared bitwise.
                 module.INTERPRETED = interpreted
                 whole = run(*args)
                 assert_close(whole, reference(*args), dtype, tol, f"hc_pre {tokens}x{n}x{dim} {dtype}")
@@ -93,9 +94,9 @@ def test_hc_pre_tiles_depend_on_model_dims_only():
                                       torch.zeros(24), torch.ones(3), 1e-6, 1e-6, 20, arch=arch)
                 (_, mix), (_, finish) = plan.steps
                 consts = {k: v for launch in (mix, finish) for k, v in launch.args.items()
-                          if k.isupper() and k not in ("BLOCK_T", "BLOCK_K")}
+                          if k.isupper() and k != "BLOCK_T"}
                 tier = tiles.tier(tokens)
-                assert mix.args["BLOCK_T"] == tier.block_t and mix.args["BLOCK_K"] == tier.block_k and mix.config == tier.config
+                assert mix.args["BLOCK_T"] == tier.block_t and mix.config == tier.config
                 plans.append((consts, finish.config, mix.grid[1], finish.grid[1]))
                 assert mix.grid[0] * tier.block_t >= tokens and finish.grid[0] == tokens
             assert all(p == plans[0] for p in plans)

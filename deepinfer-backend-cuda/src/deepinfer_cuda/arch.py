@@ -92,23 +92,27 @@ def hc_post_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
 @dataclass(slots=True, frozen=True)
 class HcPreTier:
     """The projection's token tile for calls of up to ``max_tokens`` tokens.  Changing it never changes a token's
-    bits: each mix is one FMA chain over its slice's columns in order, whatever the tile (see kernels/hc_pre.py)."""
+    bits as long as every tier's dots lower to the same instruction (see kernels/hc_pre.py): each mix is one chain
+    over its slice's columns in order, whatever the tile's other rows."""
 
     max_tokens: int
     block_t: int  #: tokens per projection program (each slice of fn is read once per block_t tokens)
-    block_k: int  #: columns per step of a projection program (a slice in one step: its loads all in flight)
     config: LaunchConfig
 
 
 @dataclass(slots=True, frozen=True)
 class HcPreTiles:
-    """Tiles of mHC pre's two kernels.  The K slices and every finishing tile are functions of the model dims
-    only: a token's partial sums and their reduction order must not depend on the batch (batch invariance)."""
+    """Tiles of mHC pre's two kernels.  The K slices, the term count and every finishing tile are functions of the
+    model dims only: a token's partial sums and their reduction order must not depend on the batch."""
 
     slice: int  #: columns of the flattened streams (n * dim) per projection program
+    block_k: int  #: columns per step of a projection program (bf16 terms: each step adds hi, mid, lo in turn)
     tiers: tuple[HcPreTier, ...]  #: by increasing max_tokens; the last one takes any count
     finish: LaunchConfig  #: sums of the slices, gates, Sinkhorn and collapse
     block_d: int  #: hidden columns collapsed per finishing program
+    #: bf16 streams: fn as this many bf16 terms on tensor cores (3: exact products, all of fn's bits); 0: IEEE
+    #: fp32 FMAs on CUDA cores (always so for fp32 streams)
+    terms: int = 3
 
     def tier(self, tokens: int) -> HcPreTier:
         return next((t for t in self.tiers if tokens <= t.max_tokens), self.tiers[-1])
@@ -118,22 +122,21 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
     """mHC pre: split-K projection over 256-column slices, then one finishing program per (token, 1024 columns).
 
     The projection's (2+n)*n = 24 rows of fn are 1.5 MB for V4 (4 x 4096); slices of 256 columns give 64 programs
-    per token tile, enough to spread a decode step's read of fn over the GPU.  The projection is IEEE fp32 FMAs
-    (CUDA cores).  Decode is latency bound, so its token tile follows the call's size (allowed: a mix's FMA chain
-    depends on neither the tile nor its steps): 1..8 tokens take the whole slice in one step (every load in flight
-    at once; H200, 1 token: 7.0 us with 1 warp, 11.6 with 4), 16 tokens one 16-token step (12.0 us), up to 64
-    tokens 32-token tiles in two steps (18.6 us at 64 vs 22.7 with 16-token tiles); prefill tiles of 128 tokens
-    (1024 tokens: 117 us vs 149 at 64 and 252 at 32 before the sum-of-squares chain) read fn once per 128 tokens.  The finishing kernel runs one warp per program: its slice sums are then shuffles, no barriers.
+    per token tile, enough to spread a decode step's read of fn over the GPU.  bf16 streams: fn is split in the
+    kernel into three bf16 terms and projected with tensor-core dots (fp32 FMAs on CUDA cores: prefill 1024 tokens
+    took 117 us for 805 MFLOP; the read of x alone is 8 us).  Every tier keeps 4+ warps and a multiple of 64 tokens,
+    so on Hopper every tier's dots are the same wgmma m64nNk16 (a 16-row mma.sync tile could round differently):
+    decode takes one 64-token tile (rows past the call masked, so not read), prefill 128-token tiles.  IEEE fp32
+    FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
+    warp per program: its slice sums are then shuffles, no barriers.
     """
     if arch.triton_arch in (90, 100):
         flat = n * dim
-        small = tuple(HcPreTier(t, t, 256, LaunchConfig(num_warps=1, num_stages=1)) for t in (1, 2, 4, 8))
-        tiers = small + (HcPreTier(16, 16, 256, LaunchConfig(num_warps=4, num_stages=1)),
-                         HcPreTier(64, 32, 128, LaunchConfig(num_warps=4, num_stages=2)),
-                         HcPreTier(1 << 30, 128, 32, LaunchConfig(num_warps=4, num_stages=3)))
-        return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), tiers=tiers,
+        tiers = (HcPreTier(64, 64, LaunchConfig(num_warps=4, num_stages=2)),
+                 HcPreTier(1 << 30, 128, LaunchConfig(num_warps=8, num_stages=3)))
+        return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), block_k=64, tiers=tiers,
                           finish=LaunchConfig(num_warps=1),
-                          block_d=min(1024, max(16, 1 << (dim - 1).bit_length())))
+                          block_d=min(1024, max(16, 1 << (dim - 1).bit_length())), terms=3)
     raise ValueError(f"no mHC pre configuration for {arch.name}")
 
 

@@ -4,18 +4,21 @@ Overrides core's ``hc_pre(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_i
 The RMS normalisation is folded into the projection (``norm(x) . w = rsqrt(mean(x^2) + eps) * (x . w)``).
 
 1. ``_hc_pre_mix_kernel``, grid (token tile, K slice): a tile of ``block_t`` tokens times one slice of the
-   flattened streams against the same slice of ``fn``, as IEEE fp32 products (``tl.dot`` with
-   ``input_precision="ieee"``: FMAs, not TF32), so each slice of ``fn`` is read once per token tile instead of
-   once per token.  The slice's partial mixes and sum of squares go to an fp32 workspace.
+   flattened streams against the same slice of ``fn``, so each slice of ``fn`` is read once per token tile.  bf16
+   streams: ``fn`` is split in registers into three bf16 terms (hi + mid + lo == fn, all 24 bits) and dotted on
+   the tensor cores; x is exactly bf16, so every product is exact and only the fp32 accumulation rounds (once per
+   16 columns, not once per column as the IEEE fp32 FMAs it replaced: 805 MFLOP on CUDA cores for a 1024-token
+   prefill).  fp32 streams keep ``tl.dot(..., input_precision="ieee")``.  The slice's partial mixes and sum of
+   squares go to an fp32 workspace.
 2. ``_hc_pre_finish_kernel``, grid (token, hidden chunk + 1): sums a token's slices in increasing slice order,
    then either collapses one chunk of the hidden dim with ``pre`` or (the extra program) runs the ``post`` gate
    and the Sinkhorn rounds (for 4 streams on 16 scalars: no cross-thread reduction in the serial rounds).
 
-Batch invariance: the slice width and every finishing tile come from the model dims only.  The token tile
-follows the call's size (``HcPreTiles.tier``: 1 token for decode b1, 64 for prefill), which cannot change a
-token's bits: Triton lowers an fp32 ``ieee`` dot to one ``fma`` chain per output over k in order, starting
-from the accumulator (one chain over the whole slice, whatever the tile, its warps or its other rows), and
-the sum of squares is one more such chain (``x * x`` dotted with ones).
+Batch invariance: the slice width, the step ``block_k``, the term count and every finishing tile come from the
+model dims only.  The token tile follows the call's size (``HcPreTiles.tier``), which cannot change a token's
+bits: every tier has 4+ warps and a multiple of 64 rows, so on Hopper each dot is the same ``wgmma m64nNk16``
+chain over k for every row, whatever the tile's other rows (hi into one accumulator; mid then lo, per step,
+into another); an fp32 ``ieee`` dot is one ``fma`` chain per output over k in order.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, HcPreTiles, hc_pre_config
+from deepinfer_cuda.arch import CudaArch, HcPreTier, HcPreTiles, hc_pre_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 
@@ -37,14 +40,39 @@ AOT_DTYPES = ("bf16", "fp32")
 INTERPRETED = False
 
 
+@triton.jit
+def _bf16_terms(f, TERMS: tl.constexpr):
+    """fp32 ``f`` as bf16 terms hi + mid (+ lo), each the rounded remainder of the last: 3 terms hold all 24 bits."""
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)  # exact: the bits hi dropped
+    mid = rest.to(tl.bfloat16)
+    if TERMS == 3:
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    else:
+        lo = tl.zeros_like(mid)
+    return hi, mid, lo
+
+
+@triton.jit
+def _column(t, kk, j, axis: tl.constexpr):
+    """Column (axis 1) or row (axis 0) j of tile t as fp32, by a masked sum (exact: one nonzero term)."""
+    if axis == 1:
+        return tl.sum(tl.where(kk[None, :] == j, t.to(tl.float32), 0.0), axis=1)[:, None]
+    else:
+        return tl.sum(tl.where(kk[:, None] == j, t.to(tl.float32), 0.0), axis=0)[None, :]
+
+
 @triton.jit(do_not_specialize=["tokens"])
 def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
                        N: tl.constexpr, K: tl.constexpr, SLICE: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr, TERMS: tl.constexpr,
                        INTERPRETED: tl.constexpr):
     """Partial mixes of tokens [tile * BLOCK_T, +BLOCK_T) over columns [s * SLICE, +SLICE) of the flat streams.
 
     gate_ws [S, T, GATE_W]: pre (N), then the sum of squares; mix_ws [S, T, MIX_W]: post (N), then comb (N*N).
+    TERMS 0: IEEE fp32 FMAs.  TERMS 2 / 3 (bf16 streams only): fn split into bf16 terms, dotted on the tensor
+    cores; hi into one fp32 accumulator, mid then lo (per step of BLOCK_K columns, a model constant: that order
+    never depends on the batch) into a second, added at the end.
     """
     tile = tl.program_id(0)
     s = tl.program_id(1)
@@ -55,27 +83,61 @@ def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
     pp = tl.arange(0, 2 * N)
     cc = tl.arange(0, N * N)
     one = tl.arange(0, 8)
-    ones = tl.full([BLOCK_K, 8], 1.0, tl.float32)
     kk = tl.arange(0, BLOCK_K)
     sumsq = tl.zeros([BLOCK_T, 8], dtype=tl.float32)  # 8 equal columns: the sum of squares as one more chain
     acc_pp = tl.zeros([BLOCK_T, 2 * N], dtype=tl.float32)
     acc_cc = tl.zeros([BLOCK_T, N * N], dtype=tl.float32)
+    small_pp = tl.zeros([BLOCK_T, 2 * N], dtype=tl.float32)  # fn's mid and lo terms (TERMS > 0)
+    small_cc = tl.zeros([BLOCK_T, N * N], dtype=tl.float32)
     for k0 in range(0, SLICE, BLOCK_K):
         ks = s * SLICE + k0 + kk
         k_ok = ks < K
-        x = tl.load(src + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        x_raw = tl.load(src + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x = x_raw.to(tl.float32)
         f_pp = tl.load(fn_ptr + pp[None, :] * K + ks[:, None], mask=k_ok[:, None], other=0.0)
         f_cc = tl.load(fn_ptr + (2 * N + cc[None, :]) * K + ks[:, None], mask=k_ok[:, None], other=0.0)
-        if INTERPRETED:  # the same chains, one column at a time (numpy's matmul rounds a row by its tile)
-            for j in tl.static_range(BLOCK_K):
-                xj = tl.sum(tl.where(kk[None, :] == j, x, 0.0), axis=1)[:, None]
-                acc_pp = acc_pp + xj * tl.sum(tl.where(kk[:, None] == j, f_pp, 0.0), axis=0)[None, :]
-                acc_cc = acc_cc + xj * tl.sum(tl.where(kk[:, None] == j, f_cc, 0.0), axis=0)[None, :]
-                sumsq = sumsq + xj * xj
-        else:  # FMAs: each output is one chain over k in order, whatever the tile, its steps or its other rows
-            acc_pp = tl.dot(x, f_pp, acc_pp, input_precision="ieee")
-            acc_cc = tl.dot(x, f_cc, acc_cc, input_precision="ieee")
-            sumsq = tl.dot(x * x, ones, sumsq, input_precision="ieee")
+        if TERMS == 0:
+            if INTERPRETED:  # the same chains, one column at a time (numpy's matmul rounds a row by its tile)
+                for j in tl.static_range(BLOCK_K):
+                    xj = _column(x, kk, j, 1)
+                    acc_pp = acc_pp + xj * _column(f_pp, kk, j, 0)
+                    acc_cc = acc_cc + xj * _column(f_cc, kk, j, 0)
+                    sumsq = sumsq + xj * xj
+            else:  # FMAs: each output is one chain over k in order, whatever the tile, its steps or its other rows
+                acc_pp = tl.dot(x, f_pp, acc_pp, input_precision="ieee")
+                acc_cc = tl.dot(x, f_cc, acc_cc, input_precision="ieee")
+                sumsq = tl.dot(x * x, tl.full([BLOCK_K, 8], 1.0, tl.float32), sumsq, input_precision="ieee")
+        else:
+            # x is bf16, so x * term is exact in fp32 and the terms' sum is fn: only the accumulation rounds.
+            hi_pp, md_pp, lw_pp = _bf16_terms(f_pp, TERMS)
+            hi_cc, md_cc, lw_cc = _bf16_terms(f_cc, TERMS)
+            sq = x * x  # 16 significant bits: exactly two bf16 halves
+            sq_hi = sq.to(tl.bfloat16)
+            sq_lo = (sq - sq_hi.to(tl.float32)).to(tl.bfloat16)
+            if INTERPRETED:  # numpy's bf16 matmul is wrong: exact products, summed per row (no other row's part)
+                x3 = x[:, :, None]
+                acc_pp = acc_pp + tl.sum(x3 * hi_pp.to(tl.float32)[None, :, :], axis=1)
+                acc_cc = acc_cc + tl.sum(x3 * hi_cc.to(tl.float32)[None, :, :], axis=1)
+                sumsq = sumsq + tl.sum(sq_hi.to(tl.float32), axis=1)[:, None]
+                small_pp = small_pp + tl.sum(x3 * md_pp.to(tl.float32)[None, :, :], axis=1)
+                small_cc = small_cc + tl.sum(x3 * md_cc.to(tl.float32)[None, :, :], axis=1)
+                sumsq = sumsq + tl.sum(sq_lo.to(tl.float32), axis=1)[:, None]
+                small_pp = small_pp + tl.sum(x3 * lw_pp.to(tl.float32)[None, :, :], axis=1)
+                small_cc = small_cc + tl.sum(x3 * lw_cc.to(tl.float32)[None, :, :], axis=1)
+            else:
+                xb = x_raw.to(tl.bfloat16)
+                ones = tl.full([BLOCK_K, 8], 1.0, tl.bfloat16)
+                acc_pp = tl.dot(xb, hi_pp, acc_pp)
+                acc_cc = tl.dot(xb, hi_cc, acc_cc)
+                sumsq = tl.dot(sq_hi, ones, sumsq)
+                small_pp = tl.dot(xb, md_pp, small_pp)
+                small_cc = tl.dot(xb, md_cc, small_cc)
+                sumsq = tl.dot(sq_lo, ones, sumsq)
+                if TERMS == 3:
+                    small_pp = tl.dot(xb, lw_pp, small_pp)
+                    small_cc = tl.dot(xb, lw_cc, small_cc)
+    acc_pp = acc_pp + small_pp  # zeros for TERMS 0
+    acc_cc = acc_cc + small_cc
     slot = (s * tokens + rows).to(tl.int64)
     # pre -> gate_ws[..., 0:N], post -> mix_ws[..., 0:N]; comb -> mix_ws[..., N:N + N*N]; sumsq -> gate_ws[..., N].
     is_pre = pp[None, :] < N
@@ -219,17 +281,16 @@ def _pow2(v: int) -> int:
 
 
 @functools.cache
-def _plan(arch: CudaArch, n: int, dim: int, block_t: int,
-          block_k: int) -> tuple[HcPreTiles, dict[str, object], dict[str, object]]:
-    """Tiles and constexprs of both kernels: functions of the model dims, and for the mix its tier's tiles."""
-    tiles = hc_pre_config(arch, n, dim)
+def _plan(tiles: HcPreTiles, n: int, dim: int, tier: HcPreTier,
+          bf16: bool) -> tuple[dict[str, object], dict[str, object]]:
+    """Constexprs of both kernels: functions of the model dims and the streams' dtype, and for the mix its tier."""
     slices = triton.cdiv(n * dim, tiles.slice)
     widths = {"GATE_W": _pow2(n + 1), "MIX_W": n + n * n}
-    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": block_t, "BLOCK_K": min(block_k, tiles.slice),
-           **widths,
+    mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": tier.block_t,
+           "BLOCK_K": min(tiles.block_k, tiles.slice), **widths, "TERMS": tiles.terms if bf16 else 0,
            "INTERPRETED": False}
     finish = {"N": n, "D": dim, "S": slices, "BLOCK_S": _pow2(slices), "BLOCK_D": tiles.block_d, **widths}
-    return tiles, mix, finish
+    return mix, finish
 
 
 def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
@@ -241,16 +302,16 @@ def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
                 sig = {"streams_ptr": f"*{dtype}:D", "fn_ptr": "*fp32:D", "gate_ws_ptr": "*fp32:D",
                        "mix_ws_ptr": "*fp32:D", "tokens": "i32"}
                 for tier in tiles.tiers:
-                    _, mix, _ = _plan(arch, n, dim, tier.block_t, tier.block_k)
+                    mix, _ = _plan(tiles, n, dim, tier, dtype == "bf16")
                     variants.append(Variant(sig, dict(mix), tier.config.num_warps, tier.config.num_stages))
             else:
-                _, _, finish = _plan(arch, n, dim, tiles.tiers[0].block_t, tiles.tiers[0].block_k)
+                _, finish = _plan(tiles, n, dim, tiles.tiers[0], dtype == "bf16")
                 sig = {"streams_ptr": f"*{dtype}:D", "gate_ws_ptr": "*fp32:D", "mix_ws_ptr": "*fp32:D",
                        "base_ptr": "*fp32:D", "scale_ptr": "*fp32:D", "collapsed_ptr": f"*{dtype}:D",
                        "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D", "tokens": "i32", "norm_eps": "fp32",
                        "hc_eps": "fp32", "sinkhorn_iters": "i32"}
                 variants.append(Variant(sig, dict(finish), tiles.finish.num_warps, tiles.finish.num_stages))
-    # Two tiers of one shape may share a tile (decode b64 and b16): compile each specialization once.
+    # Two tiers of one shape may share a tile: compile each specialization once.
     unique = {}
     for v in variants:
         unique.setdefault((repr(v.signature), repr(sorted(v.constexprs.items())), v.num_warps, v.num_stages), v)
@@ -263,16 +324,18 @@ KERNEL = TritonKernel("hc_pre", _hc_pre_finish_kernel, functools.partial(_aot_va
 
 
 def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch) -> LaunchChain:
-    """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched."""
+            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch, tiles: HcPreTiles | None = None) -> LaunchChain:
+    """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched.
+    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep_hc_pre.py times candidates this way)."""
     tokens, n, dim = streams.shape
     if n & (n - 1) or sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1")
     streams = streams.contiguous()
     fn, base, scale = (t.to(torch.float32).contiguous() for t in (fn, base, scale))
     device = streams.device
-    tier = hc_pre_config(arch, n, dim).tier(tokens)
-    tiles, mix, finish = _plan(arch, n, dim, tier.block_t, tier.block_k)
+    tiles = tiles or hc_pre_config(arch, n, dim)
+    tier = tiles.tier(tokens)
+    mix, finish = _plan(tiles, n, dim, tier, streams.dtype == torch.bfloat16)
     slices = finish["S"]
     gate_ws = torch.empty((slices, tokens, mix["GATE_W"]), dtype=torch.float32, device=device)
     mix_ws = torch.empty((slices, tokens, mix["MIX_W"]), dtype=torch.float32, device=device)

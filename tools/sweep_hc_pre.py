@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""Time mHC pre (``hc_pre``: split-K projection + finish) under candidate tiles, in CUDA graphs (GPU host only).
+
+    python tools/sweep_hc_pre.py                       # V4 site: streams [T, 4, 4096] bf16, T = 1, 16, 64, 1024
+    python tools/sweep_hc_pre.py --tokens 1,1024 --json sweep.json
+
+One line per (tokens, candidate): µs per call of the whole op (mix + finish) and of the mix kernel alone, the
+share of the memory roofline (x read once, collapsed written, fn read once, at the measured copy bandwidth), the
+max error of post / comb / collapsed against a float64 evaluation of the op, and whether all outputs are bitwise
+equal to the default's (``bits=``).  Candidates that change only a token tier's tile (``tier...``) must print
+``bits=same``: that is the batch-invariance claim (every tier's dots lower to the same instruction).
+Apply a winner in ``deepinfer_cuda.arch.hc_pre_config`` (see the report printed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import traceback
+
+N, DIM = 4, 4096
+#: The tiles before the bf16-term split (IEEE fp32 FMAs): tokens -> (block_t, block_k, warps, stages).
+OLD_TIERS = {1: (1, 256, 1, 1), 2: (2, 256, 1, 1), 4: (4, 256, 1, 1), 8: (8, 256, 1, 1), 16: (16, 256, 4, 1),
+             64: (32, 128, 4, 2), 1 << 30: (128, 32, 4, 3)}
+
+
+def _graph_us(fn, calls: int = 10) -> float:
+    """Device µs per call of ``fn`` replayed from a CUDA graph (bench_kernels' measurement)."""
+    from bench_kernels import _graph_time  # tools/ is on sys.path when this script runs
+
+    return _graph_time(fn, calls) * 1e6
+
+
+def reference64(streams, fn, base, scale, norm_eps: float, hc_eps: float, iters: int):
+    """core's hc_pre in float64 (core's reference casts to fp32): the yardstick for every candidate's error."""
+    import torch
+
+    t, n, _ = streams.shape
+    x = streams.reshape(t, -1).double()
+    mixes = (x @ fn.double().T) * torch.rsqrt(x.square().mean(-1, keepdim=True) + norm_eps)
+    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.double().split([n, n, n * n])
+    s = scale.double()
+    pre = torch.sigmoid(pre_w * s[0] + pre_b) + hc_eps
+    post = 2 * torch.sigmoid(post_w * s[1] + post_b)
+    comb = torch.softmax(comb_w.view(t, n, n) * s[2] + comb_b.view(n, n), dim=-1) + hc_eps
+    comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+    collapsed = (pre.unsqueeze(-1) * streams.double()).sum(1)
+    return collapsed, post, comb
+
+
+def candidates(default):
+    """(name, tiles or a function tokens -> tiles, token counts it applies to or None for all)."""
+    from deepinfer_cuda.arch import HcPreTier, HcPreTiles, LaunchConfig
+
+    small, big = default.tiers[0], default.tiers[-1]
+
+    def old(tokens: int) -> HcPreTiles:
+        max_t = next(m for m in sorted(OLD_TIERS) if tokens <= m)
+        bt, bk, w, st = OLD_TIERS[max_t]
+        return HcPreTiles(slice=256, block_k=bk, tiers=(HcPreTier(1 << 30, bt, LaunchConfig(w, st)),),
+                          finish=LaunchConfig(num_warps=1), block_d=1024, terms=0)
+
+    def with_small(tier):
+        return dataclasses.replace(default, tiers=(dataclasses.replace(tier, max_tokens=small.max_tokens), big))
+
+    def with_big(tier):
+        return dataclasses.replace(default, tiers=(small, dataclasses.replace(tier, max_tokens=big.max_tokens)))
+
+    decode = (1, 16, 64)
+    yield "default", default, None
+    yield "old ieee fp32 (before)", old, None
+    yield "ieee fp32, new tiles", dataclasses.replace(default, terms=0), None
+    yield "terms=2 (hi+mid only)", dataclasses.replace(default, terms=2), None
+    for bk in (32, 128):
+        yield f"block_k={bk}", dataclasses.replace(default, block_k=bk), None
+    for sl in (128, 512):
+        yield f"slice={sl}", dataclasses.replace(default, slice=sl), None
+    for w, st in ((4, 1), (4, 3)):
+        yield f"tier<=64: 64 tok {w}w {st}st", with_small(HcPreTier(0, 64, LaunchConfig(w, st))), decode
+    yield "tier<=64: 16 tok 1w mma.sync (bits?)", with_small(HcPreTier(0, 16, LaunchConfig(1, 1))), decode
+    for bt, w, st in ((128, 8, 2), (128, 8, 4), (128, 4, 2), (64, 4, 3)):
+        yield f"tier big: {bt} tok {w}w {st}st", with_big(HcPreTier(0, bt, LaunchConfig(w, st))), (1024,)
+    for w, bd in ((2, 1024), (4, 1024), (4, 2048)):
+        yield f"finish {w}w block_d={bd}", dataclasses.replace(default, finish=LaunchConfig(num_warps=w),
+                                                              block_d=bd), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from bench_kernels import copy_bandwidth
+    from deepinfer_cuda.arch import hc_pre_config
+    from deepinfer_cuda.kernel_set.dispatch import cuda_target
+    from deepinfer_cuda.kernels import hc_pre as module
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,16,64,1024")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fn = 0.05 * torch.randn((2 + N) * N, N * DIM, device="cuda", generator=gen)
+    base = 0.5 * torch.randn((2 + N) * N, device="cuda", generator=gen)
+    scale = 1 + 0.1 * torch.randn(3, device="cuda", generator=gen)
+    bandwidth = copy_bandwidth()
+    index, arch = cuda_target(fn)
+    default = hc_pre_config(arch, N, DIM)
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; default {default}")
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        streams = torch.randn(tokens, N, DIM, device="cuda", generator=gen).bfloat16()
+        call = (streams, fn, base, scale, 1e-6, 1e-6, 20)
+        want = reference64(*call)
+        floor_us = (streams.numel() * 2 + tokens * DIM * 2 + fn.numel() * 4) / bandwidth * 1e6
+        print(f"\nT={tokens} x ({N}, {DIM}) bf16: roofline {floor_us:.1f} us")
+        default_out = None
+        for name, tiles, only in candidates(default):
+            if only is not None and tokens not in only:
+                continue
+            try:
+                tiles = tiles(tokens) if callable(tiles) else tiles
+                plan = module.prepare(*call, arch=arch, tiles=tiles)
+                out = [t.clone() for t in plan.run(index)]
+                torch.cuda.synchronize()
+                (mix_kernel, mix_launch), _ = plan.steps
+                us = _graph_us(lambda: plan.run(index))
+                mix_us = _graph_us(lambda: mix_launch.run(mix_kernel, index))
+            except Exception as exc:  # a candidate that does not compile or launch: report it, go on
+                print(f"  {name:40s} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                traceback.print_exc(limit=1, file=sys.stdout)
+                continue
+            errs = [float((o.double() - w).abs().max()) for o, w in zip(out, want)]
+            if default_out is None and name == "default":
+                default_out = out
+            same = default_out is not None and all(torch.equal(a, b) for a, b in zip(out, default_out))
+            print(f"  {name:40s} {us:7.1f} us (mix {mix_us:6.1f}, finish ~{us - mix_us:5.1f})  "
+                  f"{100 * floor_us / us:5.1f}% of roofline  err post {errs[1]:.1e} comb {errs[2]:.1e} "
+                  f"collapsed {errs[0]:.1e}  bits={'same' if same else 'diff'}")
+            rows.append({"tokens": tokens, "candidate": name, "us": us, "mix_us": mix_us, "floor_us": floor_us,
+                         "err_collapsed": errs[0], "err_post": errs[1], "err_comb": errs[2], "bits_same": same,
+                         "tiles": repr(tiles)})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print("\nApply a winner in deepinfer_cuda/arch.py hc_pre_config: terms/block_k/slice/finish/block_d are fields of"
+          " HcPreTiles; a 'tier...' winner replaces that HcPreTier (keep every tier at 4+ warps and a multiple of 64"
+          " tokens unless its line printed bits=same).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    sys.exit(main())
