@@ -96,7 +96,9 @@ def candidates(base):
                # gathered rows on the M side of both products: wgmma (M = 64) instead of mma.sync (M = 32 heads)
                tiles(block_n=64, stages=3, transposed=True), tiles(block_n=64, stages=2, transposed=True),
                tiles(block_h=16, block_n=64, stages=3, transposed=True),
-               tiles(block_n=64, stages=3, split_n=128, transposed=True)]
+               tiles(block_n=64, stages=3, split_n=128, transposed=True),
+               # 128-row chunks: each warpgroup owns 64 rows of the first product (no shared A), one stage (172 KB)
+               tiles(block_n=128, stages=1, split_n=128, transposed=True)]
     seen = {base}
     for option in options:
         if option not in seen:

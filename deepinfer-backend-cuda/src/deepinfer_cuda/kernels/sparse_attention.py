@@ -251,6 +251,8 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     out = torch.empty_like(q)
     tiles = tiles or sparse_attention_config(arch, heads, dim, q.element_size())
+    if tiles.split_n % tiles.block_n:
+        raise ValueError(f"split_n {tiles.split_n} is not a multiple of block_n {tiles.block_n}")
     width = indices.shape[1]
     n_splits = triton.cdiv(width, tiles.split_n)
     head_blocks = triton.cdiv(heads, tiles.block_h)
