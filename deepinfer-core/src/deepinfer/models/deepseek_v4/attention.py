@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from deepinfer.models.deepseek_v4.compressor import Compressor, cat
+from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
@@ -93,45 +93,22 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
                  states: list[DeepseekV4State], pool: StatePool, cache: LayerCache) -> torch.Tensor:
-        """Any chunk lengths: the KV pool of the step is gathered per sequence (window history, new latents,
-        compressed entries), then each SWA ring takes its newest latents."""
+        """Any chunk lengths: the step's attention pool is the sequences' window history and entries gathered
+        from the layer's kv tensor, then the new latents (``layout.plans``: where, shared by every layer of this
+        ratio); then each SWA ring takes its newest latents."""
         q_residual, q, kv, inputs = self._project(x, positions)
-        entry_rows = picks = None
-        if self.compressor is not None:
-            entry_rows = self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, pool.entry_base)
-        if self.indexer is not None:
+        plan = layout.plans[self.ratio]
+        if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
+            self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, pool.entry_base)
+        cols = [plan.window_cols]
+        if self.indexer is not None:  # CSA: the indexer's picks
             picks = self.indexer(inputs, q_residual, positions, layout, states, cache)
-        parts: list[torch.Tensor] = []
-        rows_per_seq: list[torch.Tensor] = []
-        offset, window = 0, torch.arange(1 - self.window, 1, device=x.device)
-        for i, state in enumerate(states):
-            rows, start = layout.rows(i), layout.starts[i]
-            first = max(0, start - self.window)
-            history = cache.kv[state.slot * self.window + torch.arange(first, start, device=x.device) % self.window]
-            key_pos = positions[rows][:, None] + window[None, :]  # [L, window]: the window ending at each query
-            cols = [torch.where(key_pos >= 0, offset + key_pos - first, -1)]
-            seq_parts = [history, kv[rows]]
-            if entry_rows is not None:
-                base = offset + history.shape[0] + kv[rows].shape[0]
-                if picks is not None:
-                    ids = picks[rows]
-                else:  # HCA: every entry whose window is complete at the query
-                    ids = torch.arange(entry_rows[i].shape[0], device=x.device).expand(key_pos.shape[0], -1)
-                    ids = torch.where(ids < ((positions[rows] + 1) // self.ratio)[:, None], ids, -1)
-                cols.append(torch.where(ids >= 0, base + ids, -1))
-                seq_parts.append(cache.kv[pool.entry_base + entry_rows[i]])
-            parts += seq_parts
-            offset += sum(p.shape[0] for p in seq_parts)
-            rows_per_seq.append(torch.cat(cols, dim=1))
-        for i, state in enumerate(states):  # after every gather: the rings now take the newest latents
-            keep = min(layout.lens[i], self.window)
-            end = layout.starts[i] + layout.lens[i]
-            ring_rows = state.slot * self.window + torch.arange(end - keep, end, device=x.device) % self.window
-            cache.kv.index_copy_(0, ring_rows, kv[layout.rows(i)][-keep:])
-        width = max(r.shape[1] for r in rows_per_seq)
-        indices = cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=-1) if r.shape[1] < width else r
-                       for r in rows_per_seq])
-        return self._output(q, torch.cat(parts), indices, positions)
+            cols.append(torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1))
+        elif self.compressor is not None:  # HCA: every entry whose window is complete at the query
+            cols.append(plan.causal_entry_cols)
+        keys = torch.cat([cache.kv[plan.gather_rows], kv])
+        cache.kv.index_copy_(0, plan.ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        return self._output(q, keys, cols[0] if len(cols) == 1 else torch.cat(cols, dim=1), positions)
 
     def decode(self, x: torch.Tensor, step: DecodeStep, plan: DecodePlan, pool: StatePool,
                cache: LayerCache) -> torch.Tensor:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
 
 
 @dataclass(slots=True)
@@ -17,6 +21,8 @@ class RaggedLayout:
     #: Per compression ratio, each sequence's page rows of its entries in order ([seqs, entries] int64 on the
     #: device, relative to page 0; set by the model once per step so no layer copies host data).
     entry_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: Per compression ratio (0: sliding only), where that kind of layer finds its keys (set by the model).
+    plans: dict[int, "PrefillPlan"] = field(default_factory=dict)
 
     @classmethod
     def build(cls, seq_lens: list[int], starts: list[int],

@@ -20,6 +20,7 @@ from deepinfer.models.deepseek_v4.attention import Attention
 from deepinfer.models.deepseek_v4.config import DeepseekV4Config
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.moe import MoE
+from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, entry_rows, padded_pages, pool_bytes_for
 from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
@@ -134,6 +135,9 @@ class DeepseekV4ForCausalLM:
             layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
             layout.entry_rows = self._entry_rows(states, pool, batch.upload)
             positions = batch.positions
+            slots = [s.slot for s in states]
+            layout.plans = {r: PrefillPlan.build(layout, slots, positions, pool.spec.window, r, pool.entry_base,
+                                                 batch.upload) for r in (0, *pool.ratios)}
 
             def attend(attn, x):
                 return attn(x, positions, layout, states, pool, pool.layers[attn.layer])

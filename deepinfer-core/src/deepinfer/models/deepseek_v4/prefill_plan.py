@@ -1,0 +1,75 @@
+"""Where every layer of one kind finds its keys in a ragged (prefill / mixed) step, computed once per step.
+
+A layer's attention pool for the step is ``cat([kv[gather_rows], new latents])``: first each sequence's window
+history (the ring rows before its chunk), then, in compressed layers, each sequence's entries so far, then the
+step's new latents in batch order.  Which rows those are, and which pool rows each query reads, depend only on
+the step's layout and the layer's compression ratio — not on the layer — so all layers of a kind share one plan
+and a layer runs a handful of kernels instead of a Python loop per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.models.deepseek_v4.layout import RaggedLayout
+
+
+@dataclass(slots=True)
+class PrefillPlan:
+    """Index tensors (on the device) every layer of one compression ratio (0: sliding only) shares in a step."""
+
+    gather_rows: torch.Tensor  # [H] rows of a layer's kv tensor that precede the new latents in its pool
+    window_cols: torch.Tensor  # [T, window] pool row of each key of the window ending at the query, -1 before 0
+    entry_offsets: torch.Tensor | None  # [T] pool row of entry 0 of the query's sequence (compressed layers)
+    causal_entry_cols: torch.Tensor | None  # [T, E] pool rows of the entries complete at the query, else -1
+    ring_rows: torch.Tensor  # [R] ring rows that take the step's newest latents (after every gather)
+    ring_src: torch.Tensor  # [R] rows of the step's new latents that go there
+
+    @classmethod
+    def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
+              entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor]) -> "PrefillPlan":
+        """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
+        page 0 in every layer's kv tensor.  The host work is a few vectorised CPU ops and one upload."""
+        starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
+        offsets, slot = torch.tensor(layout.offsets), torch.tensor(slots)
+        seqs = len(layout.lens)
+        held = starts.clamp(max=window)  # history rows before each chunk
+        hist = slot.repeat_interleave(held) * window + _ranges(starts - held, held) % window
+        keep = lens.clamp(max=window)  # the newest latents each ring takes
+        ring_rows = slot.repeat_interleave(keep) * window + _ranges(starts + lens - keep, keep) % window
+        ring_src = _ranges(offsets + lens - keep, keep)
+        counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
+        entries = layout.entry_rows.get(ratio)
+        entry_idx = _ranges(torch.arange(seqs) * entries.shape[1], counts) if ratio else counts[:0]
+        hist_off = torch.cumsum(held, 0) - held
+        new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
+        # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
+        # new_base + offset + kp - start; a sequence's entry j at entry_off + j
+        per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
+                               held.sum() + torch.cumsum(counts, 0) - counts], dim=1)
+        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src]
+        flat = upload(torch.cat(parts))
+        per_row = flat[: 4 * seqs].view(seqs, 4)[layout.seq_ids]  # [T, 4]
+        _, gather_rows, entry_idx, ring_rows, ring_src = flat.split([p.numel() for p in parts])
+        if ratio:
+            gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
+
+        key_pos = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)[None, :]
+        start, to_hist, to_new = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
+        window_cols = torch.where(key_pos < start, to_hist + key_pos, to_new + key_pos)
+        window_cols = torch.where(key_pos >= 0, window_cols, -1)
+        entry_offsets = causal = None
+        if ratio:
+            entry_offsets = per_row[:, 3]
+            ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
+            causal = torch.where(ids < ((positions + 1) // ratio)[:, None], entry_offsets[:, None] + ids, -1)
+        return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src)
+
+
+def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(f, f + c) for f, c in zip(first, count)])`` on the CPU without a Python loop."""
+    total = int(count.sum())
+    return torch.arange(total) + (first - (torch.cumsum(count, 0) - count)).repeat_interleave(count, output_size=total)

@@ -1,0 +1,63 @@
+"""The prefill plan's index tensors point every query at the right keys: window history from the rings, new
+latents of the step, and each sequence's compressed entries, for fresh, continued and short chunks."""
+
+import torch
+
+from deepinfer.models.deepseek_v4.layout import RaggedLayout
+from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
+
+WINDOW, RATIO, PAGE = 8, 4, 4
+STARTS, LENS, SLOTS = [0, 5, 30, 13], [7, 11, 2, 1], [1, 2, 3, 4]
+BASE = 5 * WINDOW  # entry page 0's row in the kv tensor: after the rings of 5 slots
+
+
+def _tag(seq: int, pos: int) -> float:
+    return seq * 1000.0 + pos
+
+
+def _setup():
+    layout = RaggedLayout.build(LENS, STARTS, lambda t: t)
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(STARTS, LENS)])
+    pages = [[2 * i + 1, 2 * i + 2, 9 + i] for i in range(len(LENS))]  # 3 pages of 4 entries per sequence
+    table = torch.tensor(pages)
+    layout.entry_rows = {RATIO: (table[:, :, None] * PAGE + torch.arange(PAGE)).flatten(1)}
+    kv = torch.full((BASE + 16 * PAGE, 1), -7.0)
+    for i, (start, slot) in enumerate(zip(STARTS, SLOTS)):  # the rings hold each sequence's last WINDOW latents
+        for p in range(max(0, start - WINDOW), start):
+            kv[slot * WINDOW + p % WINDOW] = _tag(i, p)
+        for e in range((start + LENS[i]) // RATIO):  # entries tagged by id (as the compressor wrote them)
+            kv[BASE + layout.entry_rows[RATIO][i, e]] = _tag(i, 500 + e)
+    new = torch.tensor([_tag(i, p) for i, (s, n) in enumerate(zip(STARTS, LENS)) for p in range(s, s + n)])[:, None]
+    return layout, positions, kv, new
+
+
+def test_window_columns_read_each_querys_window():
+    layout, positions, kv, new = _setup()
+    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
+    keys = torch.cat([kv[plan.gather_rows], new])[:, 0]
+    seq = layout.seq_ids
+    for t in range(positions.shape[0]):
+        for j, col in enumerate(plan.window_cols[t].tolist()):
+            key = int(positions[t]) - WINDOW + 1 + j
+            assert (col == -1) == (key < 0)
+            if key >= 0:
+                assert keys[col] == _tag(int(seq[t]), key), (t, j)
+    assert plan.entry_offsets is None and plan.causal_entry_cols is None
+
+
+def test_entry_columns_and_ring_update():
+    layout, positions, kv, new = _setup()
+    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: t)
+    keys = torch.cat([kv[plan.gather_rows], new])[:, 0]
+    seq = layout.seq_ids
+    for t in range(positions.shape[0]):
+        complete = (int(positions[t]) + 1) // RATIO
+        cols = plan.causal_entry_cols[t].tolist()
+        assert [c for c in cols if c >= 0] == cols[:complete] and all(c == -1 for c in cols[complete:])
+        assert [keys[c].item() for c in cols[:complete]] == [_tag(int(seq[t]), 500 + e) for e in range(complete)]
+        assert keys[int(plan.entry_offsets[t]) + 0].item() == _tag(int(seq[t]), 500) or complete == 0
+    kv.index_copy_(0, plan.ring_rows, new[plan.ring_src])
+    for i, (start, n, slot) in enumerate(zip(STARTS, LENS, SLOTS)):
+        end = start + n
+        for p in range(max(0, end - WINDOW), end):
+            assert kv[slot * WINDOW + p % WINDOW, 0] == _tag(i, p)
