@@ -93,6 +93,7 @@ def candidates(base):
     options = [tiles(skip_empty=not base.skip_empty), tiles(stages=2), tiles(stages=3),
                tiles(block_n=64, stages=2), tiles(block_n=64, stages=3), tiles(block_n=16, stages=3),
                tiles(block_n=16, stages=5), tiles(block_h=16, warps=4), tiles(split_n=128),
+               tiles(split_below=4 * base.split_below),  # split-K up to b132 (the regime never changes a bit)
                # gathered rows on the M side of both products: wgmma (M = 64) instead of mma.sync (M = 32 heads)
                tiles(block_n=64, stages=3, transposed=True), tiles(block_n=64, stages=2, transposed=True),
                tiles(block_h=16, block_n=64, stages=3, transposed=True),
@@ -108,7 +109,8 @@ def candidates(base):
 
 def describe(tiles) -> str:
     return (f"h{tiles.block_h} n{tiles.block_n} split{tiles.split_n} w{tiles.split.num_warps} "
-            f"s{tiles.split.num_stages} skip{int(tiles.skip_empty)}{' T' if tiles.transposed else ''}")
+            f"s{tiles.split.num_stages} skip{int(tiles.skip_empty)}{' T' if tiles.transposed else ''}"
+            f"{f' split_below{tiles.split_below}' if tiles.split_below != 66 else ''}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         for number, tiles in enumerate(candidates(base)):
             if args.only and str(number) not in args.only.split(","):
                 continue
+            programs = q.shape[0] * HEADS // tiles.block_h
+            if tiles.split_below != base.split_below and \
+                    (programs <= tiles.split_below) == (programs <= base.split_below):
+                continue  # the same launch as the default's at this batch
             try:
                 def call(t=tiles):
                     return module.prepare(q, kv, idx, sinks, scale, arch=arch, tiles=t).run(index)
