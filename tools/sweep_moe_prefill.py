@@ -198,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {c.label()}: FAILED {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}")
                 continue
             row = {"tokens": tokens, **asdict(c), "default": idx < 2, "us": us,
-                   "pct_peak": 100 * flops[c.kernel] / PEAK_FLOPS / (us * 1e-6), "pct_floor": 100 * floor[c.kernel] / us,
+                   "pct_peak": 100 * flops[c.kernel] / PEAK_FLOPS / (us * 1e-6),
+                   "pct_floor": 100 * floor[c.kernel] / us,
                    "err": err, "default_err": default_err, "vs_default": vs_default}
             rows.append(row)
             print(f"  {'*' if row['default'] else ' '} {c.label()}: {us:7.1f} us  {row['pct_peak']:5.1f}% of peak  "
                   f"{row['pct_floor']:5.1f}% of floor  err {err:.4f} (default {default_err:.4f})  "
                   f"vs default {vs_default:.4f}", flush=True)
-        del x, ids, w, want, default_out
     _summary(rows)
     print(f"total {time.time() - t0:.0f} s")
     if args.json:
@@ -234,8 +234,9 @@ def _summary(rows: list[dict]) -> None:
         if len(group) != 2:
             continue
         (tu, u), (td, d) = group["up"], group["down"]
-        print(f"  {tu + td:8.1f} us: MoeTiles({block_m}, LaunchConfig(num_warps={u['warps']}, num_stages={u['stages']}), "
-              f"{u['n']}, {u['k']}, LaunchConfig(num_warps={d['warps']}, num_stages={d['stages']}), {d['n']}, {d['k']}, "
+        print(f"  {tu + td:8.1f} us: MoeTiles({block_m}, "
+              f"LaunchConfig(num_warps={u['warps']}, num_stages={u['stages']}), {u['n']}, {u['k']}, "
+              f"LaunchConfig(num_warps={d['warps']}, num_stages={d['stages']}), {d['n']}, {d['k']}, "
               f"cols_inner={cols_inner})  (up {tu:.1f} + down {td:.1f})")
 
 
