@@ -52,18 +52,23 @@ _BASE = {("up", 64): (128, 64, 8, 3), ("down", 64): (256, 64, 8, 3),
 
 
 def candidates() -> list[Candidate]:
-    """The sweep's candidates, most promising first (a time budget cuts from the end)."""
-    up = [(64, 64, 64, 4, 4), (64, 128, 64, 8, 3), (64, 128, 64, 8, 4), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4),
-          (64, 64, 64, 8, 4), (64, 128, 64, 8, 2), (64, 128, 128, 8, 2), (64, 256, 64, 8, 2), (64, 64, 128, 4, 3),
-          (128, 64, 64, 8, 4), (128, 128, 64, 8, 3), (128, 64, 64, 8, 3), (128, 64, 128, 8, 2)]
-    down = [(64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (64, 256, 64, 8, 4), (64, 128, 64, 8, 4), (64, 256, 64, 4, 3),
-            (64, 256, 64, 8, 2), (64, 128, 128, 4, 3), (64, 256, 128, 8, 2), (64, 128, 64, 4, 5),
-            (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 128, 8, 2)]
-    out = [Candidate("up", *c) for c in up] + [Candidate("down", *c) for c in down]
-    for kernel, c in [("up", (64, 128, 64, 8, 3)), ("down", (64, 256, 64, 8, 3)), ("up", (64, 64, 64, 4, 4)),
-                      ("down", (64, 128, 64, 4, 4)), ("up", (128, 128, 64, 8, 3)), ("down", (128, 256, 64, 8, 3))]:
-        out.append(Candidate(kernel, *c, cols_inner=True))
-    return out
+    """The sweep's candidates, most telling first (a time budget cuts from the end): the old 64-row tiles, the
+    default's other program order, 128-row then 64-row variants, the other order for 64 rows."""
+    old = [("up", 64, 64, 64, 4, 4), ("down", 64, 128, 64, 4, 4)]
+    cols_inner = [("up", 128, 128, 64, 8, 3), ("down", 128, 256, 64, 8, 3)]
+    rows128 = [("up", 128, 128, 64, 8, 4), ("up", 128, 64, 64, 8, 3), ("up", 128, 64, 64, 8, 4),
+               ("up", 128, 128, 128, 8, 2), ("up", 128, 64, 128, 8, 2),
+               ("down", 128, 256, 64, 8, 4), ("down", 128, 128, 64, 8, 4), ("down", 128, 128, 64, 8, 3),
+               ("down", 128, 128, 128, 8, 2)]
+    rows64 = [("up", 64, 128, 64, 8, 3), ("up", 64, 128, 64, 8, 4), ("up", 64, 128, 64, 4, 3),
+              ("up", 64, 128, 64, 4, 4), ("up", 64, 128, 64, 8, 2), ("up", 64, 256, 64, 8, 2),
+              ("up", 64, 64, 64, 8, 4),
+              ("down", 64, 256, 64, 8, 3), ("down", 64, 256, 64, 8, 4), ("down", 64, 256, 64, 4, 3),
+              ("down", 64, 256, 64, 8, 2), ("down", 64, 128, 64, 8, 4), ("down", 64, 128, 128, 4, 3)]
+    cols_inner64 = [("up", 64, 128, 64, 8, 3), ("down", 64, 256, 64, 8, 3), ("up", 64, 64, 64, 4, 4),
+                    ("down", 64, 128, 64, 4, 4)]
+    return ([Candidate(*c) for c in old] + [Candidate(*c, cols_inner=True) for c in cols_inner]
+            + [Candidate(*c) for c in rows128 + rows64] + [Candidate(*c, cols_inner=True) for c in cols_inner64])
 
 
 def tiles_of(c: Candidate):
