@@ -113,6 +113,8 @@ class HcPreTiles:
     #: bf16 streams: fn as this many bf16 terms on tensor cores (3: exact products, all of fn's bits); 0: IEEE
     #: fp32 FMAs on CUDA cores (always so for fp32 streams)
     terms: int = 3
+    #: hidden columns a finishing program collapses per loop step (0: its whole block_d at once)
+    step_d: int = 0
 
     def tier(self, tokens: int) -> HcPreTier:
         return next((t for t in self.tiers if tokens <= t.max_tokens), self.tiers[-1])
@@ -128,7 +130,9 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
     so on Hopper every tier's dots are the same wgmma m64nNk16 (a 16-row mma.sync tile could round differently):
     decode takes one 64-token tile (rows past the call masked, so not read), prefill 128-token tiles.  IEEE fp32
     FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
-    warp per program: its slice sums are then shuffles, no barriers.
+    warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns 256 at a time
+    (the whole 4 x 1024 chunk at once took 168 registers a thread, 12 resident warps per SM: prefill 1024 tokens
+    22.7 us against 8 us to read x).
     """
     if arch.triton_arch in (90, 100):
         flat = n * dim
@@ -136,7 +140,7 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
                  HcPreTier(1 << 30, 128, LaunchConfig(num_warps=8, num_stages=3)))
         return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), block_k=64, tiers=tiers,
                           finish=LaunchConfig(num_warps=1),
-                          block_d=min(1024, max(16, 1 << (dim - 1).bit_length())), terms=3)
+                          block_d=min(1024, max(16, 1 << (dim - 1).bit_length())), terms=3, step_d=256)
     raise ValueError(f"no mHC pre configuration for {arch.name}")
 
 

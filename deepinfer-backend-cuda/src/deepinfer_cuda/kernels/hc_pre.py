@@ -233,8 +233,9 @@ def _gates4(mix, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, 
 def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_ptr, collapsed_ptr, post_ptr,
                           comb_ptr, tokens, norm_eps, hc_eps, sinkhorn_iters,
                           N: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_D: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr):
-    """Program (token, c): c < cdiv(D, BLOCK_D) collapses hidden chunk c with pre; the last c writes post, comb."""
+                          BLOCK_D: tl.constexpr, STEP_D: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr):
+    """Program (token, c): c < cdiv(D, BLOCK_D) collapses hidden chunk c with pre (STEP_D columns at a time: fewer
+    registers, more programs resident); the last c writes post, comb."""
     token = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     ss = tl.arange(0, BLOCK_S)
@@ -249,12 +250,13 @@ def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_
                        axis=0)
         pre = tl.sigmoid(pre_w * inv_rms * tl.load(scale_ptr) + tl.load(base_ptr + ks)) + hc_eps
         # Collapse the streams with pre (fp32 products, summed, rounded once to the stream dtype).
-        dcols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-        dok = dcols < D
-        x = tl.load(streams_ptr + token * (N * D) + ks[:, None] * D + dcols[None, :], mask=dok[None, :],
-                    other=0.0).to(tl.float32)
-        out = tl.sum(pre[:, None] * x, axis=0)
-        tl.store(collapsed_ptr + token * D + dcols, out.to(collapsed_ptr.dtype.element_ty), mask=dok)
+        for d0 in tl.static_range(0, BLOCK_D, STEP_D):
+            dcols = chunk * BLOCK_D + d0 + tl.arange(0, STEP_D)
+            dok = dcols < D
+            x = tl.load(streams_ptr + token * (N * D) + ks[:, None] * D + dcols[None, :], mask=dok[None, :],
+                        other=0.0).to(tl.float32)
+            out = tl.sum(pre[:, None] * x, axis=0)
+            tl.store(collapsed_ptr + token * D + dcols, out.to(collapsed_ptr.dtype.element_ty), mask=dok)
     elif N == 4:
         _gates4(mix_ws_ptr + slot * MIX_W, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps,
                 sinkhorn_iters, N)
@@ -289,7 +291,8 @@ def _plan(tiles: HcPreTiles, n: int, dim: int, tier: HcPreTier,
     mix = {"N": n, "K": n * dim, "SLICE": tiles.slice, "BLOCK_T": tier.block_t,
            "BLOCK_K": min(tiles.block_k, tiles.slice), **widths, "TERMS": tiles.terms if bf16 else 0,
            "INTERPRETED": False}
-    finish = {"N": n, "D": dim, "S": slices, "BLOCK_S": _pow2(slices), "BLOCK_D": tiles.block_d, **widths}
+    finish = {"N": n, "D": dim, "S": slices, "BLOCK_S": _pow2(slices), "BLOCK_D": tiles.block_d,
+              "STEP_D": min(tiles.step_d or tiles.block_d, tiles.block_d), **widths}
     return mix, finish
 
 
