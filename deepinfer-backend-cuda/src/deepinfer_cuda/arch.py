@@ -132,15 +132,18 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
     FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
     warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns 256 at a time
     (the whole 4 x 1024 chunk at once took 168 registers a thread, 12 resident warps per SM: prefill 1024 tokens
-    22.7 us against 8 us to read x).
+    22.7 us against 8 us to read x).  H200 sweep (2026-11-29, ``tools/sweep_hc_pre.py``, same bits for all): the
+    prefill tier at 4 warps / 2 stages 54 us a 1024-token call (8 warps / 3 stages 63.5), the finish over the whole
+    chunk at once (step_d 0) 57 vs 63.5 us there and 12.3 vs 11.8 us at one token; slices of 128 columns would
+    save 2 us a decode call but cost 9 us a prefill call.
     """
     if arch.triton_arch in (90, 100):
         flat = n * dim
         tiers = (HcPreTier(64, 64, LaunchConfig(num_warps=4, num_stages=2)),
-                 HcPreTier(1 << 30, 128, LaunchConfig(num_warps=8, num_stages=3)))
+                 HcPreTier(1 << 30, 128, LaunchConfig(num_warps=4, num_stages=2)))
         return HcPreTiles(slice=min(256, max(16, 1 << (flat - 1).bit_length())), block_k=64, tiers=tiers,
                           finish=LaunchConfig(num_warps=1),
-                          block_d=min(1024, max(16, 1 << (dim - 1).bit_length())), terms=3, step_d=256)
+                          block_d=min(1024, max(16, 1 << (dim - 1).bit_length())), terms=3, step_d=0)
     raise ValueError(f"no mHC pre configuration for {arch.name}")
 
 
@@ -197,7 +200,8 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
     wgmma = LaunchConfig(num_warps=8, num_stages=3 if wide == 1 else 2)
-    return MoeTiles(128, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter))
+    return MoeTiles(128, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter),
+                    cols_inner=True)
 
 
 def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
@@ -261,7 +265,9 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     loads run two chunks ahead and the gather one (with 2, each chunk waited on its own index load first).
     ``skip_empty``: each program walks only the chunks from its first to its last valid index (a 1024-token CSA
     prefill row of 640 columns has ~250 valid ones on average, -1 at both ends).  ``tools/sweep_sparse_attention.py``
-    times the alternatives.
+    times the alternatives; on the H200 (2026-11-29) 64-row chunks with 2 stages were the fastest plain form in
+    every case (a 1024-token prefill: sliding 252 us, HCA 334, CSA 540, against 294 / 353 / 619 with 32-row chunks
+    and 3 stages; decode b1 14.5 us, b64 66 us); 128-row transposed chunks were close (CSA 481, b64 56, b1 17).
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no sparse attention configuration for {arch.name}")
@@ -269,8 +275,8 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     wide = element_bytes > 2 or dim > 512
     sms = 132 if arch.triton_arch == 90 else 148  # H100 / H200 SXM; B200
     return SparseAttentionTiles(
-        split=LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 3),
-        block_h=block_h, block_n=16 if wide else 32, split_n=64,
+        split=LaunchConfig(num_warps=8 if block_h * dim >= 8192 else 4, num_stages=1 if wide else 2),
+        block_h=block_h, block_n=16 if wide else 64, split_n=64,
         combine=LaunchConfig(num_warps=max(1, min(4, dim // 128)), num_stages=2), split_below=sms // 2)
 
 
