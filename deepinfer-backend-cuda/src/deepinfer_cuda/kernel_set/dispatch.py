@@ -8,12 +8,11 @@ it runs the JIT, which compiles the very same variant.  Which path a variant tak
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
 from dataclasses import dataclass
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +112,8 @@ class Launch:
     result: Any
 
     def run(self, kernel: "TritonKernel", device_index: int) -> Any:
-        if all(g > 0 for g in self.grid):
-            with on_device(device_index):
-                kernel(self.grid, num_warps=self.config.num_warps, num_stages=self.config.num_stages, **self.args)
+        if 0 not in self.grid:
+            kernel.launch(self.grid, self.config, self.args, device_index)
         return self.result
 
 
@@ -145,17 +143,23 @@ def cuda_target(t: Any) -> tuple[int, CudaArch]:
     return index, arch
 
 
-@contextlib.contextmanager
-def on_device(device_index: int) -> Iterator[None]:
-    """Make ``device_index`` current for a launch; free when it already is (the common case)."""
+_UNRESOLVED = object()
+
+
+def _value_spec(v: Any) -> Any:
+    """What of a runtime argument Triton's specialization can depend on (tensor: dtype and 16-byte alignment;
+    int: 1, divisibility by 16, width), as a hashable value."""
     import torch
 
-    if torch.cuda.current_device() == device_index:
-        yield
-    else:
-        with torch.cuda.device(device_index):
-            yield
-_UNRESOLVED = object()
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.data_ptr() & 15 == 0
+    if isinstance(v, bool):
+        return bool
+    if isinstance(v, int):
+        return v == 1, v & 15 == 0, -(2**31) <= v < 2**31, v >= 2**63
+    if isinstance(v, float):
+        return float
+    return v
 
 
 def _current_stream(device_index: int) -> int:
@@ -189,6 +193,8 @@ class TritonKernel:
         self.jit_fn = jit_fn
         self.aot_variants = aot_variants
         self.params: list[ParamInfo] = params_of(jit_fn)
+        self._names = [p.name for p in self.params]
+        self._constexpr = [p.is_constexpr for p in self.params]
         #: Launches per path since the last reset: {"cubin": n, "jit": n}.
         self.launch_counts: dict[str, int] = {"cubin": 0, "jit": 0}
         self._resolved: dict[tuple[Any, ...], CubinFunction | None] = {}
@@ -202,7 +208,17 @@ class TritonKernel:
     def __call__(self, grid: tuple[int, ...], *, num_warps: int, num_stages: int, **args: Any) -> None:
         import torch
 
-        device_index = torch.cuda.current_device()
+        self.launch(grid, LaunchConfig(num_warps=num_warps, num_stages=num_stages), args, torch.cuda.current_device())
+
+    def launch(self, grid: tuple[int, ...], config: LaunchConfig, args: dict[str, Any], device_index: int) -> None:
+        """Launch on ``device_index`` (made current if it is not): the per-launch path, kept short because a
+        prefill makes ~200 of these from Python (one device query, one spec tuple, one dict lookup)."""
+        import torch
+
+        if torch.cuda.current_device() != device_index:
+            with torch.cuda.device(device_index):
+                return self.launch(grid, config, args, device_index)
+        num_warps, num_stages = config.num_warps, config.num_stages
         slot = (self._fast_spec(args), num_warps, num_stages, device_index)
         fn = self._resolved.get(slot, _UNRESOLVED)
         if fn is _UNRESOLVED:
@@ -219,24 +235,8 @@ class TritonKernel:
 
     def _fast_spec(self, args: dict[str, Any]) -> tuple[Any, ...]:
         """A hashable summary at least as fine as Triton's specialization, cheap enough for every launch."""
-        import torch
-
-        parts: list[Any] = []
-        for p in self.params:
-            v = args[p.name]
-            if p.is_constexpr:
-                parts.append(v)
-            elif isinstance(v, torch.Tensor):
-                parts.append((v.dtype, v.data_ptr() & 15 == 0))
-            elif isinstance(v, bool):
-                parts.append(bool)
-            elif isinstance(v, int):
-                parts.append((v == 1, v & 15 == 0, -(2**31) <= v < 2**31, v >= 2**63))
-            elif isinstance(v, float):
-                parts.append(float)
-            else:
-                parts.append(v)
-        return tuple(parts)
+        return tuple(v if constexpr else _value_spec(v) for v, constexpr in zip(map(args.__getitem__, self._names),
+                                                                                 self._constexpr))
 
     def _resolve(self, key: str, arch: CudaArch | None, device_index: int) -> CubinFunction | None:
         ks = active_kernel_set()
