@@ -13,6 +13,7 @@ compiled ahead of time.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -132,13 +133,16 @@ def test_runtime_keys_of_model_shape_calls_have_an_aot_variant():
     def fake(*shape):  # the weights' shape without their memory (prepare reads no weights; meta data_ptr is 0)
         return torch.empty(shape, dtype=torch.bfloat16, device="meta")
 
-    for hidden, inter, experts in [(4096, 2048, 64), (4096, 2048, 256), (5120, 2304, 384)]:
+    cases = [(4096, 2048, 64), (4096, 2048, 256), (5120, 2304, 384)]
+    # top-6 of E routed experts, and top-7 of E + 1 (the V4 model's shared expert as one more slot per token)
+    for (hidden, inter, routed), shared in itertools.product(cases, (0, 1)):
+        experts, top_k = routed + shared, 6 + shared
         w13, w2 = fake(experts, 2 * inter, hidden), fake(experts, hidden, inter)
-        for tokens in (1, 4, 8, 16, 64, 170, 1024):
+        for tokens in (1, 4, 8, 16, 64, 146, 170, 1024):
             x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
-            ids = torch.randint(0, experts, (tokens, 6))
-            plan = moe_experts.prepare(x, ids, torch.rand(tokens, 6), w13, w2, 10.0, arch=SM90A)
-            assert len(plan.steps) == (4 if tokens * 6 <= 1024 else 6)  # the plan: one program, or three chunked
+            ids = torch.randint(0, experts, (tokens, top_k))
+            plan = moe_experts.prepare(x, ids, torch.rand(tokens, top_k), w13, w2, 10.0, arch=SM90A)
+            assert len(plan.steps) == (4 if tokens * top_k <= 1024 else 6)  # the plan: one program, or three chunked
             for kernel, launch in plan.steps:
                 sig, const = signature_of(kernel.params, launch.args)
                 key = variant_key(kernel.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)

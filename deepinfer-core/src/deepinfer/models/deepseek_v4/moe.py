@@ -23,10 +23,21 @@ class MoE:
         self.gate = get(p + "gate.weight")
         self.tid2eid = get(p + "gate.tid2eid") if self.is_hash else None
         self.bias = None if self.is_hash else get(p + "gate.bias")
-        experts = range(cfg.n_routed_experts)
-        self.w13 = torch.stack([self._w13(get, f"{p}experts.{e}.") for e in experts])  # [E, 2I, H]
-        self.w2 = torch.stack([get(f"{p}experts.{e}.w2.weight") for e in experts])  # [E, H, I]
-        self.shared_w13, self.shared_w2 = self._w13(get, p + "shared_experts."), get(p + "shared_experts.w2.weight")
+        experts = [f"{p}experts.{e}." for e in range(cfg.n_routed_experts)]
+        shared = p + "shared_experts."
+        w13 = [self._w13(get, e) for e in experts]
+        w2 = [get(e + "w2.weight") for e in experts]
+        shared_w13, shared_w2 = self._w13(get, shared), get(shared + "w2.weight")
+        #: The shared expert has the routed experts' shape in V4, so it runs as one more expert (id E, weight 1)
+        #: of the same grouped GEMMs: same arithmetic and order (added after the routed experts, as
+        #: ``routed + shared`` would), without a separate MLP's launches.
+        self.shared_id = len(experts) if shared_w13.shape == w13[0].shape and shared_w2.shape == w2[0].shape else None
+        if self.shared_id is not None:
+            w13.append(shared_w13)
+            w2.append(shared_w2)
+        self.w13 = torch.stack(w13)  # [E (+1), 2I, H]
+        self.w2 = torch.stack(w2)  # [E (+1), H, I]
+        self.shared_w13, self.shared_w2 = (None, None) if self.shared_id is not None else (shared_w13, shared_w2)
 
     @staticmethod
     def _w13(get: Callable[[str], torch.Tensor], p: str) -> torch.Tensor:
@@ -41,5 +52,9 @@ class MoE:
             weights, ids = ops.moe_router(
                 x, self.gate, self.bias, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func
             )
-        routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, cfg.swiglu_limit)
-        return routed + ops.swiglu_mlp(x, self.shared_w13, self.shared_w2, cfg.swiglu_limit)
+        if self.shared_id is None:
+            routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, cfg.swiglu_limit)
+            return routed + ops.swiglu_mlp(x, self.shared_w13, self.shared_w2, cfg.swiglu_limit)
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], 1), self.shared_id)], dim=1)
+        weights = torch.cat([weights, weights.new_ones((weights.shape[0], 1))], dim=1)
+        return ops.moe_experts(x, ids, weights, self.w13, self.w2, cfg.swiglu_limit)
