@@ -512,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     report(rows, counts, bw, peak, variants)
     for batch, ms in engine_rows.items():
         print(f"engine decode b{batch} (LLM.generate, ms per step): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
+    if variants or args.engine:
+        from deepinfer_cuda.kernel_set.dispatch import _KERNELS
+
+        jit = {k.name: k.launch_counts["jit"] for k in _KERNELS if k.launch_counts["jit"]}
+        print(f"kernel launches through Triton JIT (no cubin in the kernel set): {jit or 'none'}")
     if profile_text:
         print("\nprofiles (nvidia ops):\n" + profile_text)
     if args.json:
