@@ -44,15 +44,17 @@ def _constexprs(dim: int, cfg: LaunchConfig, has_weight: bool) -> dict[str, obje
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
-    """Contiguous rows (16-byte aligned pointers and strides), weight in the input's dtype or none."""
+    """Contiguous rows (16-byte aligned pointers and strides); weight in the input's dtype, in fp32 (V4 keeps its
+    norm weights in fp32 while activations are bf16) or none."""
     variants = []
     for dim in AOT_DIMS:
         cfg = rms_norm_config(arch, dim)
         for dtype in AOT_DTYPES:
-            for has_weight in (True, False):
+            for weight in sorted({dtype, "fp32", None}, key=str):
+                has_weight = weight is not None
                 sig = {"x_ptr": f"*{dtype}:D"}
                 if has_weight:
-                    sig["w_ptr"] = f"*{dtype}:D"
+                    sig["w_ptr"] = f"*{weight}:D"
                 sig.update({"y_ptr": f"*{dtype}:D", "x_row_stride": "i32:D", "y_row_stride": "i32:D",
                             "n_rows": "i32", "eps": "fp32"})
                 const = _constexprs(dim, cfg, has_weight)
