@@ -119,3 +119,21 @@ def test_every_slot_and_page_comes_back_and_the_null_ones_are_never_handed_out(c
     assert sorted(pool._free_slots) == list(range(1, pool.slots))  # every slot back, slot 0 never handed out
     for r, free in pool._free_pages.items():
         assert sorted(free) == list(range(1, pool.pages[r]))
+
+
+def test_static_inputs_are_16_byte_aligned(checkpoint):
+    """Batch bucket 1 packs one token id before the positions: every input must still start 16-byte aligned,
+    since kernels are compiled ahead of time for aligned pointers (a misaligned one falls back to the JIT)."""
+    from deepinfer import SamplingParams
+
+    llm = LLM(str(checkpoint), dtype="float32")
+    model, offsets = llm.engine.model, []
+    decode_forward = model.decode_forward
+
+    def spy(tensors):
+        offsets.extend(t.data_ptr() % 16 for t in tensors.values())
+        return decode_forward(tensors)
+
+    model.decode_forward = spy
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(offsets) >= 4 and set(offsets) == {0}, offsets

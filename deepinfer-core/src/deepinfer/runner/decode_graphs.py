@@ -22,6 +22,9 @@ from deepinfer.models.base import CausalLM, GraphDecodable, SequenceState
 
 logger = logging.getLogger(__name__)
 
+#: int64 elements per 16 bytes: each static input starts at a multiple of this in the packed buffer.
+_ALIGN = 2
+
 
 def _bucket(n: int, smallest: int = 1) -> int:
     size = smallest
@@ -38,6 +41,7 @@ class _Graph:
     staging: tuple[torch.Tensor, torch.Tensor]
     input_ids: torch.Tensor  # the view of ``flat`` holding the step's token ids
     shapes: list[tuple[str, tuple[int, ...]]]
+    pads: list[torch.Tensor]  # zeros after each input in ``flat`` (host side), so every input starts aligned
     replay: Callable[[], object]
     outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
     turn: int = 0
@@ -80,7 +84,7 @@ class DecodeGraphs:
             graph = self._graphs[rows, tokens] = self._capture_graph(host)
         staging = graph.staging[graph.turn]
         graph.turn ^= 1
-        torch.cat([t.flatten() for t in host.values()], out=staging)
+        torch.cat([piece for t, pad in zip(host.values(), graph.pads) for piece in (t.flatten(), pad)], out=staging)
         graph.flat.copy_(staging, non_blocking=True)
         if feed is not None:
             graph.input_ids[feed[0]] = feed[1][feed[2]]
@@ -89,12 +93,15 @@ class DecodeGraphs:
 
     def _capture_graph(self, host: dict[str, torch.Tensor]) -> _Graph:
         shapes = [(name, tuple(t.shape)) for name, t in host.items()]
-        flat = torch.zeros(sum(t.numel() for t in host.values()), dtype=torch.int64, device=self.device)
+        # Every input starts at an even int64 offset, 16-byte aligned like the buffer itself: kernels are compiled
+        # ahead of time for 16-byte aligned pointers, so a misaligned view would run through the JIT instead.
+        sizes = [int(torch.Size(shape).numel()) for _, shape in shapes]
+        pads = [torch.zeros(-n % _ALIGN, dtype=torch.int64) for n in sizes]
+        flat = torch.zeros(sum(sizes) + sum(p.numel() for p in pads), dtype=torch.int64, device=self.device)
         static, offset = {}, 0
-        for name, shape in shapes:
-            n = int(torch.Size(shape).numel())
+        for (name, shape), n, pad in zip(shapes, sizes, pads):
             static[name] = flat[offset : offset + n].view(shape)
-            offset += n
+            offset += n + pad.numel()
         out: list[torch.Tensor] = []
 
         def step() -> None:
@@ -110,7 +117,7 @@ class DecodeGraphs:
                 logger.warning("capturing a decode step failed (%s); decode steps run eagerly from now on",
                                self.eager_reason)
                 replay = step
-        return _Graph(flat, staging, static["input_ids"], shapes, replay, out)
+        return _Graph(flat, staging, static["input_ids"], shapes, pads, replay, out)
 
     def close(self) -> None:
         self._graphs.clear()
