@@ -32,7 +32,7 @@ class Compressor:
         rope_scaling: float,
     ):
         self.ops = ops
-        self.position_bias, self.norm_weight = position_bias, norm_weight
+        self.position_bias, self.norm_weight = position_bias.float(), norm_weight  # fp32 bias: fp32 scores
         self.ratio, self.overlap, self.eps = ratio, overlap, eps
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
         self.width = position_bias.shape[-1]  # kv / gate projection width (2 x dim with overlap)
@@ -49,13 +49,14 @@ class Compressor:
         """Pooling slots (kv, fp32 score) of windows ``[n, r, 2 * width]`` (kv | gate).  With overlap (CSA),
         ``previous`` [n, r, 2 * dim] (kv | gate of series a of each window's predecessor) fills the first r
         slots and series b the last r; where ``has_previous`` [n] is false there is no predecessor (score
-        ``-inf``: weight 0)."""
+        ``-inf``: weight 0; None: every window has one)."""
         w, d = self.width, self.dim
-        kv, score = window[..., :w], window[..., w:].float() + self.position_bias
+        kv, score = window[..., :w], window[..., w:] + self.position_bias  # fp32 (the bias is): exact promotion
         if not self.overlap:
             return kv, score
-        prev_score = previous[..., d:].float() + self.position_bias[:, :d]
-        prev_score = torch.where(has_previous[:, None, None], prev_score, float("-inf"))
+        prev_score = previous[..., d:] + self.position_bias[:, :d]
+        if has_previous is not None:
+            prev_score = torch.where(has_previous[:, None, None], prev_score, float("-inf"))
         return torch.cat([previous[..., :d], kv[..., d:]], dim=1), torch.cat([prev_score, score[..., d:]], dim=1)
 
     # --- any chunk lengths (prefill, mixed steps) ---------------------------------------------------
@@ -72,14 +73,15 @@ class Compressor:
         if n == 0:
             return None
         windows = proj[: n * r].view(n, r, -1)
-        previous = has_previous = None
+        previous = None
         if self.overlap:  # series a (kv | gate) of each window's predecessor
             series_a = torch.cat([windows[..., :d], windows[..., w : w + d]], dim=-1)
             previous = torch.cat([cache.overlap[slot][None], series_a[:-1]])
-            first = start // r  # the sequence's first window (index 0) has none; no host scalar written to the
-            has_previous = torch.arange(first, first + n, device=proj.device) >= 1  # device: that would sync
             cache.overlap[slot] = series_a[-1]
-        return self._slots(windows, previous, has_previous)
+        kv, score = self._slots(windows, previous, None)
+        if self.overlap and start < r:  # the sequence's first window has no predecessor: its r slots weigh 0
+            score[0, :r].fill_(float("-inf"))  # fill_ takes the scalar as a kernel argument: no host copy
+        return kv, score
 
     def __call__(self, proj: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State],
                  cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
@@ -96,7 +98,8 @@ class Compressor:
                 first, n = start // self.ratio, windows[0].shape[0]
                 slot_kv.append(windows[0])
                 slot_score.append(windows[1])
-                positions.append(torch.arange(first, first + n, device=proj.device) * self.ratio)
+                positions.append(torch.arange(first * self.ratio, (first + n) * self.ratio, self.ratio,
+                                              device=proj.device))
                 rows.append(seq_rows[first : first + n])
         if slot_kv:
             entries = self._entries(cat(slot_kv), cat(slot_score), cat(positions))
