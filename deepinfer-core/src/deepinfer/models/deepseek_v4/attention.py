@@ -101,8 +101,10 @@ class Attention:
         if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
             self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, pool.entry_base)
         cols = [plan.window_cols]
-        if self.indexer is not None:  # CSA: the indexer's picks
+        picks = None
+        if self.indexer is not None:  # CSA: the indexer's picks (None: every causal entry, as HCA)
             picks = self.indexer(inputs, q_residual, positions, layout, states, cache)
+        if picks is not None:
             cols.append(torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1))
         elif self.compressor is not None:  # HCA: every entry whose window is complete at the query
             cols.append(plan.causal_entry_cols)
@@ -121,8 +123,10 @@ class Attention:
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
             self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv, pool.entry_base)
-            if self.indexer is not None:  # CSA: the indexer's top-k
+            ids = None
+            if self.indexer is not None:  # CSA: the indexer's top-k (None: every causal entry, as HCA)
                 ids = self.indexer.decode(inputs, q_residual, step, plan, cache)
+            if ids is not None:
                 cols.append(torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1))
             else:  # HCA: every entry whose window is complete at the query
                 cols.append(ratio.causal_entry_cols)

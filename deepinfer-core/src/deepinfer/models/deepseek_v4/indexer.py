@@ -50,27 +50,28 @@ class Indexer:
         return torch.where((limits <= self.topk)[:, None], causal_ids(limits, self.topk), ids)
 
     def __call__(self, inputs, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
-                 states: list[DeepseekV4State], cache: LayerCache) -> torch.Tensor:
-        """Picked entry ids [T, min(entries, index_topk)] per query (``-1`` where fewer entries are causal);
-        ``inputs``: the token's projections for the indexer's compressor and head weights.  While no sequence
-        has more than ``index_topk`` entries, every causal entry is picked without scoring."""
+                 states: list[DeepseekV4State], cache: LayerCache) -> torch.Tensor | None:
+        """Picked entry ids [T, index_topk] per query (``-1`` where fewer entries are causal); ``inputs``: the
+        token's projections for the indexer's compressor and head weights.  None while no sequence has more
+        than ``index_topk`` entries: then every causal entry is picked, without scoring (as HCA attends)."""
         rows = self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, 0)
         longest = max(r.shape[0] for r in rows)
         if longest <= self.topk:
-            return causal_ids(self._limits(positions), max(longest, 1))
+            return None
         padded = cache.index_keys.new_zeros(len(rows), longest, self.head_dim)
         for i, r in enumerate(rows):
             padded[i, : r.shape[0]] = cache.index_keys[r]
         return self._topk(inputs.indexer_weights, q_residual, positions, padded, layout.seq_ids)
 
     def decode(self, inputs, q_residual: torch.Tensor, step: DecodeStep, plan: DecodePlan,
-               cache: LayerCache) -> torch.Tensor:
+               cache: LayerCache) -> torch.Tensor | None:
         """:meth:`__call__` for one token per sequence, with fixed shapes: every sequence's keys are read
-        through its whole page table (entries past its count are masked by the causal limit)."""
+        through its whole page table (entries past its count are masked by the causal limit).  None while the
+        length bucket holds no more entries than are picked."""
         ratio = plan.ratios[self.compressor.ratio]
         self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys, 0)
-        if ratio.entry_rows.shape[1] <= self.topk:  # the length bucket holds no more entries than are picked
-            return causal_ids(self._limits(step.positions), ratio.entry_rows.shape[1])
+        if ratio.entry_rows.shape[1] <= self.topk:
+            return None
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
         return self._topk(inputs.indexer_weights, q_residual, step.positions, keys, plan.seq_ids)
 
