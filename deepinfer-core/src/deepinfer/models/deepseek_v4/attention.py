@@ -122,7 +122,8 @@ class Attention:
         cols = [plan.window_cols]
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
-            self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv, pool.entry_base)
+            self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv,
+                                   ratio.entry_write_kv)
             ids = None
             if self.indexer is not None:  # CSA: the indexer's top-k (None: every causal entry, as HCA)
                 ids = self.indexer.decode(inputs, q_residual, step, plan, cache)

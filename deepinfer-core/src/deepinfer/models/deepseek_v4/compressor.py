@@ -108,9 +108,10 @@ class Compressor:
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
     def decode(self, proj: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,
-               out: torch.Tensor, base: int) -> None:
+               out: torch.Tensor, out_rows: torch.Tensor) -> None:
         """Append each sequence's token to its slot's window; every row pools its window, and rows whose
-        window closes write the entry to its page row (the others to page 0, which nothing reads)."""
+        window closes write the entry to its row of ``out`` (``out_rows``: the plan's ``entry_write`` or
+        ``entry_write_kv``; the others write to page 0, which nothing reads)."""
         d, w = self.dim, self.width
         cache.pending.view(-1, 2 * w).index_copy_(0, plan.pending_rows, proj)
         window = cache.pending[slots]  # [B, r, 2 * width]
@@ -120,7 +121,7 @@ class Compressor:
             series_a = torch.cat([window[..., :d], window[..., w : w + d]], dim=-1)
             cache.overlap.index_copy_(0, slots, torch.where(plan.closing[:, None, None], series_a, previous))
         kv, score = self._slots(window, previous, plan.has_previous)
-        out.index_copy_(0, base + plan.entry_write, self._entries(kv, score, plan.entry_positions))
+        out.index_copy_(0, out_rows, self._entries(kv, score, plan.entry_positions))
 
 
 def cat(parts: list[torch.Tensor]) -> torch.Tensor:

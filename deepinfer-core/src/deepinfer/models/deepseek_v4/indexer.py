@@ -69,7 +69,8 @@ class Indexer:
         through its whole page table (entries past its count are masked by the causal limit).  None while the
         length bucket holds no more entries than are picked."""
         ratio = plan.ratios[self.compressor.ratio]
-        self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys, 0)
+        self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys,
+                               ratio.entry_write)
         if ratio.entry_rows.shape[1] <= self.topk:
             return None
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]

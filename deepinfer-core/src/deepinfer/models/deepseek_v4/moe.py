@@ -35,6 +35,9 @@ class MoE:
         if self.shared_id is not None:
             w13.append(shared_w13)
             w2.append(shared_w2)
+            # the shared expert's id and weight for every token: one column each, broadcast by cat
+            self.shared_slot = (torch.full((1, 1), self.shared_id, dtype=torch.int64, device=shared_w2.device),
+                                torch.ones((1, 1), dtype=torch.float32, device=shared_w2.device))
         self.w13 = torch.stack(w13)  # [E (+1), 2I, H]
         self.w2 = torch.stack(w2)  # [E (+1), H, I]
         self.shared_w13, self.shared_w2 = (None, None) if self.shared_id is not None else (shared_w13, shared_w2)
@@ -55,6 +58,7 @@ class MoE:
         if self.shared_id is None:
             routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, cfg.swiglu_limit)
             return routed + ops.swiglu_mlp(x, self.shared_w13, self.shared_w2, cfg.swiglu_limit)
-        ids = torch.cat([ids, ids.new_full((ids.shape[0], 1), self.shared_id)], dim=1)
-        weights = torch.cat([weights, weights.new_ones((weights.shape[0], 1))], dim=1)
+        shared_id, shared_weight = self.shared_slot
+        ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
+        weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)
         return ops.moe_experts(x, ids, weights, self.w13, self.w2, cfg.swiglu_limit)

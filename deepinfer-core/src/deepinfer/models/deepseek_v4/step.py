@@ -39,6 +39,7 @@ class RatioPlan:
     has_previous: torch.Tensor  # [B] bool: a window closed before this one (CSA overlap is valid)
     entry_positions: torch.Tensor  # [B] first position of the window (the entry's RoPE position)
     entry_write: torch.Tensor  # [B] page row (relative to page 0) the entry goes to; 0 (null page) if not closing
+    entry_write_kv: torch.Tensor  # entry_write as a row of the layer's KV pool (after the rings)
     entry_rows: torch.Tensor  # [B, pages * page_size] page row of every entry id the page table covers
     entry_cols: torch.Tensor  # [B, pages * page_size] the same as rows of the layer's KV pool
     causal_entry_cols: torch.Tensor  # entry_cols, -1 for entries not complete at the token (HCA attends to all)
@@ -68,7 +69,7 @@ class DecodePlan:
             rows = entry_rows(table, page_size)
             cols = entry_base + rows
             complete = torch.arange(rows.shape[1], device=pos.device)[None, :] < ((pos + 1) // r)[:, None]
-            ratios[r] = RatioPlan(slots * r + pos % r, closing, pos >= r, entry * r, write, rows, cols,
-                                  torch.where(complete, cols, -1))
+            ratios[r] = RatioPlan(slots * r + pos % r, closing, pos >= r, entry * r, write, entry_base + write,
+                                  rows, cols, torch.where(complete, cols, -1))
         seq_ids = torch.arange(pos.shape[0], device=pos.device)
         return cls(slots * window + pos % window, window_cols, seq_ids, ratios)
