@@ -130,9 +130,8 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
     so on Hopper every tier's dots are the same wgmma m64nNk16 (a 16-row mma.sync tile could round differently):
     decode takes one 64-token tile (rows past the call masked, so not read), prefill 128-token tiles.  IEEE fp32
     FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
-    warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns 256 at a time
-    (the whole 4 x 1024 chunk at once took 168 registers a thread, 12 resident warps per SM: prefill 1024 tokens
-    22.7 us against 8 us to read x).  H200 sweep (2026-11-29, ``tools/sweep_hc_pre.py``, same bits for all): the
+    warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns at once
+    (``step_d`` 256 would hold 60 registers a thread instead of 168, but was slower).  H200 sweep (2026-11-29, ``tools/sweep_hc_pre.py``, same bits for all): the
     prefill tier at 4 warps / 2 stages 54 us a 1024-token call (8 warps / 3 stages 63.5), the finish over the whole
     chunk at once (step_d 0) 57 vs 63.5 us there and 12.3 vs 11.8 us at one token; slices of 128 columns would
     save 2 us a decode call but cost 9 us a prefill call.
@@ -261,8 +260,7 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     chunks): a V4 CSA decode row (128 window + 512 top-k) is 10 splits, so decode b1 runs 20 programs instead of 2.
     When queries x head blocks already fill half the SMs (decode >= b33 at 64 heads, prefill) one program walks all
     of its query's splits and merges them in registers instead: the same code and the same merge order, so the
-    result is bitwise the same either way, and the choice is free to depend on the batch.  3 stages: the index
-    loads run two chunks ahead and the gather one (with 2, each chunk waited on its own index load first).
+    result is bitwise the same either way, and the choice is free to depend on the batch.
     ``skip_empty``: each program walks only the chunks from its first to its last valid index (a 1024-token CSA
     prefill row of 640 columns has ~250 valid ones on average, -1 at both ends).  ``tools/sweep_sparse_attention.py``
     times the alternatives; on the H200 (2026-11-29) 64-row chunks with 2 stages were the fastest plain form in
