@@ -409,22 +409,19 @@ def sync_trace(model) -> str:
     seen: list[str] = []
 
     def record(message, *_args, **_kwargs):
+        if "synchronizing" not in str(message):  # e.g. the debug mode's own "prototype feature" notice
+            return
         frames = [f for f in traceback.extract_stack()[:-1] if "deepinfer" in f.filename or "bench_v4" in f.filename]
         seen.append(f"{message}\n" + "".join(traceback.format_list(frames[-4:])))
 
-    previous = warnings.showwarning
-    warnings.showwarning = record
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                _di_prefill_once(model, ids, pos)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        warnings.showwarning = previous
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _di_prefill_once(model, ids, pos)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     return f"host syncs in one prefill of {PREFILL} tokens: {len(seen)}\n" + "\n".join(seen)
 
 
