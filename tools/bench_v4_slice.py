@@ -281,18 +281,15 @@ def _di_decode_step(model, states, graphs):
 def _host_costs(model, graphs, states) -> dict[str, float]:
     """Host seconds of a replayed decode step's parts (medians of 5): building the inputs, the upload, and the
     graph launch call (which returns before the device finishes)."""
-    import torch
-
     parts = {"inputs": [], "upload": [], "launch": []}
     for _ in range(5):
         _sync()
         rows, tokens = graphs.buckets(states)
         t0 = time.perf_counter()
         host = model.decode_inputs(states, [0] * len(states), rows, tokens)
-        graph = graphs._graphs[rows, tokens]
-        torch.cat([t.flatten() for t in host.values()], out=graph.staging[0])
         t1 = time.perf_counter()
-        graph.flat.copy_(graph.staging[0], non_blocking=True)
+        graph = graphs._graphs[rows, tokens]
+        graph.stage(host)  # pack into pinned staging + queue the copy
         t2 = time.perf_counter()
         graph.replay()
         t3 = time.perf_counter()

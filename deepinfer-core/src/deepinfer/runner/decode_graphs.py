@@ -46,6 +46,14 @@ class _Graph:
     outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
     turn: int = 0
 
+    def stage(self, host: dict[str, torch.Tensor]) -> None:
+        """Pack ``host`` (the step's inputs, in capture order) into the next staging buffer and queue its copy
+        into ``flat``."""
+        staging = self.staging[self.turn]
+        self.turn ^= 1
+        torch.cat([piece for t, pad in zip(host.values(), self.pads) for piece in (t.flatten(), pad)], out=staging)
+        self.flat.copy_(staging, non_blocking=True)
+
 
 class DecodeGraphs:
     """Captures and replays decode steps of ``model`` on ``backend``'s device."""
@@ -82,10 +90,7 @@ class DecodeGraphs:
         graph = self._graphs.get((rows, tokens))
         if graph is None:
             graph = self._graphs[rows, tokens] = self._capture_graph(host)
-        staging = graph.staging[graph.turn]
-        graph.turn ^= 1
-        torch.cat([piece for t, pad in zip(host.values(), graph.pads) for piece in (t.flatten(), pad)], out=staging)
-        graph.flat.copy_(staging, non_blocking=True)
+        graph.stage(host)
         if feed is not None:
             graph.input_ids[feed[0]] = feed[1][feed[2]]
         graph.replay()
