@@ -311,3 +311,16 @@ def sample_tokens_config(arch: CudaArch) -> tuple[LaunchConfig, int]:
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no sample_tokens configuration for {arch.name}")
     return LaunchConfig(num_warps=8), 4096
+
+
+def moe_router_config(arch: CudaArch, experts: int) -> LaunchConfig:
+    """MoE routing after the router GEMM, one program per ``block_rows`` tokens x all experts (the row in registers).
+
+    ~2048 logits a program at 4 warps (16 a thread): 32 tokens at 64 experts, 8 at 256, 4 at 384 (padded to 512).
+    The tile depends on the expert count only, never on the batch, so a row's bits do not either.  A decode step's
+    one token leaves most rows of its program masked; the cost is k rounds of row reductions either way.
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no MoE router configuration for {arch.name}")
+    block_e = max(16, 1 << (max(experts, 1) - 1).bit_length())
+    return LaunchConfig(num_warps=4, block_rows=max(1, 2048 // block_e))

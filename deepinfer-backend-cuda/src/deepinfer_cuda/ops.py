@@ -14,6 +14,8 @@ from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.moe_experts import moe_experts
+from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
+from deepinfer_cuda.kernels.moe_router import moe_router
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rope import rope
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
@@ -25,6 +27,8 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "hc_pre": hc_pre,
     "hc_post": hc_post,
     "moe_experts": moe_experts,
+    "moe_router": moe_router,
+    "moe_hash_router": moe_hash_router,
     "sparse_attention": sparse_attention,
     "indexer_topk": indexer_topk,
     "compress_pool": compress_pool,
