@@ -11,7 +11,7 @@ from deepinfer.ops import OpTable, op_defs
 from deepinfer.testing import check_op
 
 V4_OPS = ["linear", "grouped_linear", "embedding", "rope", "hc_pre", "hc_post", "hc_head", "compress_pool",
-          "indexer_topk", "sparse_attention", "moe_router", "moe_hash_router", "swiglu_mlp", "moe_experts",
+          "compress_entries", "indexer_topk", "sparse_attention", "moe_router", "moe_hash_router", "swiglu_mlp", "moe_experts",
           "dequant_fp8_block", "dequant_mxfp4"]
 OPS = OpTable()
 
@@ -80,6 +80,31 @@ def test_compress_pool_ignores_empty_slots():
     score[0, :2] = float("-inf")
     out = OPS.compress_pool(kv, score)
     torch.testing.assert_close(out[0], (torch.softmax(score[0, 2:], 0) * kv[0, 2:]).sum(0))
+
+
+def test_compress_entries_pool_the_overlap_window_then_norm_and_rotate():
+    """CSA: an entry pools the predecessor's series a and the window's series b; without a predecessor only b
+    (whatever ``previous`` holds); then RMSNorm and RoPE at the entry's position."""
+    gen = torch.Generator().manual_seed(3)
+    n, r, dim = 3, 2, 8
+    window, previous = torch.randn(n, r, 4 * dim, generator=gen), torch.randn(n, r, 2 * dim, generator=gen)
+    bias, weight = torch.randn(r, 2 * dim, generator=gen), 1 + 0.1 * torch.randn(dim, generator=gen)
+    positions, inv_freq = torch.tensor([0, 2, 4]), torch.tensor([1.0, 0.1])
+    has_previous = torch.tensor([False, True, True])
+    out = OPS.compress_entries(window, previous, has_previous, bias, weight, 1e-6, positions, inv_freq, 1.0)
+    for i in range(n):
+        kv_b, score_b = window[i, :, dim : 2 * dim], window[i, :, 3 * dim :] + bias[:, dim:]
+        kv, score = kv_b, score_b
+        if has_previous[i]:
+            kv = torch.cat([previous[i, :, :dim], kv_b])
+            score = torch.cat([previous[i, :, dim:] + bias[:, :dim], score_b])
+        pooled = (torch.softmax(score, 0) * kv).sum(0)
+        normed = pooled * torch.rsqrt(pooled.pow(2).mean() + 1e-6) * weight
+        expected = OPS.rope(normed[None], positions[i : i + 1], inv_freq)[0]
+        torch.testing.assert_close(out[i], expected, atol=1e-5, rtol=1e-5)
+    other = OPS.compress_entries(window, torch.randn(n, r, 2 * dim, generator=gen), has_previous, bias, weight,
+                                 1e-6, positions, inv_freq, 1.0)
+    assert torch.equal(other[0], out[0]) and not torch.equal(other[1], out[1])
 
 
 def test_moe_experts_sum_routed_clamped_swiglu():

@@ -38,31 +38,19 @@ class Compressor:
         self.width = position_bias.shape[-1]  # kv / gate projection width (2 x dim with overlap)
         self.dim = self.width // 2 if overlap else self.width
 
-    def _entries(self, slot_kv: torch.Tensor, slot_score: torch.Tensor, first_pos: torch.Tensor) -> torch.Tensor:
-        """Pool windows ``[n, S, dim]`` into entries, RMS-normalised and rotated at each window's first position."""
-        pooled = self.ops.compress_pool(slot_kv, slot_score)
-        entries = self.ops.rms_norm(pooled, self.norm_weight, self.eps)
-        return self.ops.rope(entries, first_pos, self.inv_freq, self.rope_scaling)
-
-    def _slots(self, window: torch.Tensor, previous: torch.Tensor | None,
-               has_previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pooling slots (kv, fp32 score) of windows ``[n, r, 2 * width]`` (kv | gate).  With overlap (CSA),
-        ``previous`` [n, r, 2 * dim] (kv | gate of series a of each window's predecessor) fills the first r
-        slots and series b the last r; where ``has_previous`` [n] is false there is no predecessor (score
-        ``-inf``: weight 0; None: every window has one)."""
-        w, d = self.width, self.dim
-        kv, score = window[..., :w], window[..., w:] + self.position_bias  # fp32 (the bias is): exact promotion
-        if not self.overlap:
-            return kv, score
-        prev_score = previous[..., d:] + self.position_bias[:, :d]
-        if has_previous is not None:
-            prev_score = torch.where(has_previous[:, None, None], prev_score, float("-inf"))
-        return torch.cat([previous[..., :d], kv[..., d:]], dim=1), torch.cat([prev_score, score[..., d:]], dim=1)
+    def _entries(self, window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
+                 positions: torch.Tensor) -> torch.Tensor:
+        """Entries ``[n, dim]`` of windows ``[n, r, 2 * width]`` (kv | gate), rotated at ``positions``; with
+        overlap ``previous`` [n, r, 2 * dim] holds series a (kv | gate) of each window's predecessor, missing
+        where ``has_previous`` [n] is false (None: nowhere)."""
+        return self.ops.compress_entries(window, previous, has_previous, self.position_bias, self.norm_weight,
+                                         self.eps, positions, self.inv_freq, self.rope_scaling)
 
     # --- any chunk lengths (prefill, mixed steps) ---------------------------------------------------
     def _windows(self, proj: torch.Tensor, cache: CompressorCache, slot: int, start: int):
-        """Slots ``[n, S, dim]`` (kv, fp32 score) of the windows a chunk starting at ``start`` closes; updates
-        the slot's carry-over.  ``proj`` [L, 2 * width]: the chunk's kv | gate projections."""
+        """The windows ``[n, r, 2 * width]`` a chunk starting at ``start`` closes and, with overlap, their
+        predecessors' series a ``[n, r, 2 * dim]`` (else None); updates the slot's carry-over.  ``proj``
+        [L, 2 * width]: the chunk's kv | gate projections."""
         r, d, w = self.ratio, self.dim, self.width
         held = start % r  # tokens of the unfinished window already in the slot
         if held:
@@ -78,31 +66,33 @@ class Compressor:
             series_a = torch.cat([windows[..., :d], windows[..., w : w + d]], dim=-1)
             previous = torch.cat([cache.overlap[slot][None], series_a[:-1]])
             cache.overlap[slot] = series_a[-1]
-        kv, score = self._slots(windows, previous, None)
-        if self.overlap and start < r:  # the sequence's first window has no predecessor: its r slots weigh 0
-            score[0, :r].fill_(float("-inf"))  # fill_ takes the scalar as a kernel argument: no host copy
-        return kv, score
+        return windows, previous
 
     def __call__(self, proj: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State],
                  cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
         """Feed the new tokens' projections ``proj`` [T, 2 * width] (kv | gate); entries of closed windows go to
         ``out`` rows ``base +`` page rows.  Returns every sequence's page rows (relative to ``base``) of all its
         entries so far."""
-        slot_kv, slot_score, positions, rows, all_rows = [], [], [], [], []
+        windows, previous, positions, rows, all_rows = [], [], [], [], []
+        first_window = False  # some sequence closes its first window, which has no predecessor
         for i, state in enumerate(states):
             start, end = layout.starts[i], layout.starts[i] + layout.lens[i]
             seq_rows = layout.entry_rows[self.ratio][i]
             all_rows.append(seq_rows[: end // self.ratio])
-            windows = self._windows(proj[layout.rows(i)], cache, state.slot, start)
-            if windows is not None:
-                first, n = start // self.ratio, windows[0].shape[0]
-                slot_kv.append(windows[0])
-                slot_score.append(windows[1])
+            closed = self._windows(proj[layout.rows(i)], cache, state.slot, start)
+            if closed is not None:
+                first, n = start // self.ratio, closed[0].shape[0]
+                windows.append(closed[0])
+                previous.append(closed[1])
                 positions.append(torch.arange(first * self.ratio, (first + n) * self.ratio, self.ratio,
                                               device=proj.device))
                 rows.append(seq_rows[first : first + n])
-        if slot_kv:
-            entries = self._entries(cat(slot_kv), cat(slot_score), cat(positions))
+                first_window |= first == 0
+        if windows:
+            positions = cat(positions)
+            # window w has a predecessor iff w > 0, i.e. its position is at least r: a compare on the device
+            has_previous = positions >= self.ratio if self.overlap and first_window else None
+            entries = self._entries(cat(windows), cat(previous) if self.overlap else None, has_previous, positions)
             out.index_copy_(0, base + cat(rows), entries)
         return all_rows
 
@@ -115,13 +105,12 @@ class Compressor:
         d, w = self.dim, self.width
         cache.pending.view(-1, 2 * w).index_copy_(0, plan.pending_rows, proj)
         window = cache.pending[slots]  # [B, r, 2 * width]
-        previous = None
+        previous = has_previous = None
         if self.overlap:
-            previous = cache.overlap[slots]  # [B, r, 2 * dim]
+            previous, has_previous = cache.overlap[slots], plan.has_previous  # [B, r, 2 * dim], [B]
             series_a = torch.cat([window[..., :d], window[..., w : w + d]], dim=-1)
             cache.overlap.index_copy_(0, slots, torch.where(plan.closing[:, None, None], series_a, previous))
-        kv, score = self._slots(window, previous, plan.has_previous)
-        out.index_copy_(0, out_rows, self._entries(kv, score, plan.entry_positions))
+        out.index_copy_(0, out_rows, self._entries(window, previous, has_previous, plan.entry_positions))
 
 
 def cat(parts: list[torch.Tensor]) -> torch.Tensor:
