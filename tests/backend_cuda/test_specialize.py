@@ -49,3 +49,27 @@ def test_signature_of_splits_constexprs_and_folds_like_triton():
     assert const == {"w": None, "one": 1, "BLOCK": 64}
     sig, _ = signature_of(params, {"x": x[1:], "w": x, "n": 5, "stride": 50, "one": 2, "BLOCK": 64})
     assert sig == {"x": "*bf16", "w": "*bf16:D", "n": "i32", "stride": "i32", "one": "i32"}
+
+
+def test_launch_spec_separates_every_specialization():
+    """The per-launch cache key (``TritonKernel._fast_spec``) must split argument sets wherever Triton's
+    specialization (the cubin's signature and constexprs) differs, or a launch would reuse another variant's cubin."""
+    from deepinfer_cuda.kernels.rms_norm import KERNEL
+
+    base = torch.zeros(64, dtype=torch.bfloat16)
+    values = {
+        "ptr": [base, base[1:], base.float(), torch.nn.Parameter(base.float(), requires_grad=False)],
+        "int": [1, 16, 17, 2**31, -(2**31) - 1, 2**63, True, None],
+        "eps": [1e-6, 0.5],
+    }
+    seen: dict[tuple, tuple] = {}
+    for x in values["ptr"]:
+        for w in values["ptr"] + [None]:
+            for n_rows in values["int"]:
+                for stride in (16, 8):
+                    args = dict(x_ptr=x, w_ptr=w, y_ptr=base, x_row_stride=stride, y_row_stride=16, n_rows=n_rows,
+                                eps=values["eps"][stride == 8], N=16, BLOCK_N=16, BLOCK_ROWS=4, HAS_WEIGHT=w is not None)
+                    sig, const = signature_of(KERNEL.params, args)
+                    full = (tuple(sorted(sig.items())), tuple(sorted((k, repr(v)) for k, v in const.items())))
+                    assert seen.setdefault(KERNEL._fast_spec(args), full) == full, args
+    assert len(seen) > 20

@@ -109,5 +109,7 @@ class CubinFunction:
             for slot, name in zip(self._storage, self._names):
                 value = args[name]
                 slot.value = value.data_ptr() if isinstance(value, torch.Tensor) else value
-            _check(_DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
-                                          self._params_addr, 0), "cuLaunchKernel")
+            result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
+                                            self._params_addr, 0)
+        if result[0] != _SUCCESS:
+            _check(result, "cuLaunchKernel")

@@ -144,6 +144,7 @@ def cuda_target(t: Any) -> tuple[int, CudaArch]:
 
 
 _UNRESOLVED = object()
+_Tensor: Any = None  # torch.Tensor, bound on first import of torch by TritonKernel
 
 
 def _value_spec(v: Any) -> Any:
@@ -152,7 +153,7 @@ def _value_spec(v: Any) -> Any:
     import torch
 
     if isinstance(v, torch.Tensor):
-        return v.dtype, v.data_ptr() & 15 == 0
+        return v.dtype, not v.data_ptr() & 15
     if isinstance(v, bool):
         return bool
     if isinstance(v, int):
@@ -192,9 +193,12 @@ class TritonKernel:
         self.name = name
         self.jit_fn = jit_fn
         self.aot_variants = aot_variants
+        global _Tensor
+        import torch
+
+        _Tensor = torch.Tensor
         self.params: list[ParamInfo] = params_of(jit_fn)
-        self._names = [p.name for p in self.params]
-        self._constexpr = [p.is_constexpr for p in self.params]
+        self._pairs = [(p.name, p.is_constexpr) for p in self.params]
         #: Launches per path since the last reset: {"cubin": n, "jit": n}.
         self.launch_counts: dict[str, int] = {"cubin": 0, "jit": 0}
         self._resolved: dict[tuple[Any, ...], CubinFunction | None] = {}
@@ -234,9 +238,21 @@ class TritonKernel:
             self.launch_counts["jit"] += 1
 
     def _fast_spec(self, args: dict[str, Any]) -> tuple[Any, ...]:
-        """A hashable summary at least as fine as Triton's specialization, cheap enough for every launch."""
-        return tuple(v if constexpr else _value_spec(v) for v, constexpr in zip(map(args.__getitem__, self._names),
-                                                                                 self._constexpr))
+        """A hashable summary at least as fine as Triton's specialization (:func:`_value_spec` per argument),
+        cheap enough for every launch: plain tensors and ints, nearly every argument, are summarised inline."""
+        spec = []
+        append = spec.append
+        for name, constexpr in self._pairs:
+            v = args[name]
+            if constexpr:
+                append(v)
+            elif type(v) is _Tensor:
+                append((v.dtype, not v.data_ptr() & 15))
+            elif type(v) is int:
+                append((v == 1, not v & 15, -(2**31) <= v < 2**31, v >= 2**63))
+            else:
+                append(_value_spec(v))
+        return tuple(spec)
 
     def _resolve(self, key: str, arch: CudaArch | None, device_index: int) -> CubinFunction | None:
         ks = active_kernel_set()
