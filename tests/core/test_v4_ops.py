@@ -11,8 +11,8 @@ from deepinfer.ops import OpTable, op_defs
 from deepinfer.testing import check_op
 
 V4_OPS = ["linear", "grouped_linear", "embedding", "rope", "hc_pre", "hc_post", "hc_head", "compress_pool",
-          "compress_entries", "indexer_topk", "sparse_attention", "moe_router", "moe_hash_router", "swiglu_mlp", "moe_experts",
-          "dequant_fp8_block", "dequant_mxfp4"]
+          "compress_entries", "indexer_topk", "sparse_attention", "moe_router", "moe_hash_router", "swiglu_mlp",
+          "moe_experts", "dequant_fp8_block", "dequant_mxfp4"]
 OPS = OpTable()
 
 

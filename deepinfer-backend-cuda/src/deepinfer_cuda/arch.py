@@ -302,6 +302,23 @@ def compress_pool_config(arch: CudaArch, slots: int, dim: int) -> tuple[LaunchCo
     return LaunchConfig(num_warps=4), block_c
 
 
+def compress_entries_config(arch: CudaArch, slots: int, dim: int) -> tuple[LaunchConfig, int]:
+    """The compressor's whole entry, one program per window: returns (config, block_c).
+
+    The program pools ``[slots, block_c]`` tiles of the window (scores fp32 and kv) in turn, then norms and rotates
+    the whole row.  CSA's 8 slots x 512 channels (and the indexer's 8 x 128) fit one tile of 4K elements, so the
+    pooled row stays in registers; HCA's 128 slots go 64 channels a tile (8K elements, 8 warps, 8 tiles per row)
+    through the output row, which the program then reads back.
+    """
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no compress_entries configuration for {arch.name}")
+    block_s = max(2, 1 << (max(slots, 1) - 1).bit_length())
+    block_d = max(16, 1 << (max(dim, 1) - 1).bit_length())
+    if block_s * block_d <= 4096:
+        return LaunchConfig(num_warps=4), block_d
+    return LaunchConfig(num_warps=8), max(16, min(block_d, 8192 // block_s))
+
+
 def sample_tokens_config(arch: CudaArch) -> tuple[LaunchConfig, int]:
     """Token sampling, one program per (row, chunk of the vocabulary): returns (config, block_v).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from deepinfer_cuda.kernels.compress_entries import compress_entries
 from deepinfer_cuda.kernels.compress_pool import compress_pool
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
@@ -32,5 +33,6 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "sparse_attention": sparse_attention,
     "indexer_topk": indexer_topk,
     "compress_pool": compress_pool,
+    "compress_entries": compress_entries,
     "sample_tokens": sample_tokens,
 }
