@@ -124,7 +124,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_gpu_kernels.py checks the compiled kernel")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="a GPU is present: test_gpu_kernels.py checks the compiled kernel")
 def test_moe_router_kernel_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)

@@ -2,23 +2,26 @@
 
 Overrides core's ``moe_hash_router(x, weight, ids, routed_scaling_factor, score_func)`` (deepinfer/ops/moe.py):
 V4's first layers take their k experts from a frozen token-id table; only the weights come from the router's
-scores.  The logits GEMM stays cuBLAS; scores, the gather at ``ids`` and the renormalisation are one launch of
-:data:`KERNEL` (``HASH`` constexpr), the same arithmetic as the learned router's weights.
+scores.  The logits GEMM stays cuBLAS; scores, the gather at ``ids`` and the renormalisation are one launch of the
+router's ``@triton.jit`` function with ``HASH`` set (the same arithmetic as the learned router's weights), as this
+op's own :data:`KERNEL` with the hash variants.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 
 from deepinfer_cuda.arch import CudaArch
-from deepinfer_cuda.kernel_set.dispatch import Launch, cuda_target
-from deepinfer_cuda.kernels.moe_router import KERNEL, plan_routes
-
-__all__ = ["KERNEL", "moe_hash_router", "prepare"]
+from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernels.moe_router import moe_router_kernel, aot_variants, plan_routes
 
 #: As ``moe_router.INTERPRETED`` (libdevice swapped for ``tl`` functions under Triton's CPU interpreter), for this op.
 INTERPRETED = False
+
+KERNEL = TritonKernel("moe_hash_router", moe_router_kernel, functools.partial(aot_variants, hash_ids=True))
 
 
 def prepare(x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, routed_scaling_factor: float, score_func: str,

@@ -15,7 +15,8 @@ One program holds ``BLOCK_T`` token rows x all ``E`` logits in registers:
   id with one reduction; each round also reads the chosen expert's unbiased score (an exact one-hot sum);
 - weights = score / (sum of the k scores, added in pick order, + 1e-20) * routed_scaling_factor.
 
-The hash router (``moe_hash_router.py``) runs the same kernel with ``HASH``: the k experts are read, not chosen.
+The hash router (``moe_hash_router.py``) runs the same kernel with ``HASH``: the k experts are read, not chosen
+(its own ``TritonKernel`` and AOT variants, named after its op, on the same ``@triton.jit`` function).
 Every reduction runs along one token's row (max and one-hot sums are exact, so only softmax's sum has an order),
 and the tile depends only on E, so a row's bits never depend on the rest of the batch.
 """
@@ -75,7 +76,7 @@ def _scores(logits, valid, SCORE: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _moe_router_kernel(logits_ptr, bias_ptr, ids_ptr, weights_ptr, n_rows, scale,
+def moe_router_kernel(logits_ptr, bias_ptr, ids_ptr, weights_ptr, n_rows, scale,
                        E: tl.constexpr, BLOCK_E: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                        BLOCK_T: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
                        INTERPRETED: tl.constexpr):
@@ -127,16 +128,16 @@ def _constexprs(experts: int, top_k: int, cfg: LaunchConfig, score_func: str, ha
             "SCORE": SCORE_CODES[score_func], "HAS_BIAS": has_bias, "HASH": hash_ids, "INTERPRETED": interpreted}
 
 
-def _aot_variants(arch: CudaArch) -> list[Variant]:
-    """Contiguous logits (bf16 from the bf16 model, fp32 in tests), fp32 bias or none, int64 ids, fp32 weights;
-    every score function, learned (``HASH`` False) and hash routing, at V4's expert counts and top-k."""
+def aot_variants(arch: CudaArch, hash_ids: bool) -> list[Variant]:
+    """Contiguous logits (bf16 from the bf16 model, fp32 in tests), int64 ids, fp32 weights at V4's expert counts and
+    top-k, every score function; learned routing with an fp32 correction bias or none, hash routing without."""
     variants = []
     for experts in AOT_EXPERTS:
         cfg = moe_router_config(arch, experts)
         for top_k in AOT_TOP_K:
             for dtype in AOT_DTYPES:
                 for score_func in SCORE_CODES:
-                    for hash_ids, has_bias in ((False, True), (False, False), (True, False)):
+                    for has_bias in ((False,) if hash_ids else (True, False)):
                         sig = {"logits_ptr": f"*{dtype}:D"}
                         if has_bias:
                             sig["bias_ptr"] = "*fp32:D"
@@ -148,7 +149,7 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
     return variants
 
 
-KERNEL = TritonKernel("moe_router", _moe_router_kernel, _aot_variants)
+KERNEL = TritonKernel("moe_router", moe_router_kernel, functools.partial(aot_variants, hash_ids=False))
 
 
 @functools.cache
