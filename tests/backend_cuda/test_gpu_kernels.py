@@ -45,8 +45,8 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import (compress_pool, hc_post, hc_pre, indexer_topk, rms_norm, rope, sample_tokens,
-                                        sparse_attention)
+    from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, rms_norm, rope,
+                                        sample_tokens, sparse_attention)
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -91,6 +91,16 @@ def _model_shape_cases():
             score = randn(windows, slots, dim, dtype=torch.float32)
             score[0, : slots // 2] = float("-inf")  # CSA's first window: no previous series
             yield compress_pool, (randn(windows, slots, dim, dtype=dtype), score)
+    for dtype in (torch.bfloat16, torch.float32):  # compressor entries: CSA / indexer (overlap) and HCA, rope dim 64
+        for windows, ratio, dim, overlap in [(1, 4, 512, True), (300, 4, 512, True), (64, 4, 128, True),
+                                             (17, 128, 512, False)]:
+            width = 2 * dim if overlap else dim
+            previous = randn(windows, ratio, 2 * dim, dtype=dtype) if overlap else None
+            has_previous = torch.arange(windows, device="cuda") % 5 != 0 if overlap and windows > 1 else None
+            positions = ratio * torch.randint(0, 1 << 18, (windows,), device="cuda", generator=gen)
+            yield compress_entries, (randn(windows, ratio, 2 * width, dtype=dtype), previous, has_previous,
+                                     randn(ratio, width, dtype=torch.float32),
+                                     1 + 0.1 * randn(dim, dtype=torch.float32), 1e-6, positions, inv_freq, 1.0)
     for rows in (1, 64):  # V4's vocabulary: 32 chunks per row, the last partial; greedy and seeded rows
         greedy = torch.arange(rows, device="cuda") % 4 == 3
         seeds = torch.randint(-2**62, 2**62, (rows,), device="cuda", generator=gen)
