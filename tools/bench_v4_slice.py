@@ -17,7 +17,9 @@ MoE expert kernel: core's per-expert loop), ``reference`` (core's plain-PyTorch 
 are replayed from CUDA graphs captured per batch size (``runner/decode_graphs.py``, as the engine does), or run
 eagerly for a variant named with ``-eager`` (``nvidia-eager``).  A step is the
 model forward plus the logits of each sequence's last row, as for HF; hash-routing tables are randomised (HF's
-init leaves them zero, which sends every token of the first layers to expert 0).  ``--profile DIR`` also writes a
+init leaves them zero, which sends every token of the first layers to expert 0).  The prefill is also captured in
+a CUDA graph once, as a measurement only (the engine runs prefill steps eagerly): its replay is the prefill's
+device time without the host's launches in the way.  ``--profile DIR`` also writes a
 torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops), by CUDA and by CPU time.
 
     python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
@@ -278,6 +280,32 @@ def _di_decode_step(model, states, graphs):
     return graphs.run(states, ids)
 
 
+def _prefill_graph(model, ids, pos):
+    """The prefill step captured in a CUDA graph (a measurement, not an engine path: its plan and uploads are
+    frozen at capture): replaying it times the prefill's device work without the host's launches in the way."""
+    import torch
+
+    state = model.new_state()
+
+    def step():
+        state.num_tokens = 0  # the same chunk at position 0 again: same pages, same plan
+        _di_step(model, ids, pos, [len(ids)], [state])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    except Exception as exc:  # noqa: BLE001 - report, keep the eager numbers
+        print(f"prefill graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return None
+    return graph.replay
+
+
 def _host_costs(model, graphs, states) -> dict[str, float]:
     """Host seconds of a replayed decode step's parts (medians of 5): building the inputs, the upload, and the
     graph launch call (which returns before the device finishes)."""
@@ -315,6 +343,9 @@ def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, floa
             pos = torch.arange(PREFILL, device=DEVICE)
             out[f"prefill 1x{PREFILL}"] = _time(lambda: _di_prefill_once(model, ids, pos), 3)
             out[f"prefill 1x{PREFILL} host"] = {"queued": _queue_time(lambda: _di_prefill_once(model, ids, pos), 3)}
+            replay = _prefill_graph(model, ids, pos) if use_graphs else None
+            if replay is not None:
+                out[f"prefill 1x{PREFILL} replay"] = _time(replay, 3)
         for case in cases:
             if not case.startswith("decode"):
                 continue
@@ -550,6 +581,9 @@ def report(rows, counts: ParamCounts, bw: float, peak: float, variants: list[str
         replays = [f"{v}: {r[f'di_{v}_replay_s'] * 1e3:.2f} ms" for v in variants if f"di_{v}_replay_s" in r]
         if replays:
             print(f"{'':22} graph replay alone (device time of the step): " + ", ".join(replays))
+            if r["case"].startswith("prefill"):
+                print(f"{'':22} MFU of the replay: " + ", ".join(
+                    f"{v}: {r['flops'] / r[f'di_{v}_replay_s'] / peak:.1%}" for v in variants if f"di_{v}_replay_s" in r))
         for v in variants:
             if f"di_{v}_host_s" in r:
                 host = r[f"di_{v}_host_s"]
