@@ -162,3 +162,75 @@ def test_v4_router_calls_find_their_cubins(tokens, experts, dtype):
 def test_unknown_score_function_is_refused():
     with pytest.raises(ValueError, match="scoring function"):
         moe_router.prepare(torch.randn(2, 8), torch.randn(4, 8), None, 2, 1.0, "relu", arch=SM90A)
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                   reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host")
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("experts", [64, 256, 384])
+def test_gpu_routers_agree_with_torch_without_syncs_and_replay_from_a_graph(experts):
+    """On the device: the reference's torch ops pick the same experts (the bias breaks bf16's ties), no host sync (so
+    decode graphs can hold the op), and a captured call replays to the eager result.  Small integers in x and
+    multiples of 1/512 in w make the logits exact whatever GEMM algorithm runs (eager or captured)."""
+    from deepinfer.ops import moe as reference
+    from deepinfer_cuda.plugin import CudaBackend
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def tokens():
+        return torch.randint(-2, 3, (300, 4096), device="cuda", generator=gen).bfloat16()
+
+    x = tokens()
+    w = (torch.randint(-2, 3, (experts, 4096), device="cuda", generator=gen) / 512).bfloat16()
+    bias = 0.1 * torch.randn(experts, device="cuda", generator=gen)
+    ids = torch.randint(0, experts, (300, 6), device="cuda", generator=gen)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = moe_router.moe_router(x, w, bias, 6, 1.5, "sqrtsoftplus")
+        got_hash = moe_hash_router.moe_hash_router(x, w, ids, 1.5, "sqrtsoftplus")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    expected = tuple(t.cpu() for t in reference.moe_router(x, w, bias, 6, 1.5, "sqrtsoftplus"))
+    reference._compare_routes(got, expected, None, torch.float32)  # the same logits: weights fp32 ulps apart
+    torch.testing.assert_close(got_hash, reference.moe_hash_router(x, w, ids, 1.5, "sqrtsoftplus"),
+                               atol=1e-5, rtol=1e-5)  # the same logits: only fp32 ulps apart
+    weights, chosen = torch.empty_like(got[0]), torch.empty_like(got[1])
+
+    def step():
+        new_weights, new_ids = moe_router.moe_router(x, w, bias, 6, 1.5, "sqrtsoftplus")
+        weights.copy_(new_weights), chosen.copy_(new_ids)
+
+    backend = CudaBackend()
+    with backend.graph_capture(backend.device()) as capture:
+        replay = capture(step)
+    x.copy_(tokens())
+    replay()
+    torch.cuda.synchronize()
+    eager = moe_router.moe_router(x, w, bias, 6, 1.5, "sqrtsoftplus")
+    assert torch.equal(weights, eager[0]) and torch.equal(chosen, eager[1])
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("score_func", ["sqrtsoftplus", "softmax"])
+def test_gpu_router_kernel_rows_do_not_depend_on_the_batch(score_func):
+    """The kernel on fixed logits (the GEMM before it is cuBLAS's, which is not batch-invariant): any row alone
+    gives the bits it has in a 1000-token batch."""
+    from deepinfer_cuda.kernel_set.dispatch import cuda_target
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    logits = torch.randn(1000, 256, device="cuda", generator=gen).bfloat16()
+    bias = 0.1 * torch.randn(256, device="cuda", generator=gen)
+    index, arch = cuda_target(logits)
+
+    def route(rows):
+        return moe_router.plan_routes(rows, bias, None, 6, 1.5, score_func, arch=arch,
+                                      interpreted=False).run(moe_router.KERNEL, index)
+
+    batch = route(logits)
+    for row in (0, 1, 7, 500, 999):
+        alone = route(logits[row:row + 1].clone())
+        assert torch.equal(alone[0], batch[0][row:row + 1]) and torch.equal(alone[1], batch[1][row:row + 1])
