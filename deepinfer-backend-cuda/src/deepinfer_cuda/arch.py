@@ -333,11 +333,13 @@ def sample_tokens_config(arch: CudaArch) -> tuple[LaunchConfig, int]:
 def moe_router_config(arch: CudaArch, experts: int) -> LaunchConfig:
     """MoE routing after the router GEMM, one program per ``block_rows`` tokens x all experts (the row in registers).
 
-    ~2048 logits a program at 4 warps (16 a thread): 32 tokens at 64 experts, 8 at 256, 4 at 384 (padded to 512).
-    The tile depends on the expert count only, never on the batch, so a row's bits do not either.  A decode step's
-    one token leaves most rows of its program masked; the cost is k rounds of row reductions either way.
+    1024 logits a program at 4 warps, 8 a thread (one 16-byte load of bf16): 16 tokens at 64 experts, 4 at 256 (a
+    warp a row), 2 at 384 (padded to 512).  A decode token's latency is the serial work of one thread -- 8 scores
+    (expf, log1pf, sqrt: ~60 instructions each) and k rounds of compares and a warp reduction -- so few elements a
+    thread keep it short; a 16384-token prefill is still only 4096 programs.  The tile depends on the expert count
+    only, never on the batch, so a row's bits do not either (softmax's sum is the one reduction with an order).
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no MoE router configuration for {arch.name}")
     block_e = max(16, 1 << (max(experts, 1) - 1).bit_length())
-    return LaunchConfig(num_warps=4, block_rows=max(1, 2048 // block_e))
+    return LaunchConfig(num_warps=4, block_rows=max(1, 1024 // block_e))
