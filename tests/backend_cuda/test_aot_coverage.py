@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 from deepinfer_cuda.arch import SM90A  # noqa: E402
 from deepinfer_cuda.kernel_set.manifest import variant_key  # noqa: E402
 from deepinfer_cuda.kernel_set.specialize import signature_of  # noqa: E402
-from deepinfer_cuda.kernels import rms_norm, rope  # noqa: E402
+from deepinfer_cuda.kernels import rms_norm, rms_norm_rope, rope  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -42,3 +42,18 @@ def test_rope_of_v4_rows(tokens, shape, inverse):
     x = torch.randn(tokens, *shape, dtype=BF16)
     launch = rope.prepare(x, torch.arange(tokens), torch.rand(32), 1.0, inverse, arch=SM90A)
     assert _covered(rope, launch)
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 1024])
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+@pytest.mark.parametrize("width", [1536, 2560, 4160, 1792], ids=lambda w: f"w_in{w}")
+def test_rms_norm_rope_of_v4_rows(tokens, dtype, width):
+    """Attention._project: per-head queries [T, 64, 512] (unweighted) and the K=V latent, columns q_lora..+512 of
+    the layer's fused input projection (SWA / HCA / CSA widths of V4-Flash, SWA of V4.1) with its fp32 weight."""
+    positions, inv_freq = torch.arange(tokens), torch.rand(32)
+    q = torch.randn(tokens, 64, 512, dtype=dtype)
+    assert _covered(rms_norm_rope, rms_norm_rope.prepare(q, None, 1e-6, positions, inv_freq, 1.0, arch=SM90A))
+    q_lora = 1280 if width == 1792 else 1024
+    latent = torch.randn(tokens, width, dtype=dtype)[:, q_lora : q_lora + 512]
+    weight = torch.randn(512, dtype=torch.float32)
+    assert _covered(rms_norm_rope, rms_norm_rope.prepare(latent, weight, 1e-6, positions, inv_freq, 1.0, arch=SM90A))

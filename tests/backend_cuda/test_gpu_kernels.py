@@ -45,8 +45,8 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, rms_norm, rope,
-                                        sample_tokens, sparse_attention)
+    from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, rms_norm,
+                                        rms_norm_rope, rope, sample_tokens, sparse_attention)
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -64,6 +64,10 @@ def _model_shape_cases():
             for shape in [(tokens, 64, 512), (tokens, 512), (tokens, 64, 128), (tokens, 128)]:
                 for inverse in (False, True):
                     yield rope, (randn(*shape, dtype=dtype), positions, inv_freq, 1.0, inverse)
+            latent = randn(tokens, 4160, dtype=dtype)[:, 1024:1536]  # a CSA layer's input projection, sliced
+            yield rms_norm_rope, (randn(tokens, 64, 512, dtype=dtype), None, 1e-6, positions, inv_freq, 1.0)
+            weight = 1 + 0.1 * randn(512, dtype=torch.float32)
+            yield rms_norm_rope, (latent, weight, 1e-6, positions, inv_freq, 1.0)
             for dim in (4096, 5120):
                 post = 2 * torch.rand(tokens, 4, device="cuda", generator=gen)
                 comb = torch.softmax(randn(tokens, 4, 4, dtype=torch.float32), dim=-1)

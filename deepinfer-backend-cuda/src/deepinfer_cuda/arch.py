@@ -78,6 +78,13 @@ def rope_config(arch: CudaArch, dim: int) -> LaunchConfig:
     raise ValueError(f"no RoPE configuration for {arch.name}")
 
 
+def rms_norm_rope_config(arch: CudaArch, dim: int) -> LaunchConfig:
+    """RMSNorm + RoPE over rows of ``dim``: rms_norm's tile exactly.  The row's fp32 sum of squares is reduced in
+    an order fixed by the tile shape and warps, so the same tile is what makes the fused kernel's bits equal to
+    the composed rms_norm and rope kernels' (tune the two together, or not at all)."""
+    return rms_norm_config(arch, dim)
+
+
 def hc_post_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
     """mHC post: each program writes all streams of one token for a ``block_d`` slice of the hidden dim.
 

@@ -18,6 +18,7 @@ from deepinfer_cuda.kernels.moe_experts import moe_experts
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
 from deepinfer_cuda.kernels.rms_norm import rms_norm
+from deepinfer_cuda.kernels.rms_norm_rope import rms_norm_rope
 from deepinfer_cuda.kernels.rope import rope
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention
@@ -25,6 +26,7 @@ from deepinfer_cuda.kernels.sparse_attention import sparse_attention
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
     "rope": rope,
+    "rms_norm_rope": rms_norm_rope,
     "hc_pre": hc_pre,
     "hc_post": hc_post,
     "moe_experts": moe_experts,

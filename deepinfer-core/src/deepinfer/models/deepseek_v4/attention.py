@@ -79,10 +79,9 @@ class Attention:
         q_lin, kv_lin, *rest = ops.linear(x, self.w_in).split(self.in_splits, dim=1)
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
         q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
-        q = ops.rope(ops.rms_norm(q, None, self.eps), positions, self.inv_freq, self.rope_scaling)
-        kv = ops.rms_norm(kv_lin, self.kv_norm, self.eps)
-        inputs = _Inputs(*rest)
-        return q_residual, q, ops.rope(kv, positions, self.inv_freq, self.rope_scaling), inputs
+        q = ops.rms_norm_rope(q, None, self.eps, positions, self.inv_freq, self.rope_scaling)
+        kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
+        return q_residual, q, kv, _Inputs(*rest)
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, positions: torch.Tensor):
         ops, tokens = self.ops, q.shape[0]
