@@ -28,13 +28,30 @@ CHECKS = textwrap.dedent(
     from deepinfer_cuda.arch import sparse_attention_config
     from deepinfer_cuda.kernels import sparse_attention as module
 
+    from deepinfer_cuda.kernels import rope as rope_module
+
     OP = op_defs()["sparse_attention"]
+    ROPE_OP = op_defs()["sparse_attention_inverse_rope"]
 
 
-    def attend(q, kv, idx, sinks, split):
-        plan = module.prepare(q, kv, idx, sinks, q.shape[-1] ** -0.5, arch=ARCH, split=split)
+    def attend(q, kv, idx, sinks, split, rope=()):
+        plan = module.prepare(q, kv, idx, sinks, q.shape[-1] ** -0.5, *rope, arch=ARCH, split=split)
         assert len(plan.steps) == (2 if split and idx.shape[1] > SPLIT_N else 1)
         return RUN(plan)
+
+
+    def check_inverse_rope(q, kv, idx, sinks, plain, gen):
+        # the epilogue rotation: both regimes give the bits of the rope kernel run on the plain output
+        positions = torch.randint(0, 1 << 20, (q.shape[0],), generator=gen).to(q.device)
+        inv_freq = (1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))).to(q.device)
+        rope = (positions, inv_freq, 1.25)
+        rotated = attend(q, kv, idx, sinks, True, rope)
+        assert torch.equal(rotated, attend(q, kv, idx, sinks, False, rope)), "regimes differ with the rotation"
+        two_pass = RUN_ONE(rope_module.KERNEL, rope_module.prepare(plain, *rope, inverse=True, arch=ARCH))
+        assert torch.equal(rotated, two_pass), "epilogue rotation differs from the rope kernel"
+        assert torch.equal(rotated[..., :-64], plain[..., :-64]), "channels before the rope dims changed"
+        cpu = [t.cpu() if isinstance(t, torch.Tensor) else t for t in (q, kv, idx, sinks, q.shape[-1] ** -0.5, *rope)]
+        assert_close(rotated.cpu(), ROPE_OP.reference(*cpu), q.dtype, ROPE_OP.tolerances[q.dtype], "inverse rope")
 
 
     def check(tokens, heads, dim, pool, dtype, gen, device):
@@ -64,6 +81,8 @@ CHECKS = textwrap.dedent(
                 assert torch.equal(alone[0], split[row]), f"row {row} (length {length}) depends on the batch"
         cpu = [t.cpu() if isinstance(t, torch.Tensor) else t for t in (q, kv, idx, sinks, dim ** -0.5)]
         assert_close(split.cpu(), OP.reference(*cpu), dtype, OP.tolerances[dtype], f"{tokens}x{heads}x{dim}")
+        if dim >= 128:
+            check_inverse_rope(q, kv, idx, sinks, split, gen)
         return 1
     """
 )
@@ -72,16 +91,26 @@ INTERPRETER_SCRIPT = CHECKS + textwrap.dedent(
     """
     from deepinfer_cuda.arch import SM90A
 
+    import types
+    import triton.language as tl
+
     torch.set_num_threads(1)
     module.INTERPRETED = True
+    for m in (module, rope_module):  # libdevice has no interpreter implementation
+        m.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x))
     ARCH = SM90A
+
+
+    def RUN_ONE(kernel, launch):
+        if all(g > 0 for g in launch.grid):
+            kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps,
+                                       num_stages=launch.config.num_stages)
+        return launch.result
 
 
     def RUN(plan):
         for kernel, launch in plan.steps:
-            if all(g > 0 for g in launch.grid):
-                kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps,
-                                           num_stages=launch.config.num_stages)
+            RUN_ONE(kernel, launch)
         return plan.finish()
 
 
@@ -145,6 +174,7 @@ def test_split_regimes_on_gpu():
     index, arch = cuda_target(torch.empty(1, device="cuda"))
     namespace["ARCH"] = arch
     namespace["RUN"] = lambda plan: plan.run(index)
+    namespace["RUN_ONE"] = lambda kernel, launch: launch.run(kernel, index)
     namespace["SPLIT_N"] = namespace["sparse_attention_config"](arch, 64, 512, 2).split_n
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
@@ -194,12 +224,15 @@ def test_runtime_keys_of_both_kernels_have_an_aot_variant():
                 for v in kernel.aot_variants(SM90A)}
 
     launched = set()
+    inv_freq = torch.rand(32)  # V4: 64 rope channels rotated back in the epilogue (sparse_attention_inverse_rope)
     for heads in (64, 128):
         for tokens, width in [(1, 640), (1, 130), (33, 640), (80, 640), (1024, 640), (2, 4), (3, 8320)]:
-            q = torch.zeros(tokens, heads, 512, dtype=torch.bfloat16)
-            plan = prepare(q, torch.zeros(10, 512, dtype=torch.bfloat16), torch.zeros(tokens, width, dtype=torch.int64),
-                           torch.zeros(heads), 512**-0.5, arch=SM90A)
-            for kernel, launch in plan.steps:
-                assert key(kernel, launch) in aot_keys(kernel), (kernel.name, heads, tokens, width)
-                launched.add(kernel.name)
-    assert launched == {"sparse_attention", "sparse_attention_combine"}
+            for rope in ((), (torch.zeros(tokens, dtype=torch.int64), inv_freq, 1.0)):
+                q = torch.zeros(tokens, heads, 512, dtype=torch.bfloat16)
+                plan = prepare(q, torch.zeros(10, 512, dtype=torch.bfloat16),
+                               torch.zeros(tokens, width, dtype=torch.int64), torch.zeros(heads), 512**-0.5, *rope,
+                               arch=SM90A)
+                for kernel, launch in plan.steps:
+                    assert key(kernel, launch) in aot_keys(kernel), (kernel.name, heads, tokens, width, len(rope))
+                    launched.add((kernel.name, len(rope)))
+    assert launched == {(name, n) for name in ("sparse_attention", "sparse_attention_combine") for n in (0, 3)}

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles, sparse_attention_config
 from deepinfer_cuda.kernel_set.compile import Variant
@@ -43,6 +44,8 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel
 
 #: (heads, head_dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 512, and 128 x 512 (V4-Pro width).
 AOT_SHAPES = ((64, 512), (128, 512))
+#: Rope pairs rotated back in the epilogue: 0 (plain ``sparse_attention``) and V4's 64 rope channels.
+AOT_ROPE_HALVES = (0, 32)
 #: Work around Triton's CPU interpreter, which computes bf16 ``tl.dot`` wrongly: multiply in fp32 (bf16 products
 #: are exact in fp32).  Off on the GPU, turned on by the interpreter test.
 INTERPRETED = False
@@ -67,6 +70,26 @@ def _merge(M, L, ACC, m_s, l_s, acc_s, TRANS: tl.constexpr = False):
 
 
 @triton.jit
+def _rotate_back(out_ptr, t, heads, head_ok, pos_ptr, inv_freq_ptr, rope_scaling, H: tl.constexpr, D: tl.constexpr,
+                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rotate the rope channels of the program's stored output rows back by the query's position (V4's values
+    carry the keys' rotation): the rope kernel's inverse arithmetic on the stored values, so the bits are
+    ``rope(out, inverse=True)``'s.  The barrier makes every thread's stores of the tile visible to the loads."""
+    tl.debug_barrier()
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + tl.arange(0, HALF))
+    cos = libdevice.cos(angle) * rope_scaling
+    sin = -(libdevice.sin(angle) * rope_scaling)
+    rot_cols = D - 2 * HALF + tl.arange(0, 2 * HALF)
+    ptrs = out_ptr + t * (H * D) + heads[:, None].to(tl.int64) * D + rot_cols[None, :]
+    x = tl.load(ptrs, mask=head_ok[:, None], other=0.0)
+    even, odd = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_H, HALF, 2)))
+    out_even = even * cos[None, :] - odd * sin[None, :]
+    out_odd = odd * cos[None, :] + even * sin[None, :]
+    y = tl.reshape(tl.interleave(out_even, out_odd), (BLOCK_H, 2 * HALF))
+    tl.store(ptrs, y.to(x.dtype), mask=head_ok[:, None])
+
+
+@triton.jit
 def _live_chunks(idx_row, col_lo, col_hi, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
     """Chunks [lo, hi) of BLOCK_N columns spanning the valid indices among columns [col_lo, col_hi) of a row
     (lo = hi when there is none).  Chunks outside hold -1 only: walking them would leave the softmax state bit for
@@ -83,11 +106,11 @@ def _live_chunks(idx_row, col_lo, col_hi, BLOCK_N: tl.constexpr, SCAN: tl.conste
 
 
 @triton.jit(do_not_specialize=["width", "n_splits", "partial"])
-def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
-                             width, n_splits, partial, scale,
+def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr, pos_ptr, inv_freq_ptr,
+                             width, n_splits, partial, scale, rope_scaling,
                              H: tl.constexpr, D: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr,
-                             SKIP_EMPTY: tl.constexpr, TRANS: tl.constexpr):
+                             SKIP_EMPTY: tl.constexpr, TRANS: tl.constexpr, ROPE_HALF: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     z = tl.program_id(2)
@@ -175,12 +198,15 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
         else:
             out = ACC / L[:, None]
         tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        if ROPE_HALF > 0:
+            _rotate_back(out_ptr, t, heads, head_ok, pos_ptr, inv_freq_ptr, rope_scaling, H, D, ROPE_HALF, BLOCK_H)
 
 
 @triton.jit(do_not_specialize=["n_splits"])
-def _combine_kernel(ws_acc_ptr, ws_ml_ptr, sinks_ptr, out_ptr, n_splits,
-                    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per (query, head): the sink, then every split in order, then ACC / L."""
+def _combine_kernel(ws_acc_ptr, ws_ml_ptr, sinks_ptr, out_ptr, pos_ptr, inv_freq_ptr, n_splits, rope_scaling,
+                    H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROPE_HALF: tl.constexpr):
+    """One program per (query, head): the sink, then every split in order, then ACC / L (then the inverse
+    rotation, with ``ROPE_HALF``)."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) + tl.arange(0, 1)
     dims = tl.arange(0, BLOCK_D)
@@ -198,16 +224,25 @@ def _combine_kernel(ws_acc_ptr, ws_ml_ptr, sinks_ptr, out_ptr, n_splits,
     out = ACC / L[:, None]
     tl.store(out_ptr + t * (H * D) + heads[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty),
              mask=dim_ok[None, :])
+    if ROPE_HALF > 0:
+        _rotate_back(out_ptr, t, heads, heads < H, pos_ptr, inv_freq_ptr, rope_scaling, H, D, ROPE_HALF, 1)
 
 
 def _block_d(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
-def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool) -> dict[str, object]:
+def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool, rope_half: int) -> dict[str, object]:
     return {"H": heads, "D": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": tiles.block_h,
             "BLOCK_D": _block_d(dim), "BLOCK_N": tiles.block_n, "SPLIT_N": tiles.split_n,
-            "SKIP_EMPTY": tiles.skip_empty, "TRANS": tiles.transposed}
+            "SKIP_EMPTY": tiles.skip_empty, "TRANS": tiles.transposed, "ROPE_HALF": rope_half}
+
+
+def _rope_signature(rope_half: int) -> tuple[dict[str, str], dict[str, object]]:
+    """The rope pointers' signature entries, or (without the rotation) the None constexprs they fold to."""
+    if rope_half:
+        return {"pos_ptr": "*i64:D", "inv_freq_ptr": "*fp32:D"}, {}
+    return {}, {"pos_ptr": None, "inv_freq_ptr": None}
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
@@ -215,11 +250,13 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
     variants = []
     for heads, dim in AOT_SHAPES:
         tiles = sparse_attention_config(arch, heads, dim, 2)
-        sig = {"q_ptr": "*bf16:D", "kv_ptr": "*bf16:D", "idx_ptr": "*i64:D", "sinks_ptr": "*fp32:D",
-               "out_ptr": "*bf16:D", "ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", "width": "i32",
-               "n_splits": "i32", "partial": "i32", "scale": "fp32"}
-        variants.append(Variant(sig, _constexprs(heads, dim, tiles, False), tiles.split.num_warps,
-                                tiles.split.num_stages))
+        for rope_half in AOT_ROPE_HALVES:
+            rope_sig, rope_const = _rope_signature(rope_half)
+            sig = {"q_ptr": "*bf16:D", "kv_ptr": "*bf16:D", "idx_ptr": "*i64:D", "sinks_ptr": "*fp32:D",
+                   "out_ptr": "*bf16:D", "ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", **rope_sig,
+                   "width": "i32", "n_splits": "i32", "partial": "i32", "scale": "fp32", "rope_scaling": "fp32"}
+            variants.append(Variant(sig, {**_constexprs(heads, dim, tiles, False, rope_half), **rope_const},
+                                    tiles.split.num_warps, tiles.split.num_stages))
     return variants
 
 
@@ -227,10 +264,12 @@ def _combine_aot_variants(arch: CudaArch) -> list[Variant]:
     variants = []
     for heads, dim in AOT_SHAPES:
         tiles = sparse_attention_config(arch, heads, dim, 2)
-        sig = {"ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", "sinks_ptr": "*fp32:D", "out_ptr": "*bf16:D",
-               "n_splits": "i32"}
-        variants.append(Variant(sig, {"H": heads, "D": dim, "BLOCK_D": _block_d(dim)}, tiles.combine.num_warps,
-                                tiles.combine.num_stages))
+        for rope_half in AOT_ROPE_HALVES:
+            rope_sig, rope_const = _rope_signature(rope_half)
+            sig = {"ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", "sinks_ptr": "*fp32:D", "out_ptr": "*bf16:D",
+                   **rope_sig, "n_splits": "i32", "rope_scaling": "fp32"}
+            const = {"H": heads, "D": dim, "BLOCK_D": _block_d(dim), "ROPE_HALF": rope_half, **rope_const}
+            variants.append(Variant(sig, const, tiles.combine.num_warps, tiles.combine.num_stages))
     return variants
 
 
@@ -238,10 +277,12 @@ KERNEL = TritonKernel("sparse_attention", _sparse_attention_kernel, _aot_variant
 COMBINE_KERNEL = TritonKernel("sparse_attention_combine", _combine_kernel, _combine_aot_variants)
 
 
-def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float, *,
+def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+            positions: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0, *,
             arch: CudaArch, split: bool | None = None,
             tiles: SparseAttentionTiles | None = None) -> LaunchChain:
-    """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: outputs allocated, nothing launched.
+    """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: outputs allocated, nothing launched;
+    with ``positions`` and ``inv_freq``, ``sparse_attention_inverse_rope`` (the rotation in the epilogue).
 
     ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
     Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep_sparse_attention.py)."""
@@ -249,6 +290,14 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     q, kv = q.contiguous(), kv.to(q.dtype).contiguous()
     indices = indices.to(torch.int64).contiguous()
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
+    rope_half = 0
+    if inv_freq is not None:
+        rope_half = inv_freq.numel()
+        if rope_half & (rope_half - 1) or 2 * rope_half > dim:
+            raise ValueError(f"sparse_attention_inverse_rope: {rope_half} frequency pairs (a power of two, at most "
+                             f"half of {dim}) expected")
+        positions = positions.to(device=q.device, dtype=torch.int64).contiguous()
+        inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
     out = torch.empty_like(q)
     tiles = tiles or sparse_attention_config(arch, heads, dim, q.element_size())
     if tiles.split_n % tiles.block_n:
@@ -262,13 +311,15 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     ws_rows = tokens * n_splits if split else 1
     ws_acc = torch.empty(ws_rows * heads * dim if split else 1, device=q.device, dtype=torch.float32)
     ws_ml = torch.empty(ws_rows * 2 * heads, device=q.device, dtype=torch.float32)
+    rope = dict(pos_ptr=positions if rope_half else None, inv_freq_ptr=inv_freq if rope_half else None,
+                rope_scaling=float(rope_scaling))
     args = dict(q_ptr=q, kv_ptr=kv, idx_ptr=indices, sinks_ptr=sinks, out_ptr=out, ws_acc_ptr=ws_acc,
-                ws_ml_ptr=ws_ml, width=width, n_splits=n_splits, partial=int(split), scale=float(scale),
-                **_constexprs(heads, dim, tiles, q.dtype == torch.float32))
+                ws_ml_ptr=ws_ml, width=width, n_splits=n_splits, partial=int(split), scale=float(scale), **rope,
+                **_constexprs(heads, dim, tiles, q.dtype == torch.float32, rope_half))
     steps = [(KERNEL, Launch((tokens, head_blocks, n_splits if split else 1), tiles.split, args, out))]
     if split:
         combine = dict(ws_acc_ptr=ws_acc, ws_ml_ptr=ws_ml, sinks_ptr=sinks, out_ptr=out, n_splits=n_splits, H=heads,
-                       D=dim, BLOCK_D=_block_d(dim))
+                       D=dim, BLOCK_D=_block_d(dim), ROPE_HALF=rope_half, **rope)
         steps.append((COMBINE_KERNEL, Launch((tokens, heads), tiles.combine, combine, out)))
     return LaunchChain(steps, lambda: out)
 
@@ -279,3 +330,13 @@ def sparse_attention(
     """q [T, H, D] attends to rows ``indices`` [T, K] (-1 = none) of the K=V pool kv [P, D], sinks [H]; [T, H, D]."""
     index, arch = cuda_target(q)
     return prepare(q, kv, indices, sinks, scale, arch=arch).run(index)
+
+
+def sparse_attention_inverse_rope(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+) -> torch.Tensor:
+    """:func:`sparse_attention`, its output's rope channels rotated back at each query's position in the epilogue
+    (no second pass over [T, H, D])."""
+    index, arch = cuda_target(q)
+    return prepare(q, kv, indices, sinks, scale, positions, inv_freq, attention_scaling, arch=arch).run(index)

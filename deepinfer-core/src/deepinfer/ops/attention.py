@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.ops.registry import OpSample, Rows, batch_invariant_reference, reference_op
+from deepinfer.ops.rope import rope
 from deepinfer.ops.row_tiles import fixed_chunks, in_row_tiles, padded_width
 
 #: Queries per block in the reference, bounding the gathered [block, K, D] keys.
@@ -105,3 +106,36 @@ def sparse_attention_fixed_order(
     width = padded_width(indices.shape[1])
     indices = F.pad(indices, (0, width - indices.shape[1]), value=-1)
     return in_row_tiles(_attend_in_chunks, (q, kv, indices, sinks, scale), rows=(0, 2))
+
+
+def _inverse_rope_samples(dtype: torch.dtype, gen: torch.Generator):
+    for sample in _sparse_attention_samples(dtype, gen):
+        q = sample.args[0]
+        rope_dim = min(64, q.shape[-1] // 4)
+        positions = torch.randint(0, 1 << 16, (q.shape[0],), generator=gen)
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
+        yield OpSample(sample.args + (positions, inv_freq, 1.0), label=sample.label + f" rope {rope_dim}")
+
+
+def _inverse_rope_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
+    kept = _attention_rows(OpSample(sample.args[:5], {}, sample.label), rows)
+    return OpSample(kept.args + (sample.args[5][rows],) + sample.args[6:], dict(sample.kwargs), sample.label)
+
+
+@reference_op(sample_inputs=_inverse_rope_samples, rows=Rows((0, 2, 5), _inverse_rope_rows))
+def sparse_attention_inverse_rope(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+) -> torch.Tensor:
+    """:func:`sparse_attention`, then its output's rope channels rotated back (``rope(..., inverse=True)`` at
+    each query's position): V4's values carry the keys' rotation.  One op so a backend can rotate in the
+    attention kernel's epilogue instead of another pass over [T, H, D].  positions: [T] int64."""
+    return rope(sparse_attention(q, kv, indices, sinks, scale), positions, inv_freq, attention_scaling, inverse=True)
+
+
+@batch_invariant_reference(sparse_attention_inverse_rope)
+def sparse_attention_inverse_rope_fixed_order(q, kv, indices, sinks, scale, positions, inv_freq,
+                                              attention_scaling=1.0):
+    """The batch-invariant attention, then the row-local rotation."""
+    out = sparse_attention_fixed_order(q, kv, indices, sinks, scale)
+    return rope(out, positions, inv_freq, attention_scaling, inverse=True)
