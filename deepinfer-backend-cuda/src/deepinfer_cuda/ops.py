@@ -21,7 +21,7 @@ from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rms_norm_rope import rms_norm_rope
 from deepinfer_cuda.kernels.rope import rope
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
-from deepinfer_cuda.kernels.sparse_attention import sparse_attention
+from deepinfer_cuda.kernels.sparse_attention import sparse_attention, sparse_attention_inverse_rope
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
@@ -33,6 +33,7 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "moe_router": moe_router,
     "moe_hash_router": moe_hash_router,
     "sparse_attention": sparse_attention,
+    "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
     "indexer_topk": indexer_topk,
     "compress_pool": compress_pool,
     "compress_entries": compress_entries,

@@ -23,8 +23,8 @@ class CudaBackend(Backend):
     #: Kernels whose programs read only their own row with fixed tiles: a row's bits never depend on the batch
     #: (sparse_attention: one program per query, fixed key chunks; compress_pool: per window; sample_tokens: per
     #: row and fixed vocabulary chunks).  Each passed check_batch_invariance on an H200 (2026-11-29).
-    batch_invariant_ops = ("sparse_attention", "compress_pool", "compress_entries", "sample_tokens", "hc_pre",
-                           "rms_norm_rope")
+    batch_invariant_ops = ("sparse_attention", "sparse_attention_inverse_rope", "compress_pool", "compress_entries",
+                           "sample_tokens", "hc_pre", "rms_norm_rope")
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:

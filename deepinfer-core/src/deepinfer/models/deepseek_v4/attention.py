@@ -85,8 +85,8 @@ class Attention:
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, positions: torch.Tensor):
         ops, tokens = self.ops, q.shape[0]
-        out = ops.sparse_attention(q, pool, indices, self.sinks, self.head_dim**-0.5)
-        out = ops.rope(out, positions, self.inv_freq, self.rope_scaling, inverse=True)
+        out = ops.sparse_attention_inverse_rope(q, pool, indices, self.sinks, self.head_dim**-0.5, positions,
+                                                self.inv_freq, self.rope_scaling)
         out = ops.grouped_linear(out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
         return ops.linear(out, self.wo_b)
 
