@@ -24,6 +24,14 @@ def test_batch_invariance(op_name, dtype):
     assert check_batch_invariance(CudaBackend(), op_name, dtype) > 0
 
 
+#: Ops whose wrapper runs a cuBLAS GEMM first: cuBLAS picks its kernel (and reduction order) by the number of rows,
+#: so they are not declared batch-invariant (H200: fp32 weights move by 1 ulp between 1 and 5 rows).
+BEHIND_A_CUBLAS_GEMM = {
+    "moe_router": "the router GEMM is cuBLAS; under DEEPINFER_BATCH_INVARIANT=1 core's tiled reference routes",
+    "moe_hash_router": "the router GEMM is cuBLAS; under DEEPINFER_BATCH_INVARIANT=1 core's tiled reference routes",
+}
+
+
 class _AllKernelsClaimed(CudaBackend):
     """Every kernel the backend has, claimed: shows which of them could be declared batch-invariant."""
 
@@ -36,6 +44,9 @@ class _AllKernelsClaimed(CudaBackend):
 @pytest.mark.cuda
 @pytest.mark.parametrize("op_name", sorted(CudaBackend().load_ops()) if torch.cuda.is_available() else [])
 def test_each_cuda_kernel_is_batch_invariant(op_name):
+    if op_name in BEHIND_A_CUBLAS_GEMM:  # their Triton kernel is row-local; the GEMM in front of it is not
+        assert op_name not in CudaBackend.batch_invariant_ops
+        pytest.skip(BEHIND_A_CUBLAS_GEMM[op_name])
     backend = _AllKernelsClaimed()
     for name, dtype in batch_invariance_params(ops=[op_name]):
         assert check_batch_invariance(backend, name, dtype) > 0
