@@ -61,3 +61,14 @@ def test_entry_columns_and_ring_update():
         end = start + n
         for p in range(max(0, end - WINDOW), end):
             assert kv[slot * WINDOW + p % WINDOW, 0] == _tag(i, p)
+
+
+def test_step_tables_are_built_once_when_first_asked():
+    from deepinfer.models.deepseek_v4.layout import BuiltOnUse
+
+    built = []
+    tables = BuiltOnUse(lambda r: built.append(r) or torch.full((2,), r))
+    assert built == []  # nothing up front: the first layers' kernels are queued before later ratios' tables
+    assert torch.equal(tables[4], torch.full((2,), 4)) and tables[4] is tables[4]
+    tables[128]
+    assert built == [4, 128]

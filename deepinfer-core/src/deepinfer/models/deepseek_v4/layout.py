@@ -12,6 +12,20 @@ if TYPE_CHECKING:
     from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
 
 
+class BuiltOnUse(dict):
+    """A dict whose missing keys are built on first use by ``build(key)``: a step's tables per compression ratio
+    are made when the first layer of that ratio asks, by when the earlier layers' kernels are already queued, so
+    the device does not sit idle while the host builds every table up front."""
+
+    def __init__(self, build: Callable[[int], object]):
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, key: int) -> object:
+        value = self[key] = self._build(key)
+        return value
+
+
 @dataclass(slots=True)
 class RaggedLayout:
     offsets: list[int]  # first row of each sequence in the flat batch
@@ -19,9 +33,10 @@ class RaggedLayout:
     starts: list[int]  # absolute position of each sequence's first new token (its state's num_tokens)
     seq_ids: torch.Tensor  # [T] int64: sequence index of every row
     #: Per compression ratio, each sequence's page rows of its entries in order ([seqs, entries] int64 on the
-    #: device, relative to page 0; set by the model once per step so no layer copies host data).
+    #: device, relative to page 0; set by the model once per step (a :class:`BuiltOnUse`) so no layer copies host
+    #: data).
     entry_rows: dict[int, torch.Tensor] = field(default_factory=dict)
-    #: Per compression ratio (0: sliding only), where that kind of layer finds its keys (set by the model).
+    #: Per compression ratio (0: sliding only), where that kind of layer finds its keys (set by the model, likewise).
     plans: dict[int, "PrefillPlan"] = field(default_factory=dict)
 
     @classmethod

@@ -18,7 +18,7 @@ import torch
 from deepinfer.models.base import ForwardBatch, StateCapacity
 from deepinfer.models.deepseek_v4.attention import Attention
 from deepinfer.models.deepseek_v4.config import DeepseekV4Config
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
+from deepinfer.models.deepseek_v4.layout import BuiltOnUse, RaggedLayout
 from deepinfer.models.deepseek_v4.moe import MoE
 from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
@@ -133,11 +133,11 @@ class DeepseekV4ForCausalLM:
             hidden = self._decode(step, pool)
         else:
             layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
-            layout.entry_rows = self._entry_rows(states, pool, batch.upload)
+            layout.entry_rows = BuiltOnUse(lambda r: self._entry_rows(states, pool, r, batch.upload))
             positions = batch.positions
             slots = [s.slot for s in states]
-            layout.plans = {r: PrefillPlan.build(layout, slots, positions, pool.spec.window, r, pool.entry_base,
-                                                 batch.upload) for r in (0, *pool.ratios)}
+            layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, positions, pool.spec.window, r,
+                                                                  pool.entry_base, batch.upload))
 
             def attend(attn, x):
                 return attn(x, positions, layout, states, pool, pool.layers[attn.layer])
@@ -148,15 +148,11 @@ class DeepseekV4ForCausalLM:
         return hidden
 
     @staticmethod
-    def _entry_rows(states: list[DeepseekV4State], pool: StatePool, upload) -> dict[int, torch.Tensor]:
-        """Per ratio, every sequence's page rows of its entries in order ([seqs, entries] on the device): one
-        upload per ratio, not one per sequence and layer."""
-        page, out = pool.spec.page_size, {}
-        for r in pool.ratios:
-            width = max(1, max(len(s.pages.get(r, ())) for s in states))
-            table = upload(pool.page_table(states, r, width))
-            out[r] = entry_rows(table, page)
-        return out
+    def _entry_rows(states: list[DeepseekV4State], pool: StatePool, ratio: int, upload) -> torch.Tensor:
+        """Every sequence's page rows of its ratio-``ratio`` entries in order ([seqs, entries] on the device): one
+        upload per ratio and step, not one per sequence and layer."""
+        width = max(1, max(len(s.pages.get(ratio, ())) for s in states))
+        return entry_rows(upload(pool.page_table(states, ratio, width)), pool.spec.page_size)
 
     def decode_inputs(self, states: list[DeepseekV4State], input_ids: list[int], bucket: int,
                       max_tokens: int) -> dict[str, torch.Tensor]:

@@ -42,7 +42,7 @@ class PrefillPlan:
         ring_rows = slot.repeat_interleave(keep) * window + _ranges(starts + lens - keep, keep) % window
         ring_src = _ranges(offsets + lens - keep, keep)
         counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
-        entries = layout.entry_rows.get(ratio)
+        entries = layout.entry_rows[ratio] if ratio else None
         entry_idx = _ranges(torch.arange(seqs) * entries.shape[1], counts) if ratio else counts[:0]
         hist_off = torch.cumsum(held, 0) - held
         new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
