@@ -282,7 +282,8 @@ def _di_decode_step(model, states, graphs):
 
 def _prefill_graph(model, ids, pos):
     """The prefill step captured in a CUDA graph (a measurement, not an engine path: its plan and uploads are
-    frozen at capture): replaying it times the prefill's device work without the host's launches in the way."""
+    frozen at capture): replaying it times the prefill's device work without the host's launches in the way.
+    Returns (replay, the state it writes; release it when done) or None if the capture failed."""
     import torch
 
     state = model.new_state()
@@ -302,8 +303,9 @@ def _prefill_graph(model, ids, pos):
             step()
     except Exception as exc:  # noqa: BLE001 - report, keep the eager numbers
         print(f"prefill graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        state.release()
         return None
-    return graph.replay
+    return graph.replay, state
 
 
 def _host_costs(model, graphs, states) -> dict[str, float]:
@@ -343,9 +345,11 @@ def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, floa
             pos = torch.arange(PREFILL, device=DEVICE)
             out[f"prefill 1x{PREFILL}"] = _time(lambda: _di_prefill_once(model, ids, pos), 3)
             out[f"prefill 1x{PREFILL} host"] = {"queued": _queue_time(lambda: _di_prefill_once(model, ids, pos), 3)}
-            replay = _prefill_graph(model, ids, pos) if use_graphs else None
-            if replay is not None:
+            captured = _prefill_graph(model, ids, pos) if use_graphs else None
+            if captured is not None:
+                replay, state = captured
                 out[f"prefill 1x{PREFILL} replay"] = _time(replay, 3)
+                state.release()  # its slot: the b64 case needs every one
         for case in cases:
             if not case.startswith("decode"):
                 continue
