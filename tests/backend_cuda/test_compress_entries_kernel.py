@@ -49,8 +49,10 @@ def _covered(launch) -> bool:
 @pytest.mark.parametrize("shape", [(4, 512, True, True), (4, 512, True, False), (4, 128, True, True),
                                    (4, 128, True, False), (128, 512, False, False)],
                          ids=["csa", "csa_all_prev", "indexer", "indexer_all_prev", "hca"])
-def test_v4_calls_find_a_cubin(n, shape):
-    assert _covered(compress_entries.prepare(*_inputs(n, *shape), arch=SM90A))
+@pytest.mark.parametrize("decode", [False, True], ids=["all_needed", "closing_only"])
+def test_v4_calls_find_a_cubin(n, shape, decode):
+    needed = torch.arange(n) % 4 == 3 if decode else None  # decode: only the windows closing at the token
+    assert _covered(compress_entries.prepare(*_inputs(n, *shape), needed, arch=SM90A))
 
 
 SCRIPT = textwrap.dedent(

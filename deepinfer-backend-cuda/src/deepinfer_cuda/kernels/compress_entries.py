@@ -77,11 +77,10 @@ def _pooled(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, win, cols, R: tl.c
 
 
 @triton.jit
-def _compress_entries_kernel(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, weight_ptr, pos_ptr, inv_freq_ptr,
-                             out_ptr, eps, scaling, R: tl.constexpr, DIM: tl.constexpr, OVERLAP: tl.constexpr,
-                             MASKED: tl.constexpr, HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
-                             BLOCK_D: tl.constexpr, INTERPRETED: tl.constexpr):
-    win = tl.program_id(0).to(tl.int64)
+def _entry(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, weight_ptr, pos_ptr, inv_freq_ptr, out_ptr, eps, scaling,
+           win, R: tl.constexpr, DIM: tl.constexpr, OVERLAP: tl.constexpr, MASKED: tl.constexpr, HALF: tl.constexpr,
+           BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Window ``win``'s entry, stored to its row of ``out``."""
     dtype = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_D)
     row_ptr = out_ptr + win * DIM
@@ -117,33 +116,59 @@ def _compress_entries_kernel(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, w
     tl.store(row_ptr + cols, _rounded(entry, dtype, INTERPRETED).to(dtype), mask=cols < DIM)
 
 
+
+
+@triton.jit
+def _compress_entries_kernel(window_ptr, previous_ptr, has_prev_ptr, needed_ptr, bias_ptr, weight_ptr, pos_ptr,
+                             inv_freq_ptr, out_ptr, eps, scaling, R: tl.constexpr, DIM: tl.constexpr,
+                             OVERLAP: tl.constexpr, MASKED: tl.constexpr, HAS_NEEDED: tl.constexpr, HALF: tl.constexpr,
+                             BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+                             INTERPRETED: tl.constexpr):
+    win = tl.program_id(0).to(tl.int64)
+    if HAS_NEEDED:  # a window no one reads (decode: it does not close at this token) is stored as zeros, unread
+        if tl.load(needed_ptr + win) != 0:
+            _entry(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, weight_ptr, pos_ptr, inv_freq_ptr, out_ptr, eps,
+                   scaling, win, R, DIM, OVERLAP, MASKED, HALF, BLOCK_S, BLOCK_C, BLOCK_D, INTERPRETED)
+        else:
+            cols = tl.arange(0, BLOCK_D)
+            tl.store(out_ptr + win * DIM + cols, tl.zeros([BLOCK_D], out_ptr.dtype.element_ty), mask=cols < DIM)
+    else:
+        _entry(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, weight_ptr, pos_ptr, inv_freq_ptr, out_ptr, eps,
+               scaling, win, R, DIM, OVERLAP, MASKED, HALF, BLOCK_S, BLOCK_C, BLOCK_D, INTERPRETED)
+
+
 @functools.cache
-def _plan(arch: CudaArch, ratio: int, dim: int, overlap: bool, masked: bool,
+def _plan(arch: CudaArch, ratio: int, dim: int, overlap: bool, masked: bool, has_needed: bool,
           rope_dim: int) -> tuple[LaunchConfig, dict[str, object]]:
     slots = 2 * ratio if overlap else ratio
     cfg, block_c = compress_entries_config(arch, slots, dim)
-    return cfg, {"R": ratio, "DIM": dim, "OVERLAP": overlap, "MASKED": masked, "HALF": rope_dim // 2,
+    return cfg, {"R": ratio, "DIM": dim, "OVERLAP": overlap, "MASKED": masked, "HAS_NEEDED": has_needed,
+                 "HALF": rope_dim // 2,
                  "BLOCK_S": max(2, triton.next_power_of_2(slots)), "BLOCK_C": block_c,
                  "BLOCK_D": max(16, triton.next_power_of_2(dim)), "INTERPRETED": INTERPRETED}
 
 
 def _aot_variants(arch: CudaArch) -> list[Variant]:
     """Contiguous bf16 / fp32 windows, fp32 bias, norm weight and inv_freq, int64 positions; CSA with and without a
-    mask of missing predecessors."""
+    mask of missing predecessors; with a mask of the windows needed (decode: those closing) and without (prefill)."""
     variants = []
     for ratio, dim, overlap in AOT_SHAPES:
         for masked in ((False, True) if overlap else (False,)):
-            cfg, const = _plan(arch, ratio, dim, overlap, masked, AOT_ROPE_DIM)
-            for dtype in AOT_DTYPES:
-                sig = {"window_ptr": f"*{dtype}:D"}
-                if overlap:
-                    sig["previous_ptr"] = f"*{dtype}:D"
-                if masked:
-                    sig["has_prev_ptr"] = "*u1:D"
-                sig.update({"bias_ptr": "*fp32:D", "weight_ptr": "*fp32:D", "pos_ptr": "*i64:D",
-                            "inv_freq_ptr": "*fp32:D", "out_ptr": f"*{dtype}:D", "eps": "fp32", "scaling": "fp32"})
-                nones = {k: None for k, on in (("previous_ptr", overlap), ("has_prev_ptr", masked)) if not on}
-                variants.append(Variant(sig, {**nones, **const}, cfg.num_warps, cfg.num_stages))
+            for has_needed in (False, True):
+                cfg, const = _plan(arch, ratio, dim, overlap, masked, has_needed, AOT_ROPE_DIM)
+                for dtype in AOT_DTYPES:
+                    sig = {"window_ptr": f"*{dtype}:D"}
+                    if overlap:
+                        sig["previous_ptr"] = f"*{dtype}:D"
+                    if masked:
+                        sig["has_prev_ptr"] = "*u1:D"
+                    if has_needed:
+                        sig["needed_ptr"] = "*u1:D"
+                    sig.update({"bias_ptr": "*fp32:D", "weight_ptr": "*fp32:D", "pos_ptr": "*i64:D",
+                                "inv_freq_ptr": "*fp32:D", "out_ptr": f"*{dtype}:D", "eps": "fp32", "scaling": "fp32"})
+                    nones = {k: None for k, on in (("previous_ptr", overlap), ("has_prev_ptr", masked),
+                                                   ("needed_ptr", has_needed)) if not on}
+                    variants.append(Variant(sig, {**nones, **const}, cfg.num_warps, cfg.num_stages))
     return variants
 
 
@@ -152,7 +177,8 @@ KERNEL = TritonKernel("compress_entries", _compress_entries_kernel, _aot_variant
 
 def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
             position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
-            inv_freq: torch.Tensor, rope_scaling: float, *, arch: CudaArch) -> Launch:
+            inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None, *,
+            arch: CudaArch) -> Launch:
     """Plan ``compress_entries(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     n, ratio, _ = window.shape
     overlap = previous is not None
@@ -166,9 +192,10 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
                          f"{None if previous is None else tuple(previous.shape)} do not match width {width}")
     masked = overlap and has_previous is not None
     out = torch.empty((n, dim), dtype=window.dtype, device=window.device)
-    cfg, const = _plan(arch, ratio, dim, overlap, masked, 2 * half)
+    cfg, const = _plan(arch, ratio, dim, overlap, masked, needed is not None, 2 * half)
     args = dict(window_ptr=window.contiguous(), previous_ptr=previous.to(window.dtype).contiguous() if overlap else None,
                 has_prev_ptr=has_previous.to(torch.bool).contiguous() if masked else None,
+                needed_ptr=None if needed is None else needed.to(torch.bool).contiguous(),
                 bias_ptr=position_bias.to(torch.float32).contiguous(), weight_ptr=norm_weight.contiguous(),
                 pos_ptr=positions.to(device=window.device, dtype=torch.int64).contiguous(),
                 inv_freq_ptr=inv_freq.to(device=window.device, dtype=torch.float32).contiguous(), out_ptr=out,
@@ -178,8 +205,9 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
 
 def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
                      position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
-                     inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
-    """Entries [n, dim] in window.dtype of windows [n, r, 2 * width]: pooled, RMS-normalised, rotated."""
+                     inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None) -> torch.Tensor:
+    """Entries [n, dim] in window.dtype of windows [n, r, 2 * width]: pooled, RMS-normalised, rotated; zeros
+    where ``needed`` is false (those programs skip the window)."""
     index, arch = cuda_target(window)
     return prepare(window, previous, has_previous, position_bias, norm_weight, eps, positions, inv_freq,
-                   rope_scaling, arch=arch).run(KERNEL, index)
+                   rope_scaling, needed, arch=arch).run(KERNEL, index)

@@ -59,14 +59,18 @@ def _compress_entries_samples(dtype: torch.dtype, gen: torch.Generator):
         positions = r * torch.randint(0, 4096, (n,), generator=gen)
         scaling = 1.0 if r == 4 else 0.75
         label = f"{n}x{r}x{dim}{' overlap' if overlap else ''}{' first windows' if predecessors else ''}"
-        yield OpSample((window, previous, has_previous, bias, norm_weight, 1e-6, positions, inv_freq, scaling),
-                       label=label)
+        args = (window, previous, has_previous, bias, norm_weight, 1e-6, positions, inv_freq, scaling)
+        yield OpSample(args, label=label)
+        if n > 1:  # decode: only the windows that close at this token are needed
+            needed = torch.arange(n) % 2 == 0
+            yield OpSample(args, {"needed": needed}, label=label + " needed mask")
 
 
 def _select_windows(sample: OpSample, rows: torch.Tensor) -> OpSample:
     """The sub-batch of windows ``rows`` (``previous`` and ``has_previous`` may be None)."""
     args = tuple(a[rows] if i in (0, 1, 2, 6) and a is not None else a for i, a in enumerate(sample.args))
-    return OpSample(args, dict(sample.kwargs), sample.label)
+    kwargs = {k: v[rows] if k == "needed" else v for k, v in sample.kwargs.items()}
+    return OpSample(args, kwargs, sample.label)
 
 
 def _slots(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
@@ -84,16 +88,17 @@ def _slots(window: torch.Tensor, previous: torch.Tensor | None, has_previous: to
 
 
 def _entries(pool, window, previous, has_previous, position_bias, norm_weight, eps, positions, inv_freq,
-             rope_scaling) -> torch.Tensor:
-    """Pool (with ``pool``: the plain or the tiled form), normalise, rotate."""
+             rope_scaling, needed) -> torch.Tensor:
+    """Pool (with ``pool``: the plain or the tiled form), normalise, rotate; zero the rows not needed."""
     pooled = pool(*_slots(window, previous, has_previous, position_bias))
-    return rope(rms_norm(pooled, norm_weight, eps), positions, inv_freq, rope_scaling)
+    entries = rope(rms_norm(pooled, norm_weight, eps), positions, inv_freq, rope_scaling)
+    return entries if needed is None else torch.where(needed[:, None], entries, 0)
 
 
 @reference_op(sample_inputs=_compress_entries_samples, rows=Rows((0, 1, 2, 6), narrow=_select_windows))
 def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
                      position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
-                     inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
+                     inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None) -> torch.Tensor:
     """The compressor's KV entries of closed windows: gated pooling, RMSNorm, RoPE at the window's position.
 
     window: [n, r, 2 * width] (kv | gate projections of the window's r tokens, model dtype).  Without overlap
@@ -105,15 +110,18 @@ def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_pr
     positions: [n] int64, each entry's RoPE position (its window's first token); inv_freq: [R/2] fp32 rotating
     the last R channels; rope_scaling: cos/sin scale.  Returns [n, dim] in window.dtype: pooled
     (:func:`compress_pool`), normalised (``rms_norm``) and rotated (``rope``), each rounded to the model dtype.
+    needed: [n] bool or None: rows where it is false are zeros, so a backend may skip their windows (a decode
+    step pools every row's window at fixed shape, but only windows that close at the token become entries).
     """
     return _entries(compress_pool, window, previous, has_previous, position_bias, norm_weight, eps, positions,
-                    inv_freq, rope_scaling)
+                    inv_freq, rope_scaling, needed)
 
 
 @batch_invariant_reference(compress_entries)
 def compress_entries_in_tiles(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
                               position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                              positions: torch.Tensor, inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
+                              positions: torch.Tensor, inv_freq: torch.Tensor, rope_scaling: float,
+                              needed: torch.Tensor | None = None) -> torch.Tensor:
     """The same entries, pooled by :func:`compress_pool_in_tiles` (the rest is elementwise or per row)."""
     return _entries(compress_pool_in_tiles, window, previous, has_previous, position_bias, norm_weight, eps,
-                    positions, inv_freq, rope_scaling)
+                    positions, inv_freq, rope_scaling, needed)

@@ -39,12 +39,12 @@ class Compressor:
         self.dim = self.width // 2 if overlap else self.width
 
     def _entries(self, window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
-                 positions: torch.Tensor) -> torch.Tensor:
+                 positions: torch.Tensor, needed: torch.Tensor | None = None) -> torch.Tensor:
         """Entries ``[n, dim]`` of windows ``[n, r, 2 * width]`` (kv | gate), rotated at ``positions``; with
         overlap ``previous`` [n, r, 2 * dim] holds series a (kv | gate) of each window's predecessor, missing
-        where ``has_previous`` [n] is false (None: nowhere)."""
+        where ``has_previous`` [n] is false (None: nowhere).  Rows not ``needed`` are zeros (None: all needed)."""
         return self.ops.compress_entries(window, previous, has_previous, self.position_bias, self.norm_weight,
-                                         self.eps, positions, self.inv_freq, self.rope_scaling)
+                                         self.eps, positions, self.inv_freq, self.rope_scaling, needed)
 
     # --- any chunk lengths (prefill, mixed steps) ---------------------------------------------------
     def _windows(self, proj: torch.Tensor, cache: CompressorCache, slot: int, start: int):
@@ -110,7 +110,8 @@ class Compressor:
             previous, has_previous = cache.overlap[slots], plan.has_previous  # [B, r, 2 * dim], [B]
             series_a = torch.cat([window[..., :d], window[..., w : w + d]], dim=-1)
             cache.overlap.index_copy_(0, slots, torch.where(plan.closing[:, None, None], series_a, previous))
-        out.index_copy_(0, out_rows, self._entries(window, previous, has_previous, plan.entry_positions))
+        # only closing windows become entries: the others are skipped (zeros, written to the unread page 0)
+        out.index_copy_(0, out_rows, self._entries(window, previous, has_previous, plan.entry_positions, plan.closing))
 
 
 def cat(parts: list[torch.Tensor]) -> torch.Tensor:
