@@ -10,19 +10,13 @@ import torch
 pytest.importorskip("triton")
 
 from deepinfer_cuda.arch import SM90A  # noqa: E402
-from deepinfer_cuda.kernel_set.manifest import variant_key  # noqa: E402
-from deepinfer_cuda.kernel_set.specialize import signature_of  # noqa: E402
 from deepinfer_cuda.kernels import rms_norm, rms_norm_rope, rope  # noqa: E402
 
 BF16 = torch.bfloat16
 
 
 def _covered(module, launch) -> bool:
-    kernel = module.KERNEL
-    sig, const = signature_of(kernel.params, launch.args)
-    key = variant_key(kernel.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)
-    return key in {variant_key(kernel.name, "sm_90a", v.signature, v.constexprs, v.num_warps, v.num_stages)
-                   for v in kernel.aot_variants(SM90A)}
+    return module.KERNEL.has_aot_variant(launch, SM90A)
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 1024])

@@ -15,8 +15,6 @@ import torch
 pytest.importorskip("triton")
 
 from deepinfer_cuda.arch import SM90A  # noqa: E402
-from deepinfer_cuda.kernel_set.manifest import variant_key  # noqa: E402
-from deepinfer_cuda.kernel_set.specialize import signature_of  # noqa: E402
 from deepinfer_cuda.kernels import compress_entries  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -38,11 +36,7 @@ def _inputs(n: int, ratio: int, dim: int, overlap: bool, masked: bool, dtype=BF1
 
 
 def _covered(launch) -> bool:
-    kernel = compress_entries.KERNEL
-    sig, const = signature_of(kernel.params, launch.args)
-    key = variant_key(kernel.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)
-    return key in {variant_key(kernel.name, "sm_90a", v.signature, v.constexprs, v.num_warps, v.num_stages)
-                   for v in kernel.aot_variants(SM90A)}
+    return compress_entries.KERNEL.has_aot_variant(launch, SM90A)
 
 
 @pytest.mark.parametrize("n", [1, 17, 64])

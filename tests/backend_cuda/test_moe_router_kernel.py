@@ -20,8 +20,6 @@ import torch
 pytest.importorskip("triton")
 
 from deepinfer_cuda.arch import SM90A  # noqa: E402
-from deepinfer_cuda.kernel_set.manifest import variant_key  # noqa: E402
-from deepinfer_cuda.kernel_set.specialize import signature_of  # noqa: E402
 from deepinfer_cuda.kernels import moe_hash_router, moe_router  # noqa: E402
 
 SCRIPT = textwrap.dedent(
@@ -134,11 +132,7 @@ def test_moe_router_kernel_under_the_triton_interpreter():
 
 
 def _covered(module, launch) -> bool:
-    kernel = module.KERNEL
-    sig, const = signature_of(kernel.params, launch.args)
-    key = variant_key(kernel.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)
-    return key in {variant_key(kernel.name, "sm_90a", v.signature, v.constexprs, v.num_warps, v.num_stages)
-                   for v in kernel.aot_variants(SM90A)}
+    return module.KERNEL.has_aot_variant(launch, SM90A)
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 1024])

@@ -134,24 +134,16 @@ def test_runtime_keys_of_model_calls_have_an_aot_variant():
     """What the dispatcher looks up for a live call is a key the builder compiles (the H200 run of 2026-11-29
     found ``sample_tokens`` on JIT: its bool pointer was declared ``*i1``, Triton says ``*u1``)."""
     from deepinfer_cuda.arch import SM90A
-    from deepinfer_cuda.kernel_set.manifest import variant_key
-    from deepinfer_cuda.kernel_set.specialize import signature_of
     from deepinfer_cuda.kernels import compress_pool, sample_tokens
 
-    def keys(module):
-        return {variant_key(module.KERNEL.name, "sm_90a", v.signature, v.constexprs, v.num_warps, v.num_stages)
-                for v in module._aot_variants(SM90A)}
-
-    def key(module, plan):
-        launch = plan.steps[0][1] if hasattr(plan, "steps") else plan
-        sig, const = signature_of(module.KERNEL.params, launch.args)
-        return variant_key(module.KERNEL.name, "sm_90a", sig, const, launch.config.num_warps, launch.config.num_stages)
+    def covered(module, plan):
+        return module.KERNEL.has_aot_variant(plan.steps[0][1] if hasattr(plan, "steps") else plan, SM90A)
 
     for rows in (1, 5):
         args = (torch.randn(rows, 129280), torch.zeros(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.int64),
                 torch.zeros(rows, dtype=torch.int64))
-        assert key(sample_tokens, sample_tokens.prepare(*args, arch=SM90A)) in keys(sample_tokens)
+        assert covered(sample_tokens, sample_tokens.prepare(*args, arch=SM90A))
     for windows, slots, dim in [(1, 8, 512), (30, 128, 512), (7, 4, 128)]:
         for dtype in (torch.bfloat16, torch.float32):
             args = (torch.randn(windows, slots, dim).to(dtype), torch.randn(windows, slots, dim))
-            assert key(compress_pool, compress_pool.prepare(*args, arch=SM90A)) in keys(compress_pool)
+            assert covered(compress_pool, compress_pool.prepare(*args, arch=SM90A))

@@ -204,6 +204,15 @@ class TritonKernel:
         self._resolved: dict[tuple[Any, ...], CubinFunction | None] = {}
         _KERNELS.append(self)
 
+    def has_aot_variant(self, launch: Launch, arch: CudaArch) -> bool:
+        """Whether the kernel set builds a cubin for ``launch``'s specialization on ``arch`` (no GPU needed): what
+        tests check so that a model's calls never fall back to the JIT."""
+        signature, constexprs = signature_of(self.params, launch.args)
+        cfg = launch.config
+        key = variant_key(self.name, arch.name, signature, constexprs, cfg.num_warps, cfg.num_stages)
+        return key in {variant_key(self.name, arch.name, v.signature, v.constexprs, v.num_warps, v.num_stages)
+                       for v in self.aot_variants(arch)}
+
     def reset(self) -> None:
         """Forget resolved variants (after the active kernel set changed)."""
         self._resolved.clear()
