@@ -72,3 +72,25 @@ def test_step_tables_are_built_once_when_first_asked():
     assert torch.equal(tables[4], torch.full((2,), 4)) and tables[4] is tables[4]
     tables[128]
     assert built == [4, 128]
+
+
+def test_closed_windows_are_where_each_compressor_writes():
+    """The windows a step closes, per sequence in batch order: first positions, page rows (also as kv rows), and
+    whether a predecessor exists (a sequence's first window has none)."""
+    layout, positions, _, _ = _setup()
+    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: t)
+    want_pos, want_rows = [], []
+    for i, (start, n) in enumerate(zip(STARTS, LENS)):
+        for w in range(start // RATIO, (start + n) // RATIO):  # the windows this chunk completes
+            want_pos.append(w * RATIO)
+            want_rows.append(int(layout.entry_rows[RATIO][i, w]))
+    assert plan.closed_positions.tolist() == want_pos and len(want_pos) > 3
+    assert plan.closed_rows.tolist() == want_rows
+    assert plan.closed_kv_rows.tolist() == [BASE + r for r in want_rows]
+    assert plan.closed_has_previous.tolist() == [p >= RATIO for p in want_pos]  # sequence 0 closes its window 0
+    none_first = RaggedLayout.build([3], [5], lambda t: t)
+    none_first.entry_rows = layout.entry_rows
+    continued = PrefillPlan.build(none_first, [1], torch.arange(5, 8), WINDOW, RATIO, BASE, lambda t: t)
+    assert continued.closed_positions.tolist() == [4] and continued.closed_has_previous is None
+    sliding = PrefillPlan.build(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
+    assert sliding.closed_positions is None and sliding.closed_rows is None

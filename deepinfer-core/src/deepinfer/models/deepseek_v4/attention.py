@@ -98,7 +98,7 @@ class Attention:
         q_residual, q, kv, inputs = self._project(x, positions)
         plan = layout.plans[self.ratio]
         if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
-            self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, pool.entry_base)
+            self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, kv_rows=True)
         cols = [plan.window_cols]
         picks = None
         if self.indexer is not None:  # CSA: the indexer's picks (None: every causal entry, as HCA)

@@ -69,31 +69,24 @@ class Compressor:
         return windows, previous
 
     def __call__(self, proj: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State],
-                 cache: CompressorCache, out: torch.Tensor, base: int) -> list[torch.Tensor]:
+                 cache: CompressorCache, out: torch.Tensor, kv_rows: bool) -> list[torch.Tensor]:
         """Feed the new tokens' projections ``proj`` [T, 2 * width] (kv | gate); entries of closed windows go to
-        ``out`` rows ``base +`` page rows.  Returns every sequence's page rows (relative to ``base``) of all its
-        entries so far."""
-        windows, previous, positions, rows, all_rows = [], [], [], [], []
-        first_window = False  # some sequence closes its first window, which has no predecessor
+        their page rows of ``out`` (``kv_rows``: ``out`` is a layer's kv tensor, whose page 0 follows the rings).
+        Where they go, their positions and predecessors come from the step's plan for the ratio.  Returns every
+        sequence's page rows (relative to page 0) of all its entries so far."""
+        plan = layout.plans[self.ratio]
+        windows, previous, all_rows = [], [], []
         for i, state in enumerate(states):
-            start, end = layout.starts[i], layout.starts[i] + layout.lens[i]
-            seq_rows = layout.entry_rows[self.ratio][i]
-            all_rows.append(seq_rows[: end // self.ratio])
-            closed = self._windows(proj[layout.rows(i)], cache, state.slot, start)
+            all_rows.append(layout.entry_rows[self.ratio][i][: (layout.starts[i] + layout.lens[i]) // self.ratio])
+            closed = self._windows(proj[layout.rows(i)], cache, state.slot, layout.starts[i])
             if closed is not None:
-                first, n = start // self.ratio, closed[0].shape[0]
                 windows.append(closed[0])
                 previous.append(closed[1])
-                positions.append(torch.arange(first * self.ratio, (first + n) * self.ratio, self.ratio,
-                                              device=proj.device))
-                rows.append(seq_rows[first : first + n])
-                first_window |= first == 0
         if windows:
-            positions = cat(positions)
-            # window w has a predecessor iff w > 0, i.e. its position is at least r: a compare on the device
-            has_previous = positions >= self.ratio if self.overlap and first_window else None
-            entries = self._entries(cat(windows), cat(previous) if self.overlap else None, has_previous, positions)
-            out.index_copy_(0, base + cat(rows), entries)
+            has_previous = plan.closed_has_previous if self.overlap else None
+            entries = self._entries(cat(windows), cat(previous) if self.overlap else None, has_previous,
+                                    plan.closed_positions)
+            out.index_copy_(0, plan.closed_kv_rows if kv_rows else plan.closed_rows, entries)
         return all_rows
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------

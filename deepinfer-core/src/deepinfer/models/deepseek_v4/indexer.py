@@ -54,7 +54,8 @@ class Indexer:
         """Picked entry ids [T, index_topk] per query (``-1`` where fewer entries are causal); ``inputs``: the
         token's projections for the indexer's compressor and head weights.  None while no sequence has more
         than ``index_topk`` entries: then every causal entry is picked, without scoring (as HCA attends)."""
-        rows = self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, 0)
+        rows = self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys,
+                               kv_rows=False)
         longest = max(r.shape[0] for r in rows)
         if longest <= self.topk:
             return None

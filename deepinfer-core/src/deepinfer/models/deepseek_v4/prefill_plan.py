@@ -27,6 +27,12 @@ class PrefillPlan:
     causal_entry_cols: torch.Tensor | None  # [T, E] pool rows of the entries complete at the query, else -1
     ring_rows: torch.Tensor  # [R] ring rows that take the step's newest latents (after every gather)
     ring_src: torch.Tensor  # [R] rows of the step's new latents that go there
+    #: The windows the step closes, in batch order (compressed layers; what every compressor of the ratio writes):
+    closed_positions: torch.Tensor | None = None  # [N] each window's first position (its entry's RoPE position)
+    closed_rows: torch.Tensor | None = None  # [N] page row (relative to page 0) its entry goes to
+    closed_kv_rows: torch.Tensor | None = None  # closed_rows as rows of a layer's kv tensor (after the rings)
+    #: [N] bool, false for a sequence's first window (CSA: no predecessor); None when every window has one
+    closed_has_previous: torch.Tensor | None = None
 
     @classmethod
     def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
@@ -44,18 +50,27 @@ class PrefillPlan:
         counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
         entries = layout.entry_rows[ratio] if ratio else None
         entry_idx = _ranges(torch.arange(seqs) * entries.shape[1], counts) if ratio else counts[:0]
+        first = starts // ratio if ratio else counts  # the first window each chunk closes, and how many it closes
+        closing = counts - first
+        closed_ids = _ranges(first, closing)
+        closed_idx = torch.arange(seqs).repeat_interleave(closing) * (entries.shape[1] if ratio else 0) + closed_ids
         hist_off = torch.cumsum(held, 0) - held
         new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
         # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
         # new_base + offset + kp - start; a sequence's entry j at entry_off + j
         per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
                                held.sum() + torch.cumsum(counts, 0) - counts], dim=1)
-        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src]
+        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx]
         flat = upload(torch.cat(parts))
         per_row = flat[: 4 * seqs].view(seqs, 4)[layout.seq_ids]  # [T, 4]
-        _, gather_rows, entry_idx, ring_rows, ring_src = flat.split([p.numel() for p in parts])
+        _, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx = flat.split([p.numel() for p in parts])
+        closed = {}
         if ratio:
             gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
+            closed_rows = entries.flatten()[closed_idx]
+            first_window = bool(((first == 0) & (closing > 0)).any())  # host tensors: no device sync
+            closed = dict(closed_positions=closed_pos, closed_rows=closed_rows, closed_kv_rows=entry_base + closed_rows,
+                          closed_has_previous=closed_pos >= ratio if first_window else None)
 
         key_pos = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)[None, :]
         start, to_hist, to_new = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
@@ -66,7 +81,7 @@ class PrefillPlan:
             entry_offsets = per_row[:, 3]
             ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
             causal = torch.where(ids < ((positions + 1) // ratio)[:, None], entry_offsets[:, None] + ids, -1)
-        return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src)
+        return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, **closed)
 
 
 def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
