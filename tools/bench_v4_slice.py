@@ -457,10 +457,11 @@ def sync_trace(model) -> str:
     return f"host syncs in one prefill of {PREFILL} tokens: {len(seen)}\n" + "\n".join(seen)
 
 
-def engine_decode(model, ops, batch: int, new_tokens: int = 33) -> dict[str, float]:
+def engine_decode(model, ops, batch: int, new_tokens: int = 49, repeats: int = 3) -> dict[str, str]:
     """Milliseconds per decode step of ``batch`` requests through ``LLM.generate`` (the whole engine: scheduler,
     graphs, sampler, output processing), with async scheduling on and off: (time of ``new_tokens`` tokens -
-    time of 1 token) / (new_tokens - 1), so the prefill cancels out.  The whole prompt batch is one prefill step
+    time of 1 token) / (new_tokens - 1), so the prefill cancels out; the median of ``repeats`` such pairs, with
+    their range (one pair of 33 tokens spread by +-30% on the H200).  The whole prompt batch is one prefill step
     (``max_num_batched_tokens``): with smaller chunks the first sequences decode beside the later ones' prefill
     and the 1-token and ``new_tokens`` runs no longer share their prefill steps."""
     import torch
@@ -475,17 +476,22 @@ def engine_decode(model, ops, batch: int, new_tokens: int = 33) -> dict[str, flo
                              max_model_len=CONTEXT + 64, async_scheduling=mode,
                              max_num_batched_tokens=batch * CONTEXT,
                              state_cache_bytes=model.state_pool_bytes(MAX_SEQS, CONTEXT + 64))
-        times = {}
-        for n in (1, new_tokens, 1, new_tokens):  # the first pair warms up (captures the decode graphs)
-            # sampled, not greedy: a random model's greedy tokens repeat, which sends the hash-routed layers'
-            # tokens to few experts and flatters the MoE (random ids, as in the timed steps above, do not)
-            params = SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, seed=7)
-            _sync()
-            start = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
-            _sync()
-            times[n] = time.perf_counter() - start
-        out["async" if mode else "sequential"] = (times[new_tokens] - times[1]) / (new_tokens - 1) * 1e3
+        per_step = []
+        for rep in range(repeats + 1):  # the first pair warms up (captures the decode graphs)
+            times = {}
+            for n in (1, new_tokens):
+                # sampled, not greedy: a random model's greedy tokens repeat, which sends the hash-routed layers'
+                # tokens to few experts and flatters the MoE (random ids, as in the timed steps above, do not)
+                params = SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, seed=7 + rep)
+                _sync()
+                start = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                _sync()
+                times[n] = time.perf_counter() - start
+            if rep:
+                per_step.append((times[new_tokens] - times[1]) / (new_tokens - 1) * 1e3)
+        out["async" if mode else "sequential"] = \
+            f"{statistics.median(per_step):.2f} ({min(per_step):.2f}-{max(per_step):.2f})"
         del llm
     return out
 
@@ -542,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_rows[batch] = engine_decode(model, ops, batch)
     report(rows, counts, bw, peak, variants)
     for batch, ms in engine_rows.items():
-        print(f"engine decode b{batch} (LLM.generate, ms per step): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
+        print(f"engine decode b{batch} (LLM.generate, ms per step, median (range)): "
+              + ", ".join(f"{k} {v}" for k, v in ms.items()))
     if variants or args.engine:
         from deepinfer_cuda.kernel_set.dispatch import _KERNELS
 
