@@ -18,6 +18,23 @@ from deepinfer.models.deepseek_v4.layout import RaggedLayout
 
 
 @dataclass(slots=True)
+class WindowAssembly:
+    """Rows (device int64) that build the windows a ragged step closes from the step's projections ``proj`` and
+    the carry-over ``pending`` ([slots * ratio] rows, flattened), and update the carry-over: a window's ``ratio``
+    slots are its sequence's held tokens (``pending``), then its new ones."""
+
+    slot_src: torch.Tensor  # [N * ratio] proj row of each window slot (slots from pending: 0, then overwritten)
+    held_dst: torch.Tensor  # [P] window slots that come from pending ...
+    held_src: torch.Tensor  # [P] ... and their pending rows
+    carry_dst: torch.Tensor  # [C] pending rows that take the tokens left after the last closed window ...
+    carry_src: torch.Tensor  # [C] ... from these proj rows
+    predecessor: torch.Tensor  # [N] the window before each in the step (a sequence's first: overwritten)
+    first: torch.Tensor  # [M] each sequence's first closed window, whose predecessor is in ``overlap`` ...
+    last: torch.Tensor  # [M] ... and its last, which ``overlap`` keeps
+    slots: torch.Tensor  # [M] those sequences' state slots
+
+
+@dataclass(slots=True)
 class PrefillPlan:
     """Index tensors (on the device) every layer of one compression ratio (0: sliding only) shares in a step."""
 
@@ -33,6 +50,9 @@ class PrefillPlan:
     closed_kv_rows: torch.Tensor | None = None  # closed_rows as rows of a layer's kv tensor (after the rings)
     #: [N] bool, false for a sequence's first window (CSA: no predecessor); None when every window has one
     closed_has_previous: torch.Tensor | None = None
+    #: How the compressors of a many-sequence step assemble those windows without a loop over sequences
+    #: (:meth:`Compressor._batched_windows`): None for the sliding-only plan.
+    assembly: WindowAssembly | None = None
 
     @classmethod
     def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
@@ -60,17 +80,20 @@ class PrefillPlan:
         # new_base + offset + kp - start; a sequence's entry j at entry_off + j
         per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
                                held.sum() + torch.cumsum(counts, 0) - counts], dim=1)
-        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx]
+        assembly = _assembly(starts % max(ratio, 1), lens, offsets, slot, closing, ratio) if ratio else []
+        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, *assembly]
         flat = upload(torch.cat(parts))
         per_row = flat[: 4 * seqs].view(seqs, 4)[layout.seq_ids]  # [T, 4]
-        _, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx = flat.split([p.numel() for p in parts])
+        _, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, *assembly = \
+            flat.split([p.numel() for p in parts])
         closed = {}
         if ratio:
             gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
             closed_rows = entries.flatten()[closed_idx]
             first_window = bool(((first == 0) & (closing > 0)).any())  # host tensors: no device sync
             closed = dict(closed_positions=closed_pos, closed_rows=closed_rows, closed_kv_rows=entry_base + closed_rows,
-                          closed_has_previous=closed_pos >= ratio if first_window else None)
+                          closed_has_previous=closed_pos >= ratio if first_window else None,
+                          assembly=WindowAssembly(*assembly))
 
         key_pos = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)[None, :]
         start, to_hist, to_new = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
@@ -82,6 +105,31 @@ class PrefillPlan:
             ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
             causal = torch.where(ids < ((positions + 1) // ratio)[:, None], entry_offsets[:, None] + ids, -1)
         return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, **closed)
+
+
+def _assembly(held: torch.Tensor, lens: torch.Tensor, offsets: torch.Tensor, slot: torch.Tensor,
+              closing: torch.Tensor, ratio: int) -> list[torch.Tensor]:
+    """:class:`WindowAssembly`'s rows on the CPU, in field order.  Per sequence: ``held`` tokens wait in its
+    carry-over, ``lens`` new ones start at proj row ``offsets``; its stream (held, then new) closes ``closing``
+    windows; token ``e`` of the stream is carry-over row ``slot * ratio + e`` if ``e < held``, else proj row
+    ``offset + e - held``."""
+    seqs = torch.arange(len(lens))
+    seq = seqs.repeat_interleave(closing * ratio)  # every window slot's sequence, and its stream index
+    e = _ranges(torch.zeros_like(closing), closing * ratio)
+    from_held = e < held[seq]
+    slot_src = torch.where(from_held, 0, offsets[seq] + e - held[seq])
+    held_dst = from_held.nonzero().flatten()
+    held_src = slot[seq][held_dst] * ratio + e[held_dst]
+    kept = (closing * ratio - held).clamp(min=0)  # new tokens before the leftover
+    carry = seqs.repeat_interleave(lens - kept)
+    t = _ranges(kept, lens - kept)
+    carry_dst = slot[carry] * ratio + held[carry] + t - closing[carry] * ratio
+    carry_src = offsets[carry] + t
+    windows = int(closing.sum())
+    ends = torch.cumsum(closing, 0)[closing > 0]
+    first, last = ends - closing[closing > 0], ends - 1
+    predecessor = (torch.arange(windows) - 1).clamp(min=0)
+    return [slot_src, held_dst, held_src, carry_dst, carry_src, predecessor, first, last, slot[closing > 0]]
 
 
 def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
