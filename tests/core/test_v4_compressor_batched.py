@@ -48,9 +48,9 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
         if overlap:
             cache.overlap.copy_(start_cache.overlap)
         out = torch.zeros(BASE + 40 * PAGE, dim)
-        rows = comp(proj, layout, states, cache, out, kv_rows=True)
-        results.append((out, cache, rows))
-    (out_a, cache_a, rows_a), (out_b, cache_b, rows_b) = results
+        comp(proj, layout, states, cache, out, kv_rows=True)
+        results.append((out, cache))
+    (out_a, cache_a), (out_b, cache_b) = results
     assert len(layout.plans[ratio].closed_positions) >= 5  # the case closes windows in most sequences
     assert torch.equal(out_a, out_b) and out_a.abs().sum() > 0
     for slot, (start, n) in zip(slots, CHUNKS):  # the carry-over rows that are live after the step
@@ -58,4 +58,3 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
         assert torch.equal(cache_a.pending[slot, :held], cache_b.pending[slot, :held]), slot
     if overlap:
         assert torch.equal(cache_a.overlap, cache_b.overlap)
-    assert all(torch.equal(a, b) for a, b in zip(rows_a, rows_b))

@@ -93,14 +93,11 @@ class Compressor:
         return windows, previous
 
     def __call__(self, proj: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State],
-                 cache: CompressorCache, out: torch.Tensor, kv_rows: bool) -> list[torch.Tensor]:
+                 cache: CompressorCache, out: torch.Tensor, kv_rows: bool) -> None:
         """Feed the new tokens' projections ``proj`` [T, 2 * width] (kv | gate); entries of closed windows go to
         their page rows of ``out`` (``kv_rows``: ``out`` is a layer's kv tensor, whose page 0 follows the rings).
-        Where they go, their positions and predecessors come from the step's plan for the ratio.  Returns every
-        sequence's page rows (relative to page 0) of all its entries so far."""
+        Where they go, their positions and predecessors come from the step's plan for the ratio."""
         plan = layout.plans[self.ratio]
-        all_rows = [layout.entry_rows[self.ratio][i][: (start + n) // self.ratio]
-                    for i, (start, n) in enumerate(zip(layout.starts, layout.lens))]
         if len(states) > BATCHED_FROM:
             windows, previous = self._batched_windows(proj, plan.assembly, cache)
         else:  # a few sequences (a prefill): fewer launches one by one
@@ -115,7 +112,6 @@ class Compressor:
             has_previous = plan.closed_has_previous if self.overlap else None
             entries = self._entries(windows, previous, has_previous, plan.closed_positions)
             out.index_copy_(0, plan.closed_kv_rows if kv_rows else plan.closed_rows, entries)
-        return all_rows
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
     def decode(self, proj: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,

@@ -54,15 +54,14 @@ class Indexer:
         """Picked entry ids [T, index_topk] per query (``-1`` where fewer entries are causal); ``inputs``: the
         token's projections for the indexer's compressor and head weights.  None while no sequence has more
         than ``index_topk`` entries: then every causal entry is picked, without scoring (as HCA attends)."""
-        rows = self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys,
-                               kv_rows=False)
-        longest = max(r.shape[0] for r in rows)
+        self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, kv_rows=False)
+        ratio = self.compressor.ratio
+        longest = max((start + n) // ratio for start, n in zip(layout.starts, layout.lens))
         if longest <= self.topk:
             return None
-        padded = cache.index_keys.new_zeros(len(rows), longest, self.head_dim)
-        for i, r in enumerate(rows):
-            padded[i, : r.shape[0]] = cache.index_keys[r]
-        return self._topk(inputs.indexer_weights, q_residual, positions, padded, layout.seq_ids)
+        # every sequence's keys through its page rows, one gather: past its own entries, keys its causal limit masks
+        keys = cache.index_keys[layout.entry_rows[ratio][:, :longest]]  # [seqs, longest, index_head_dim]
+        return self._topk(inputs.indexer_weights, q_residual, positions, keys, layout.seq_ids)
 
     def decode(self, inputs, q_residual: torch.Tensor, step: DecodeStep, plan: DecodePlan,
                cache: LayerCache) -> torch.Tensor | None:
