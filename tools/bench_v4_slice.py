@@ -24,8 +24,9 @@ torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops)
 
     python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
                                    [--variants nvidia,nvidia-eager] [--profile DIR] [--no-hf]
-                                   [--engine 1,16,64] [--sync-trace]
+                                   [--engine 1,16,64] [--mixed 63] [--sync-trace]
 
+``--mixed N`` times one continuous-batching mixed step (a prefill chunk beside N decode rows, the ragged path).
 ``--engine`` also times decode steps through ``LLM.generate`` (scheduler, graphs, sampler, output processing) with
 async scheduling on and off.  ``--sync-trace`` prints each host synchronisation of one prefill and where it comes
 from.
@@ -457,6 +458,33 @@ def sync_trace(model) -> str:
     return f"host syncs in one prefill of {PREFILL} tokens: {len(seen)}\n" + "\n".join(seen)
 
 
+def mixed_step(model, decode_rows: int) -> dict[str, float]:
+    """Milliseconds of a continuous-batching mixed step (eager, ragged): a fresh sequence's ``PREFILL``-token chunk
+    beside ``decode_rows`` sequences decoding one token each after ``CONTEXT`` tokens; wall and host queueing time
+    (medians of 3).  The decode rows advance by one token per call."""
+    import torch
+
+    from deepinfer_cuda.plugin import CudaBackend
+
+    upload = CudaBackend().to_device
+    with torch.inference_mode():
+        states = _di_prefill(model, torch.randint(0, model.vocab_size, (decode_rows, CONTEXT), device=DEVICE))
+
+        def step():
+            fresh = model.new_state()
+            try:
+                ids = torch.randint(0, model.vocab_size, (decode_rows + PREFILL,), device=DEVICE)
+                positions = upload(torch.tensor([s.num_tokens for s in states] + list(range(PREFILL))), ids.device)
+                _di_step(model, ids, positions, [1] * decode_rows + [PREFILL], states + [fresh])
+            finally:
+                fresh.release()
+
+        wall, queued = _time(step, 3), _queue_time(step, 3)
+        for state in states:
+            state.release()
+    return {"wall": wall * 1e3, "queued": queued * 1e3}
+
+
 def engine_decode(model, ops, batch: int, new_tokens: int = 49, repeats: int = 3) -> dict[str, str]:
     """Milliseconds per decode step of ``batch`` requests through ``LLM.generate`` (the whole engine: scheduler,
     graphs, sampler, output processing), with async scheduling on and off: (time of ``new_tokens`` tokens -
@@ -509,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip HF's timings (DeepInfer still uses its weights)")
     parser.add_argument("--sync-trace", action="store_true", help="print where a prefill synchronises the host")
     parser.add_argument("--engine", default="", help="decode batches to time through LLM.generate (e.g. 1,16,64)")
+    parser.add_argument("--mixed", type=int, default=0,
+                        help=f"time a mixed step: a {PREFILL}-token prefill chunk beside this many decode rows (<= 63)")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     variants = [v for v in args.variants.split(",") if v]
@@ -519,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         {"case": c, "tokens": n, "hf_s": float("nan")}
         for c, n in ([(f"prefill 1x{PREFILL}", PREFILL)] if "prefill" in cases else [])
         + [(f"decode b{c[6:]} ctx {CONTEXT}", int(c[6:])) for c in cases if c.startswith("decode")]]
-    profile_text, engine_rows = None, {}
-    if variants or args.profile or args.engine or args.sync_trace:
+    profile_text, engine_rows, mixed = None, {}, None
+    if variants or args.profile or args.engine or args.sync_trace or args.mixed:
         tables = op_tables()
         ops = SwitchableOps(tables["nvidia"])
         model = deepinfer_from_hf(hf, ops, torch.bfloat16, DEVICE)
@@ -546,7 +576,13 @@ def main(argv: list[str] | None = None) -> int:
         for batch in [int(b) for b in args.engine.split(",") if b]:
             ops.table = tables["nvidia"]
             engine_rows[batch] = engine_decode(model, ops, batch)
+        if args.mixed:
+            ops.table = tables["nvidia"]
+            mixed = mixed_step(model, min(args.mixed, MAX_SEQS - 1))
     report(rows, counts, bw, peak, variants)
+    if mixed is not None:
+        print(f"mixed step (1 x {PREFILL} prefill + {min(args.mixed, MAX_SEQS - 1)} decode rows, eager): "
+              f"{mixed['wall']:.2f} ms, queued {mixed['queued']:.2f} ms")
     for batch, ms in engine_rows.items():
         print(f"engine decode b{batch} (LLM.generate, ms per step, median (range)): "
               + ", ".join(f"{k} {v}" for k, v in ms.items()))
