@@ -42,7 +42,7 @@ def test_window_columns_read_each_querys_window():
             assert (col == -1) == (key < 0)
             if key >= 0:
                 assert keys[col] == _tag(int(seq[t]), key), (t, j)
-    assert plan.entry_offsets is None and plan.causal_entry_cols is None
+    assert plan.entry_offsets is None and plan.causal_cols is None
 
 
 def test_entry_columns_and_ring_update():
@@ -52,7 +52,8 @@ def test_entry_columns_and_ring_update():
     seq = layout.seq_ids
     for t in range(positions.shape[0]):
         complete = (int(positions[t]) + 1) // RATIO
-        cols = plan.causal_entry_cols[t].tolist()
+        assert torch.equal(plan.causal_cols[t, :WINDOW], plan.window_cols[t])
+        cols = plan.causal_cols[t, WINDOW:].tolist()
         assert [c for c in cols if c >= 0] == cols[:complete] and all(c == -1 for c in cols[complete:])
         assert [keys[c].item() for c in cols[:complete]] == [_tag(int(seq[t]), 500 + e) for e in range(complete)]
         assert keys[int(plan.entry_offsets[t]) + 0].item() == _tag(int(seq[t]), 500) or complete == 0

@@ -99,17 +99,16 @@ class Attention:
         plan = layout.plans[self.ratio]
         if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
             self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, kv_rows=True)
-        cols = [plan.window_cols]
-        picks = None
+        cols, picks = plan.window_cols, None
         if self.indexer is not None:  # CSA: the indexer's picks (None: every causal entry, as HCA)
             picks = self.indexer(inputs, q_residual, positions, layout, states, cache)
         if picks is not None:
-            cols.append(torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1))
-        elif self.compressor is not None:  # HCA: every entry whose window is complete at the query
-            cols.append(plan.causal_entry_cols)
+            cols = torch.cat([cols, torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1)], dim=1)
+        elif self.compressor is not None:  # HCA: the window and every entry whose window is complete at the query
+            cols = plan.causal_cols
         keys = torch.cat([cache.kv[plan.gather_rows], kv])
         cache.kv.index_copy_(0, plan.ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
-        return self._output(q, keys, cols[0] if len(cols) == 1 else torch.cat(cols, dim=1), positions)
+        return self._output(q, keys, cols, positions)
 
     def decode(self, x: torch.Tensor, step: DecodeStep, plan: DecodePlan, pool: StatePool,
                cache: LayerCache) -> torch.Tensor:
@@ -118,7 +117,7 @@ class Attention:
         and entry pages in place through row indices (``plan``: computed once per step for every layer)."""
         q_residual, q, kv, inputs = self._project(x, step.positions)
         cache.kv.index_copy_(0, plan.ring_rows, kv)
-        cols = [plan.window_cols]
+        cols = plan.window_cols
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
             self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv,
@@ -127,10 +126,10 @@ class Attention:
             if self.indexer is not None:  # CSA: the indexer's top-k (None: every causal entry, as HCA)
                 ids = self.indexer.decode(inputs, q_residual, step, plan, cache)
             if ids is not None:
-                cols.append(torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1))
-            else:  # HCA: every entry whose window is complete at the query
-                cols.append(ratio.causal_entry_cols)
-        return self._output(q, cache.kv, torch.cat(cols, dim=1), step.positions)
+                cols = torch.cat([cols, torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1)], dim=1)
+            else:  # HCA: the window and every entry whose window is complete at the query
+                cols = ratio.causal_cols
+        return self._output(q, cache.kv, cols, step.positions)
 
 
 class _Inputs(NamedTuple):

@@ -41,7 +41,9 @@ class PrefillPlan:
     gather_rows: torch.Tensor  # [H] rows of a layer's kv tensor that precede the new latents in its pool
     window_cols: torch.Tensor  # [T, window] pool row of each key of the window ending at the query, -1 before 0
     entry_offsets: torch.Tensor | None  # [T] pool row of entry 0 of the query's sequence (compressed layers)
-    causal_entry_cols: torch.Tensor | None  # [T, E] pool rows of the entries complete at the query, else -1
+    #: [T, window + E] window_cols, then the pool rows of the entries complete at the query (else -1): the keys of
+    #: a layer that attends to every complete entry (HCA, and CSA while its indexer picks all)
+    causal_cols: torch.Tensor | None
     ring_rows: torch.Tensor  # [R] ring rows that take the step's newest latents (after every gather)
     ring_src: torch.Tensor  # [R] rows of the step's new latents that go there
     #: The windows the step closes, in batch order (compressed layers; what every compressor of the ratio writes):
@@ -103,7 +105,8 @@ class PrefillPlan:
         if ratio:
             entry_offsets = per_row[:, 3]
             ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
-            causal = torch.where(ids < ((positions + 1) // ratio)[:, None], entry_offsets[:, None] + ids, -1)
+            causal = torch.cat([window_cols, torch.where(ids < ((positions + 1) // ratio)[:, None],
+                                                         entry_offsets[:, None] + ids, -1)], dim=1)
         return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, **closed)
 
 

@@ -42,7 +42,9 @@ class RatioPlan:
     entry_write_kv: torch.Tensor  # entry_write as a row of the layer's KV pool (after the rings)
     entry_rows: torch.Tensor  # [B, pages * page_size] page row of every entry id the page table covers
     entry_cols: torch.Tensor  # [B, pages * page_size] the same as rows of the layer's KV pool
-    causal_entry_cols: torch.Tensor  # entry_cols, -1 for entries not complete at the token (HCA attends to all)
+    #: [B, window + pages * page_size] the plan's window_cols, then entry_cols with -1 for entries not complete at
+    #: the token: the keys of a layer that attends to every complete entry (HCA; CSA while its indexer picks all)
+    causal_cols: torch.Tensor
 
 
 @dataclass(slots=True)
@@ -70,6 +72,6 @@ class DecodePlan:
             cols = entry_base + rows
             complete = torch.arange(rows.shape[1], device=pos.device)[None, :] < ((pos + 1) // r)[:, None]
             ratios[r] = RatioPlan(slots * r + pos % r, closing, pos >= r, entry * r, write, entry_base + write,
-                                  rows, cols, torch.where(complete, cols, -1))
+                                  rows, cols, torch.cat([window_cols, torch.where(complete, cols, -1)], dim=1))
         seq_ids = torch.arange(pos.shape[0], device=pos.device)
         return cls(slots * window + pos % window, window_cols, seq_ids, ratios)
