@@ -629,8 +629,9 @@ def report(rows, counts: ParamCounts, bw: float, peak: float, variants: list[str
         if replays:
             print(f"{'':22} graph replay alone (device time of the step): " + ", ".join(replays))
             if r["case"].startswith("prefill"):
-                print(f"{'':22} MFU of the replay: " + ", ".join(
-                    f"{v}: {r['flops'] / r[f'di_{v}_replay_s'] / peak:.1%}" for v in variants if f"di_{v}_replay_s" in r))
+                mfu = [f"{v}: {r['flops'] / r[f'di_{v}_replay_s'] / peak:.1%}"
+                       for v in variants if f"di_{v}_replay_s" in r]
+                print(f"{'':22} MFU of the replay: " + ", ".join(mfu))
         for v in variants:
             if f"di_{v}_host_s" in r:
                 host = r[f"di_{v}_host_s"]

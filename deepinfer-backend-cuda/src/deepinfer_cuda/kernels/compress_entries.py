@@ -193,7 +193,8 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
     masked = overlap and has_previous is not None
     out = torch.empty((n, dim), dtype=window.dtype, device=window.device)
     cfg, const = _plan(arch, ratio, dim, overlap, masked, needed is not None, 2 * half)
-    args = dict(window_ptr=window.contiguous(), previous_ptr=previous.to(window.dtype).contiguous() if overlap else None,
+    args = dict(window_ptr=window.contiguous(),
+                previous_ptr=previous.to(window.dtype).contiguous() if overlap else None,
                 has_prev_ptr=has_previous.to(torch.bool).contiguous() if masked else None,
                 needed_ptr=None if needed is None else needed.to(torch.bool).contiguous(),
                 bias_ptr=position_bias.to(torch.float32).contiguous(), weight_ptr=norm_weight.contiguous(),
