@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, arch_for_capability
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.cubin import CubinFunction
@@ -133,8 +135,6 @@ class LaunchChain:
 
 def cuda_target(t: Any) -> tuple[int, CudaArch]:
     """(device index, kernel-set architecture) of the CUDA tensor ``t``; raises where the set has no arch."""
-    import torch
-
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     arch = device_arch(index)
     if arch is None:
@@ -144,14 +144,11 @@ def cuda_target(t: Any) -> tuple[int, CudaArch]:
 
 
 _UNRESOLVED = object()
-_Tensor: Any = None  # torch.Tensor, bound on first import of torch by TritonKernel
 
 
 def _value_spec(v: Any) -> Any:
     """What of a runtime argument Triton's specialization can depend on (tensor: dtype and 16-byte alignment;
     int: 1, divisibility by 16, width), as a hashable value."""
-    import torch
-
     if isinstance(v, torch.Tensor):
         return v.dtype, not v.data_ptr() & 15
     if isinstance(v, bool):
@@ -165,8 +162,6 @@ def _value_spec(v: Any) -> Any:
 
 def _current_stream(device_index: int) -> int:
     """torch's current raw stream handle on ``device_index`` (the private call Triton's launcher uses too)."""
-    import torch
-
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if getter is not None:
         return getter(device_index)
@@ -176,8 +171,6 @@ def _current_stream(device_index: int) -> int:
 @functools.cache
 def device_arch(device_index: int) -> CudaArch | None:
     """The kernel-set architecture of CUDA device ``device_index`` (None: the set has none for it)."""
-    import torch
-
     return arch_for_capability(torch.cuda.get_device_capability(device_index))
 
 
@@ -193,10 +186,6 @@ class TritonKernel:
         self.name = name
         self.jit_fn = jit_fn
         self.aot_variants = aot_variants
-        global _Tensor
-        import torch
-
-        _Tensor = torch.Tensor
         self.params: list[ParamInfo] = params_of(jit_fn)
         self._pairs = [(p.name, p.is_constexpr) for p in self.params]
         #: Launches per path since the last reset: {"cubin": n, "jit": n}.
@@ -219,15 +208,11 @@ class TritonKernel:
         self.launch_counts = {"cubin": 0, "jit": 0}
 
     def __call__(self, grid: tuple[int, ...], *, num_warps: int, num_stages: int, **args: Any) -> None:
-        import torch
-
         self.launch(grid, LaunchConfig(num_warps=num_warps, num_stages=num_stages), args, torch.cuda.current_device())
 
     def launch(self, grid: tuple[int, ...], config: LaunchConfig, args: dict[str, Any], device_index: int) -> None:
         """Launch on ``device_index`` (made current if it is not): the per-launch path, kept short because a
         prefill makes ~200 of these from Python (one device query, one spec tuple, one dict lookup)."""
-        import torch
-
         if torch.cuda.current_device() != device_index:
             with torch.cuda.device(device_index):
                 return self.launch(grid, config, args, device_index)
@@ -255,7 +240,7 @@ class TritonKernel:
             v = args[name]
             if constexpr:
                 append(v)
-            elif type(v) is _Tensor:
+            elif type(v) is torch.Tensor:
                 append((v.dtype, not v.data_ptr() & 15))
             elif type(v) is int:
                 append((v == 1, not v & 15, -(2**31) <= v < 2**31, v >= 2**63))
