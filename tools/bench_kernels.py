@@ -2,7 +2,8 @@
 """Time the CUDA backend's kernels against core's reference ops and the memory roofline (GPU host only).
 
     python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
-    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample)
+    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample,
+                                             # fused)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
 kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
@@ -259,6 +260,55 @@ def compress_and_sample_rows() -> list[dict[str, object]]:
     return out
 
 
+def fused_rows() -> list[dict[str, object]]:
+    """The fused ops at V4-Flash shapes (bf16, rope dim 64): the compressor's entry (CSA: 4-token windows with their
+    predecessors, dim 512; HCA: 128, 512; decode rows with a quarter of the windows closing), norm + RoPE of the
+    queries (64 x 512) and of the K=V latent, the MoE router's kernel (256 experts, top-6, after the GEMM).  Memory
+    floor: inputs read once, output written once."""
+    import torch
+
+    from deepinfer.ops.compress import compress_entries as entries_reference
+    from deepinfer.ops.moe import moe_router as router_reference
+    from deepinfer.ops.rope import rms_norm_rope as norm_rope_reference
+    from deepinfer_cuda.kernels import compress_entries, moe_router, rms_norm_rope
+
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda").to(dtype)
+
+    inv_freq = 1.0 / (160000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64))
+    cases = []
+    for label, n, ratio, overlap, decode in [("CSA prefill 1024 tok", 256, 4, True, False),
+                                             ("HCA prefill 1024 tok", 8, 128, False, False),
+                                             ("CSA decode b64", 64, 4, True, True),
+                                             ("HCA decode b64", 64, 128, False, True)]:
+        width = 1024 if overlap else 512
+        args = (randn(n, ratio, 2 * width), randn(n, ratio, 1024) if overlap else None,
+                torch.arange(n, device="cuda") > 0 if overlap else None, randn(ratio, width, dtype=torch.float32),
+                1 + 0.1 * randn(512, dtype=torch.float32), 1e-6, ratio * torch.arange(n, device="cuda"), inv_freq, 1.0)
+        needed = torch.arange(n, device="cuda") % 4 == 3 if decode else None
+        nbytes = args[0].numel() * 2 + (args[1].numel() * 2 if overlap else 0) + n * 512 * 2
+        cases.append(("entries", f"{label} {n}x{ratio}x512", nbytes, compress_entries,
+                      lambda args=args, needed=needed: compress_entries.compress_entries(*args, needed),
+                      lambda args=args, needed=needed: entries_reference(*args, needed)))
+    for label, tokens in [("prefill", 1024), ("decode b64", 64), ("decode b1", 1)]:
+        pos = torch.arange(tokens, device="cuda")
+        q, latent, w = randn(tokens, 64, 512), randn(tokens, 512), randn(512, dtype=torch.float32)
+        cases.append(("norm+rope", f"{label} q {tokens}x64x512", q.numel() * 4, rms_norm_rope,
+                      lambda q=q, pos=pos: rms_norm_rope.rms_norm_rope(q, None, 1e-6, pos, inv_freq),
+                      lambda q=q, pos=pos: norm_rope_reference(q, None, 1e-6, pos, inv_freq)))
+        cases.append(("norm+rope", f"{label} latent {tokens}x512", latent.numel() * 4, rms_norm_rope,
+                      lambda x=latent, w=w, pos=pos: rms_norm_rope.rms_norm_rope(x, w, 1e-6, pos, inv_freq),
+                      lambda x=latent, w=w, pos=pos: norm_rope_reference(x, w, 1e-6, pos, inv_freq)))
+        x, gate, bias = randn(tokens, 4096), randn(256, 4096) * 4096**-0.5, 0.1 * randn(256, dtype=torch.float32)
+        cases.append(("router", f"{label} {tokens}x4096 E=256 top-6", gate.numel() * 2 + x.numel() * 2, moe_router,
+                      lambda x=x, g=gate, b=bias: moe_router.moe_router(x, g, b, 6, 2.5, "sqrtsoftplus"),
+                      lambda x=x, g=gate, b=bias: router_reference(x, g, b, 6, 2.5, "sqrtsoftplus")))
+    return [{"op": op, "case": case, "bytes": nbytes, "ours_s": _bench(ours), "ours_graph_s": _graph_time(ours),
+             "reference_s": _bench(ref), "reference_graph_s": _graph_time(ref),
+             "path": "cubin" if module.KERNEL.launch_counts["cubin"] else "jit"}
+            for op, case, nbytes, module, ours, ref in cases]
+
+
 _BW = [0.0]
 
 
@@ -268,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--ops", default="rms_norm,rope_hc,moe", help="groups: rms_norm, rope_hc, moe, attention, compress_sample")
+    parser.add_argument("--ops", default="rms_norm,rope_hc,moe",
+                        help="groups: rms_norm, rope_hc, moe, attention, compress_sample, fused")
     args = parser.parse_args(argv)
     groups = args.ops.split(",")
     bw = _BW[0] = copy_bandwidth()
@@ -280,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += attention_rows(peak) + indexer_rows(peak)
     if "compress_sample" in groups:
         rows += compress_and_sample_rows()
+    if "fused" in groups:
+        rows += fused_rows()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
     print("eager = one call timed end to end (host launch cost included); graph = device time per call")
