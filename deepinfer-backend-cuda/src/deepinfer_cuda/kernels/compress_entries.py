@@ -29,6 +29,7 @@ from deepinfer_cuda.arch import CudaArch, LaunchConfig, compress_entries_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.compress_pool import _rounded
+from deepinfer_cuda.kernels.rope import rope_pairs
 
 #: (ratio, dim, overlap) compiled ahead of time: V4's CSA (ratio 4, series a | b) at head dim 512, its indexer's
 #: compressor at 128, HCA (ratio 128); rope dim 64 throughout.
@@ -184,9 +185,9 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
     overlap = previous is not None
     width = position_bias.shape[-1]
     dim = width // 2 if overlap else width
-    half = inv_freq.numel()
-    if dim % 2 or half & (half - 1) or 2 * half > dim:
-        raise ValueError(f"compress_entries: {half} frequency pairs (a power of two, at most half of {dim}) expected")
+    half = rope_pairs("compress_entries", inv_freq, dim)
+    if dim % 2:  # the program splits the whole row into pairs
+        raise ValueError(f"compress_entries: an even entry width expected, got {dim}")
     if window.shape[-1] != 2 * width or (overlap and previous.shape != (n, ratio, 2 * dim)):
         raise ValueError(f"compress_entries: window {tuple(window.shape)} / previous "
                          f"{None if previous is None else tuple(previous.shape)} do not match width {width}")

@@ -23,6 +23,7 @@ from triton.language.extra import libdevice
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_rope_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernels.rope import rope_pairs
 
 #: (head_dim, rope_dim, heads) compiled ahead of time: V4 queries (64 heads, unweighted) and the K=V latent (1,
 #: fp32 weight) at head_dim 512; the lightning indexer's 128 (queries and keys) in case it fuses too.
@@ -105,9 +106,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions:
             inv_freq: torch.Tensor, attention_scaling: float = 1.0, *, arch: CudaArch) -> Launch:
     """Plan ``rms_norm_rope(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     dim = x.shape[-1]
-    half = inv_freq.numel()
-    if half & (half - 1) or 2 * half > dim:
-        raise ValueError(f"rms_norm_rope: {half} frequency pairs (a power of two, at most half of {dim}) expected")
+    half = rope_pairs("rms_norm_rope", inv_freq, dim)
     if x.stride(-1) != 1:
         x = x.contiguous()
     x3 = x if x.dim() == 3 else x.unsqueeze(1)

@@ -78,13 +78,20 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("rope", _rope_kernel, _aot_variants)
 
 
+def rope_pairs(op: str, inv_freq: torch.Tensor, dim: int) -> int:
+    """The number of rotated channel pairs, checked the way every kernel that rotates needs it: a power of two
+    (one tile of pairs), at most half of the ``dim`` channels."""
+    half = inv_freq.numel()
+    if half & (half - 1) or 2 * half > dim:
+        raise ValueError(f"{op}: {half} frequency pairs (a power of two, at most half of {dim}) expected")
+    return half
+
+
 def prepare(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
             inverse: bool = False, *, arch: CudaArch) -> Launch:
     """Plan ``rope(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     dim = x.shape[-1]
-    half = inv_freq.numel()
-    if half & (half - 1) or 2 * half > dim:
-        raise ValueError(f"rope: {half} frequency pairs (a power of two, at most half of {dim}) expected")
+    half = rope_pairs("rope", inv_freq, dim)
     if x.stride(-1) != 1:
         x = x.contiguous()
     x3 = x if x.dim() == 3 else x.unsqueeze(1)

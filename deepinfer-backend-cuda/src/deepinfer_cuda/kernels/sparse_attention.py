@@ -41,6 +41,7 @@ from triton.language.extra import libdevice
 from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles, sparse_attention_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernels.rope import rope_pairs
 
 #: (heads, head_dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 512, and 128 x 512 (V4-Pro width).
 AOT_SHAPES = ((64, 512), (128, 512))
@@ -292,10 +293,7 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     rope_half = 0
     if inv_freq is not None:
-        rope_half = inv_freq.numel()
-        if rope_half & (rope_half - 1) or 2 * rope_half > dim:
-            raise ValueError(f"sparse_attention_inverse_rope: {rope_half} frequency pairs (a power of two, at most "
-                             f"half of {dim}) expected")
+        rope_half = rope_pairs("sparse_attention_inverse_rope", inv_freq, dim)
         positions = positions.to(device=q.device, dtype=torch.int64).contiguous()
         inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
     out = torch.empty_like(q)
