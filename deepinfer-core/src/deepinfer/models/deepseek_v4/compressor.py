@@ -101,14 +101,12 @@ class Compressor:
         if len(states) > BATCHED_FROM:
             windows, previous = self._batched_windows(proj, plan.assembly, cache)
         else:  # a few sequences (a prefill): fewer launches one by one
-            windows, previous = [], []
-            for i, state in enumerate(states):
-                closed = self._windows(proj[layout.rows(i)], cache, state.slot, layout.starts[i])
-                if closed is not None:
-                    windows.append(closed[0])
-                    previous.append(closed[1])
-            windows, previous = (cat(windows), cat(previous) if self.overlap else None) if windows else (None, None)
-        if windows is not None and windows.shape[0]:
+            closed = [self._windows(proj[layout.rows(i)], cache, state.slot, layout.starts[i])
+                      for i, state in enumerate(states)]
+            closed = [c for c in closed if c is not None]
+            windows = cat([w for w, _ in closed]) if closed else None
+            previous = cat([p for _, p in closed]) if closed and self.overlap else None
+        if plan.closed_positions.shape[0]:  # the step closes a window (the carry-over is updated either way)
             has_previous = plan.closed_has_previous if self.overlap else None
             entries = self._entries(windows, previous, has_previous, plan.closed_positions)
             out.index_copy_(0, plan.closed_kv_rows if kv_rows else plan.closed_rows, entries)
