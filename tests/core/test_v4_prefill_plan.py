@@ -1,6 +1,8 @@
 """The prefill plan's index tensors point every query at the right keys: window history from the rings, new
 latents of the step, and each sequence's compressed entries, for fresh, continued and short chunks."""
 
+import dataclasses
+
 import torch
 
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
@@ -95,3 +97,19 @@ def test_closed_windows_are_where_each_compressor_writes():
     assert continued.closed_positions.tolist() == [4] and continued.closed_has_previous is None
     sliding = PrefillPlan.build(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
     assert sliding.closed_positions is None and sliding.closed_rows is None
+
+
+def test_uploaded_tables_start_16_byte_aligned():
+    """Every table the plan uploads starts on a 16-byte boundary (the CUDA kernel set is compiled for aligned
+    pointers; a misaligned view would fall back to Triton's JIT): odd part lengths are padded in the upload."""
+    layout, positions, _, _ = _setup()
+    uploads = []
+    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: uploads.append(t) or t)
+    assert len(uploads) == 1  # still one host-to-device copy
+    tables = [plan.closed_positions, plan.closed_rows, plan.ring_rows, plan.ring_src,
+              *(getattr(plan.assembly, f.name) for f in dataclasses.fields(plan.assembly))]
+    assert any(t.numel() % 2 for t in tables)  # the case has odd lengths to pad
+    base = uploads[0].data_ptr()
+    for t in tables:
+        if t.numel() and t.untyped_storage().data_ptr() == base:
+            assert (t.data_ptr() - base) % 16 == 0

@@ -84,10 +84,9 @@ class PrefillPlan:
                                held.sum() + torch.cumsum(counts, 0) - counts], dim=1)
         assembly = _assembly(starts % max(ratio, 1), lens, offsets, slot, closing, ratio) if ratio else []
         parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, *assembly]
-        flat = upload(torch.cat(parts))
-        per_row = flat[: 4 * seqs].view(seqs, 4)[layout.seq_ids]  # [T, 4]
-        _, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, *assembly = \
-            flat.split([p.numel() for p in parts])
+        per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, *assembly = \
+            _aligned_upload(parts, upload)
+        per_row = per_seq.view(seqs, 4)[layout.seq_ids]  # [T, 4]
         closed = {}
         if ratio:
             gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
@@ -133,6 +132,20 @@ def _assembly(held: torch.Tensor, lens: torch.Tensor, offsets: torch.Tensor, slo
     first, last = ends - closing[closing > 0], ends - 1
     predecessor = (torch.arange(windows) - 1).clamp(min=0)
     return [slot_src, held_dst, held_src, carry_dst, carry_src, predecessor, first, last, slot[closing > 0]]
+
+
+def _aligned_upload(parts: list[torch.Tensor], upload: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """int64 ``parts`` on the device through one upload, each view starting 16-byte aligned (an even offset): the
+    CUDA kernel set is compiled for aligned pointers, so a misaligned view would run through Triton's JIT."""
+    sizes = [p.numel() for p in parts]
+    padded = [n + n % 2 for n in sizes]
+    flat = torch.zeros(sum(padded), dtype=torch.int64)
+    at = 0
+    for part, n, width in zip(parts, sizes, padded):
+        flat[at : at + n] = part
+        at += width
+    flat = upload(flat)
+    return [view[:n] for view, n in zip(flat.split(padded), sizes)]
 
 
 def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
