@@ -150,3 +150,28 @@ def test_overrides_use_core_op_names_and_signatures():
         assert list(inspect.signature(impl).parameters) == list(ref.parameters), name
     assert CudaBackend().load_ops() is OVERRIDES
     assert set(SUPPORTED_CAPABILITIES) == {a.capability for a in ARCHS}
+
+
+def test_tma_descriptor_variant_lowers_to_a_tensor_map_the_launcher_packs():
+    """The MoE GEMMs read weights through host TMA descriptors: the builder records how Triton lowered each one
+    (``tensordesc_meta``) and the PTX params it expands to (a 128-byte ``CUtensorMap``, its shape, its strides), and
+    the cubin launcher's storage has one slot of the right size per PTX param."""
+    import ctypes
+
+    from deepinfer_cuda.kernel_set.compile import compile_variant
+    from deepinfer_cuda.kernel_set.cubin import param_storage
+    from deepinfer_cuda.kernels import moe_experts
+
+    variant = moe_experts._aot_down_variants(SM90A)[0]
+    assert variant.signature["w2_desc"].startswith("tensordesc<bf16[")
+    entry, _ = compile_variant(moe_experts.DOWN_KERNEL, SM90A, variant)
+    (meta,) = entry.tensordesc_meta
+    assert meta["elem_size"] == 2 and len(meta["block_size"]) == 2 and meta["swizzle"] in (0, 1, 2, 3)
+    names = [n for n, _ in entry.signature]
+    at = names.index("w2_desc")  # the params before it are one each
+    assert entry.ptx_params[at : at + 5] == [".b8", ".u32", ".u32", ".u64", ".u64"]
+    storage, plain, maps = param_storage(entry)
+    assert len(storage) == len(entry.ptx_params) and [n for _, n in maps] == ["w2_desc"]
+    assert len(plain) == len(names) - 1
+    sizes = {".b8": 128, ".u32": 4, ".u64": 8, ".f32": 4, ".u8": 1, ".u16": 2}
+    assert [ctypes.sizeof(s) for s in storage] == [sizes[t] for t in entry.ptx_params]

@@ -26,6 +26,10 @@ def _values():
     yield torch.empty(9, dtype=torch.bfloat16)[1:]
     yield from [0, 1, 2, 15, 16, 17, 32, -16, -17, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**40, 2**63, 2**64 - 1]
     yield from [0.0, 1.0, 1e-6, True, False, None]
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    yield TensorDescriptor.from_tensor(torch.empty(64, 256, dtype=torch.bfloat16), [32, 256])  # a host TMA descriptor
+    yield TensorDescriptor.from_tensor(torch.empty(8, 64, dtype=torch.float32), [8, 16])
 
 
 @pytest.mark.parametrize("specialize, align", [(True, True), (False, True), (True, False), (False, False)])

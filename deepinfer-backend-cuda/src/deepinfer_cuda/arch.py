@@ -173,20 +173,22 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
                        element_bytes: int = 2) -> MoeTiles:
     """Tiles for ``slots_per_expert`` = T*k // E, the mean number of token slots an expert receives.
 
-    Every decode tier streams each hit expert's weights once through 16-row tiles (the read is the roofline term):
+    Weight tiles arrive by TMA (the kernels' weight descriptors).  Every decode tier streams each hit expert's
+    weights once through 16-row tiles (the read is the roofline term):
     - fewer slots than experts (0: decode b1..b10 at 64 experts, ..b42 at 256): few experts are hit, so the
-      programs per expert must fill the GPU.  16 gate + 16 up columns (up) and 32 columns (down) per program over
-      256-deep reduction tiles, 3 stages: 24 KiB a stage, 48 KiB of shared memory a program (2 stages in
-      flight), so 4 programs share an SM (one's pipeline fills while the others stream) and b1's 6 experts make
-      768 + 768 programs of 256 / 128 KiB (the next tier: 384 + 384, one 120 KiB program per SM, 3 waves with a
-      ramp and a tail each);
-    - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (~87% of the copy ceiling at b16 / b64, H200);
+      programs per expert must fill the GPU.  32 gate + 32 up columns (up) and 64 columns (down) per program over
+      256-deep reduction tiles, 3 stages: b1's 7 slots (6 experts + the shared one) make 448 + 448 programs.
+      On the H200 (2026-12-01, V4 slice layer) the up GEMM took 58.9 µs (94% of the copy ceiling) against 71.4
+      with pointer loads of 16 + 16 columns and 77.1 with TMA at 16 + 16; down 31.2 µs against 31.5;
+    - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (~87% of the copy ceiling at b16 / b64, H200; TMA and
+      pointer loads within 1% there);
     - prefill (>= 32): 128-row tiles over 128 gate + 128 up (up) / 256 (down) columns, 64-deep reduction tiles,
       8 warps = two warpgroups stacked in M, so each issues m64n128 (up, twice) / m64n256 (down) wgmmas: wide
-      enough that shared memory feeds the tensor cores (m64n64 cannot), 3 stages (48 KiB a stage).  At 1024
-      tokens (~96 slots an expert) an expert is one block, so each weight tile leaves L2 once; the old 64-row
-      tiles over 64 + 64 / 128 columns ran at 41% / 33% of the bf16 peak (H200).  ``tools/sweep_moe_prefill.py``
-      times the alternatives (64-row tiles, stages, reduction depth, program order).
+      enough that shared memory feeds the tensor cores (m64n64 cannot), 4 stages of 48 KiB.  At 1024 tokens
+      (~96 slots an expert) an expert is one block, so each weight tile leaves L2 once.  With TMA weight tiles
+      and 4 stages the 1024-token layer (shared expert included) took 684 + 359 µs against 739 + 371 with
+      pointer loads and 3 stages (H200); the old 64-row tiles over 64 + 64 / 128 columns ran at 41% / 33% of
+      the bf16 peak.  ``tools/sweep_moe_prefill.py`` times the alternatives.
     fp32 inputs (tests) halve the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed
     the padded problem dims.
     """
@@ -199,13 +201,13 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
     wide = 2 if element_bytes > 2 else 1
     if slots_per_expert < 1:
         narrow = LaunchConfig(num_warps=4, num_stages=3)
-        return MoeTiles(16, narrow, fit(16, inter), fit(256 // wide, hidden),
-                        narrow, fit(32, hidden), fit(256 // wide, inter))
+        return MoeTiles(16, narrow, fit(32, inter), fit(256 // wide, hidden),
+                        narrow, fit(64, hidden), fit(256 // wide, inter))
     stages = LaunchConfig(num_warps=4, num_stages=4 // wide)
     if slots_per_expert < 32:
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
-    wgmma = LaunchConfig(num_warps=8, num_stages=3 if wide == 1 else 2)
+    wgmma = LaunchConfig(num_warps=8, num_stages=4 if wide == 1 else 2)
     return MoeTiles(128, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter),
                     cols_inner=True)
 

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.manifest import HIDDEN_PARAMS_BY_COUNT, KernelEntry, sha256_bytes, variant_key
-from deepinfer_cuda.kernel_set.specialize import ptx_param_type
+from deepinfer_cuda.kernel_set.specialize import ptx_param_types, tensordesc_rank
 
 if TYPE_CHECKING:
     from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 
 _PTX_ENTRY = re.compile(r"\.visible\s+\.entry\s+(\w+)\s*\(([^)]*)\)")
-_PTX_PARAM = re.compile(r"\.param\s+(\.\w+)")
+_PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?(\.\w+)")  # a CUtensorMap: .align 64 .b8 [128]
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,7 +77,12 @@ def compile_variant(kernel: "TritonKernel", arch: CudaArch, variant: Variant) ->
         raise AotError(f"{where}: clusters, cooperative or PDL launches are not supported by the cubin launcher")
 
     entry_name, ptx_params = ptx_entry_params(compiled.asm["ptx"])
-    explicit = [ptx_param_type(t) for t in variant.signature.values()]
+    explicit = [p for t in variant.signature.values() for p in ptx_param_types(t)]
+    descriptors = sum(tensordesc_rank(t.split(":")[0]) is not None for t in variant.signature.values())
+    tensordesc_meta = list(getattr(md, "tensordesc_meta", None) or [])
+    if len(tensordesc_meta) != descriptors or any(m.get("fp4_padded") for m in tensordesc_meta):
+        raise AotError(f"{where}: {descriptors} TMA descriptors, {len(tensordesc_meta)} lowered to a CUtensorMap "
+                       "(the cubin launcher encodes only those, and no padded fp4)")
     n_hidden = len(ptx_params) - len(explicit)
     if ptx_params[: len(explicit)] != explicit or n_hidden not in HIDDEN_PARAMS_BY_COUNT:
         raise AotError(f"{where}: PTX params {ptx_params} do not extend the signature {explicit} "
@@ -107,5 +112,6 @@ def compile_variant(kernel: "TritonKernel", arch: CudaArch, variant: Variant) ->
         hidden_params=list(HIDDEN_PARAMS_BY_COUNT[n_hidden]),
         launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
         launch_pdl=bool(getattr(md, "launch_pdl", False)),
+        tensordesc_meta=tensordesc_meta,
     )
     return entry, cubin

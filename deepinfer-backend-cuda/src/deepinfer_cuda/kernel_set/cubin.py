@@ -2,7 +2,9 @@
 
 The launch follows the manifest entry, not Triton's launcher: explicit parameters packed by their
 Triton types, then the hidden trailing pointers as null (the builder refused kernels that need scratch
-memory), ``32 * num_warps`` threads, the entry's dynamic shared memory.
+memory), ``32 * num_warps`` threads, the entry's dynamic shared memory.  A host-side TMA descriptor
+(``TensorDescriptor``) is passed as Triton's launcher passes it: the ``CUtensorMap`` encoded with the
+entry's ``tensordesc_meta`` (cached: weights keep their address), then its shape and strides.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from deepinfer_cuda.kernel_set.manifest import KernelEntry
+from deepinfer_cuda.kernel_set.specialize import tensordesc_rank
 
 _CTYPES: dict[str, type] = {
     "i1": ctypes.c_uint8, "u1": ctypes.c_uint8, "i8": ctypes.c_int8, "u8": ctypes.c_uint8,
@@ -22,6 +25,9 @@ _CTYPES: dict[str, type] = {
     "i64": ctypes.c_int64, "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double,
 }
 _STATIC_SHARED_LIMIT = 48 * 1024
+#: Triton's device TMA element-type enum -> the driver's CUtensorMapDataType (they differ for 8, 9, 10).
+_TMA_HOST_DTYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+_CU_TENSOR_MAP_L2_PROMOTION_128B = 2
 
 
 def param_ctype(sig_type: str) -> type:
@@ -60,8 +66,8 @@ def _check(result: Any, what: str) -> Any:
 class CubinFunction:
     """One loaded cubin on one device, ready to launch."""
 
-    __slots__ = ("entry", "device_index", "_module", "_function", "_names", "_storage", "_params", "_params_addr",
-                 "_threads", "_lock")
+    __slots__ = ("entry", "device_index", "_module", "_function", "_plain", "_maps", "_storage", "_params",
+                 "_params_addr", "_threads", "_lock")
 
     def __init__(self, entry: KernelEntry, cubin: bytes, device_index: int):
         driver = _driver()
@@ -87,11 +93,9 @@ class CubinFunction:
             _check(driver.cuFuncSetAttribute(
                 self._function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 optin - static), "cuFuncSetAttribute")
-        self._names = [name for name, _ in entry.signature]
         # Parameter storage is allocated once and refilled per launch: cuLaunchKernel copies the values
         # before it returns, and the lock keeps two threads from interleaving their fills.
-        self._storage = [param_ctype(ty)() for _, ty in entry.signature]
-        self._storage += [ctypes.c_uint64(0) for _ in entry.hidden_params]
+        self._storage, self._plain, self._maps = param_storage(entry)
         self._params = (ctypes.c_void_p * len(self._storage))(*[ctypes.addressof(v) for v in self._storage])
         self._params_addr = ctypes.addressof(self._params)
         self._threads = 32 * entry.num_warps
@@ -106,10 +110,76 @@ class CubinFunction:
         if gx * gy * gz == 0:
             return
         with self._lock:
-            for slot, name in zip(self._storage, self._names):
+            for slot, name in self._plain:
                 value = args[name]
                 slot.value = value.data_ptr() if isinstance(value, torch.Tensor) else value
+            for tensor_map, name in self._maps:
+                tensor_map.fill(args[name])
             result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
                                             self._params_addr, 0)
         if result[0] != _SUCCESS:
             _check(result, "cuLaunchKernel")
+
+
+def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]], list[tuple["_TensorMapParams", str]]]:
+    """ctypes storage for every ``.param`` of ``entry`` in order, plus who fills it: ``(storage, name)`` per scalar
+    or pointer param, ``(tensor map params, name)`` per TMA descriptor (its 1 + 2 * rank slots); hidden pointers
+    stay null."""
+    storage: list[Any] = []
+    plain: list[tuple[Any, str]] = []
+    maps: list[tuple[_TensorMapParams, str]] = []
+    metas = iter(entry.tensordesc_meta)
+    for name, ty in entry.signature:
+        rank = tensordesc_rank(ty.split(":")[0])
+        if rank is None:
+            plain.append((param_ctype(ty)(), name))
+            storage.append(plain[-1][0])
+        else:
+            maps.append((_TensorMapParams(next(metas), rank), name))
+            storage += maps[-1][0].storage
+    storage += [ctypes.c_uint64(0) for _ in entry.hidden_params]
+    return storage, plain, maps
+
+
+class _TensorMapParams:
+    """The params of one TMA descriptor argument: the ``CUtensorMap`` (128 bytes), its shape (u32) and strides
+    (u64), as Triton's launcher passes a ``TensorDescriptor`` whose loads were lowered to TMA."""
+
+    __slots__ = ("meta", "storage", "_map", "_cache")
+
+    def __init__(self, meta: dict[str, Any], rank: int):
+        self.meta = meta
+        self._map = (ctypes.c_uint8 * 128)()
+        self.storage: list[Any] = [self._map] + [ctypes.c_uint32() for _ in range(rank)]
+        self.storage += [ctypes.c_uint64() for _ in range(rank)]
+        self._cache: dict[tuple[Any, ...], bytes] = {}
+
+    def fill(self, desc: Any) -> None:
+        shape, strides = [int(d) for d in desc.shape], [int(s) for s in desc.strides]
+        key = (desc.base.data_ptr(), tuple(shape), tuple(strides), desc.padding)
+        encoded = self._cache.get(key)
+        if encoded is None:
+            encoded = self._cache[key] = encode_tensor_map(desc.base.data_ptr(), shape, strides, desc.padding,
+                                                           self.meta)
+        ctypes.memmove(self._map, encoded, 128)
+        for slot, v in zip(self.storage[1:], shape + strides):
+            slot.value = v
+
+
+def encode_tensor_map(address: int, shape: Sequence[int], strides: Sequence[int], padding: str,
+                      meta: Mapping[str, Any]) -> bytes:
+    """The 128-byte ``CUtensorMap`` Triton's launcher would build (``fill_tma_descriptor``): dims innermost
+    first, byte strides of the outer dims, the compiler's box (``block_size``) and swizzle, L2 promotion of 128
+    bytes, zero fill out of bounds (NaN for ``padding="nan"``)."""
+    driver = _driver()
+    elem = int(meta["elem_size"])
+    rank = len(shape)
+    dims = [int(d) for d in reversed(shape)]
+    byte_strides = [elem * int(s) for s in reversed(strides[:-1])]
+    box = [int(b) for b in reversed(meta["block_size"])]
+    fill = driver.CUtensorMapFloatOOBfill(1 if padding == "nan" else 0)
+    tensor_map = _check(driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType(_TMA_HOST_DTYPE[int(meta["elem_type"])]), rank, address, dims, byte_strides, box,
+        [1] * rank, driver.CUtensorMapInterleave(0), driver.CUtensorMapSwizzle(int(meta["swizzle"])),
+        driver.CUtensorMapL2promotion(_CU_TENSOR_MAP_L2_PROMOTION_128B), fill), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tensor_map.getPtr(), 128)

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, arch_for_capability
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.cubin import CubinFunction
 from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, KernelEntry, Manifest, sha256_bytes, variant_key
-from deepinfer_cuda.kernel_set.specialize import ParamInfo, params_of, signature_of
+from deepinfer_cuda.kernel_set.specialize import ParamInfo, params_of, signature_of, tensordesc_type
 
 logger = logging.getLogger("deepinfer.cuda.kernel_set")
 
@@ -157,6 +158,8 @@ def _value_spec(v: Any) -> Any:
         return v == 1, v & 15 == 0, -(2**31) <= v < 2**31, v >= 2**63
     if isinstance(v, float):
         return float
+    if isinstance(v, TensorDescriptor):
+        return tensordesc_type(v)
     return v
 
 

@@ -63,6 +63,9 @@ class KernelEntry:
     hidden_params: list[str]  #: names of the trailing hidden params; launched as null pointers
     launch_cooperative_grid: bool = False
     launch_pdl: bool = False
+    #: per TMA descriptor param, in order: how Triton lowered it (swizzle, elem_size, elem_type, block_size), which
+    #: the launcher encodes the ``CUtensorMap`` with (the block may be split into 128-byte boxes)
+    tensordesc_meta: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

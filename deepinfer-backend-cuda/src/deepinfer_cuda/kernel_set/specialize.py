@@ -3,7 +3,8 @@
 Triton compiles one variant per *specialization* of the non-constexpr arguments: the type (pointer
 element type, i32 / i64 / u64 by value range, fp32 for floats, u1 for bools), whether a pointer or an
 integer is divisible by 16 (``:D``, which lets the compiler emit 16-byte accesses), and integers equal
-to 1 turned into constexprs.  A cubin built for one specialization is only valid for arguments with
+to 1 turned into constexprs; a host-side TMA descriptor (``TensorDescriptor``) by its element type and block
+shape (``tensordesc<bf16[32, 256]>``).  A cubin built for one specialization is only valid for arguments with
 the same one, so the runtime computes it from the live arguments exactly as Triton's JIT would
 (``tests/backend_cuda`` checks this mirror against Triton's own ``native_specialize_impl``).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 #: torch dtype -> Triton's element type name.
 TRITON_DTYPES: dict[torch.dtype, str] = {
@@ -93,6 +95,8 @@ def specialize_arg(value: Any, specialize: bool = True, align: bool = True) -> t
         return ty, "D" if align and value % 16 == 0 else ""
     if isinstance(value, float):
         return "fp32", None
+    if isinstance(value, TensorDescriptor):
+        return tensordesc_type(value), None
     if isinstance(value, torch.Tensor):
         try:
             elem = TRITON_DTYPES[value.dtype]
@@ -125,7 +129,23 @@ def signature_of(params: list[ParamInfo], args: dict[str, Any]) -> tuple[dict[st
     return signature, constexprs
 
 
-def ptx_param_type(sig_type: str) -> str:
-    """The PTX ``.param`` type a signature entry lowers to (``*bf16:D`` -> ``.u64``)."""
+def tensordesc_type(desc: TensorDescriptor) -> str:
+    """Triton's type of a host-side TMA descriptor: its element type and block shape."""
+    return f"tensordesc<{TRITON_DTYPES[desc.base.dtype]}[{', '.join(str(int(b)) for b in desc.block_shape)}]>"
+
+
+def tensordesc_rank(sig_type: str) -> int | None:
+    """The rank of a ``tensordesc<...>`` signature type (None for any other type)."""
+    if not sig_type.startswith("tensordesc<"):
+        return None
+    return sig_type[sig_type.index("[") : sig_type.index("]")].count(",") + 1
+
+
+def ptx_param_types(sig_type: str) -> list[str]:
+    """The PTX ``.param`` types a signature entry lowers to (``*bf16:D`` -> ``.u64``).  A TMA descriptor is the
+    128-byte ``CUtensorMap`` (``.b8``), then its shape (``.u32`` each) and strides (``.u64`` each)."""
     ty = sig_type.split(":")[0]
-    return PTX_PARAM_TYPES["ptr" if ty.startswith("*") else ty]
+    rank = tensordesc_rank(ty)
+    if rank is not None:
+        return [".b8"] + [".u32"] * rank + [".u64"] * rank
+    return [PTX_PARAM_TYPES["ptr" if ty.startswith("*") else ty]]
