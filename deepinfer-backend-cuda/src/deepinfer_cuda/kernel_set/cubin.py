@@ -174,12 +174,13 @@ def encode_tensor_map(address: int, shape: Sequence[int], strides: Sequence[int]
     driver = _driver()
     elem = int(meta["elem_size"])
     rank = len(shape)
-    dims = [int(d) for d in reversed(shape)]
-    byte_strides = [elem * int(s) for s in reversed(strides[:-1])]
-    box = [int(b) for b in reversed(meta["block_size"])]
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    dims = [u64(int(d)) for d in reversed(shape)]
+    byte_strides = [u64(elem * int(s)) for s in reversed(strides[:-1])]
+    box = [u32(int(b)) for b in reversed(meta["block_size"])]
     fill = driver.CUtensorMapFloatOOBfill(1 if padding == "nan" else 0)
     tensor_map = _check(driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType(_TMA_HOST_DTYPE[int(meta["elem_type"])]), rank, address, dims, byte_strides, box,
-        [1] * rank, driver.CUtensorMapInterleave(0), driver.CUtensorMapSwizzle(int(meta["swizzle"])),
+        driver.CUtensorMapDataType(_TMA_HOST_DTYPE[int(meta["elem_type"])]), u32(rank), address, dims, byte_strides,
+        box, [u32(1)] * rank, driver.CUtensorMapInterleave(0), driver.CUtensorMapSwizzle(int(meta["swizzle"])),
         driver.CUtensorMapL2promotion(_CU_TENSOR_MAP_L2_PROMOTION_128B), fill), "cuTensorMapEncodeTiled")
     return ctypes.string_at(tensor_map.getPtr(), 128)
