@@ -120,13 +120,13 @@ class Attention:
         cols = plan.window_cols
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
-            self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor, cache.kv,
-                                   ratio.entry_write_kv)
+            self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor,
+                                   cache.kv[pool.entry_base :])
             ids = None
             if self.indexer is not None:  # CSA: the indexer's top-k (None: every causal entry, as HCA)
                 ids = self.indexer.decode(inputs, q_residual, step, plan, cache)
-            if ids is not None:
-                cols = torch.cat([cols, torch.where(ids >= 0, ratio.entry_cols.gather(1, ids.clamp(min=0)), -1)], dim=1)
+            if ids is not None:  # the picks' KV pool rows (-1 where none: the last column of pick_cols)
+                cols = torch.cat([cols, ratio.pick_cols[plan.seq_ids[:, None], ids]], dim=1)
             else:  # HCA: the window and every entry whose window is complete at the query
                 cols = ratio.causal_cols
         return self._output(q, cache.kv, cols, step.positions)

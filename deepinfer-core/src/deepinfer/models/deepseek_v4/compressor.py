@@ -113,20 +113,23 @@ class Compressor:
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
     def decode(self, proj: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,
-               out: torch.Tensor, out_rows: torch.Tensor) -> None:
+               out: torch.Tensor) -> None:
         """Append each sequence's token to its slot's window; every row pools its window, and rows whose
-        window closes write the entry to its row of ``out`` (``out_rows``: the plan's ``entry_write`` or
-        ``entry_write_kv``; the others write to page 0, which nothing reads)."""
+        window closes write the entry to its row of ``out`` (the entry pages: the plan's ``entry_write``; the
+        others write to the null page 0, which nothing reads)."""
         d, w = self.dim, self.width
         cache.pending.view(-1, 2 * w).index_copy_(0, plan.pending_rows, proj)
         window = cache.pending[slots]  # [B, r, 2 * width]
         previous = has_previous = None
         if self.overlap:
             previous, has_previous = cache.overlap[slots], plan.has_previous  # [B, r, 2 * dim], [B]
-            series_a = torch.cat([window[..., :d], window[..., w : w + d]], dim=-1)
-            cache.overlap.index_copy_(0, slots, torch.where(plan.closing[:, None, None], series_a, previous))
+            # a closing window's series a (kv | gate: a view of kv a|b, gate a|b) replaces its slot's; the
+            # others write to the null slot 0 (``previous`` was read before)
+            series_a = window.unflatten(-1, (2, 2, d))[..., 0, :]
+            cache.overlap.unflatten(-1, (2, d)).index_copy_(0, plan.overlap_slots, series_a)
         # only closing windows become entries: the others are skipped (zeros, written to the unread page 0)
-        out.index_copy_(0, out_rows, self._entries(window, previous, has_previous, plan.entry_positions, plan.closing))
+        entries = self._entries(window, previous, has_previous, plan.entry_positions, plan.closing)
+        out.index_copy_(0, plan.entry_write, entries)
 
 
 def cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import LayerCache
-from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
+from deepinfer.models.deepseek_v4.step import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.ops import OpTable
 
 
@@ -34,20 +34,20 @@ class Indexer:
         self.n_heads, self.head_dim, self.topk = n_heads, head_dim, topk
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
 
-    def _limits(self, positions: torch.Tensor) -> torch.Tensor:
-        return (positions + 1) // self.compressor.ratio  # entries pooling only tokens <= the query
-
     def _topk(self, weights: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-              seq_ids: torch.Tensor) -> torch.Tensor:
+              seq_ids: torch.Tensor, causal: CausalPicks | None = None) -> torch.Tensor:
         """The op's top-k, except that a query with at most ``index_topk`` causal entries takes them all in
-        order, as when no sequence of the step has more (a row's picks never depend on its batch)."""
-        limits = self._limits(positions)
+        order, as when no sequence of the step has more (a row's picks never depend on its batch).
+        ``causal``: those picks when the step's plan holds them (computed once for every layer)."""
+        if causal is None:  # entries pooling only tokens <= the query
+            causal = CausalPicks.build((positions + 1) // self.compressor.ratio,
+                                       torch.arange(self.topk, device=positions.device))
         q = self.ops.linear(q_residual, self.wq_b).view(q_residual.shape[0], self.n_heads, self.head_dim)
         q = self.ops.rope(q, positions, self.inv_freq, self.rope_scaling)
         ids = self.ops.indexer_topk(
-            q, weights, keys, seq_ids, limits, self.topk, self.head_dim**-0.5, self.n_heads**-0.5
+            q, weights, keys, seq_ids, causal.limits, self.topk, self.head_dim**-0.5, self.n_heads**-0.5
         )
-        return torch.where((limits <= self.topk)[:, None], causal_ids(limits, self.topk), ids)
+        return torch.where(causal.takes_all, causal.ids, ids)
 
     def __call__(self, inputs, q_residual: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
                  states: list[DeepseekV4State], cache: LayerCache) -> torch.Tensor | None:
@@ -69,15 +69,13 @@ class Indexer:
         through its whole page table (entries past its count are masked by the causal limit).  None while the
         length bucket holds no more entries than are picked."""
         ratio = plan.ratios[self.compressor.ratio]
-        self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys,
-                               ratio.entry_write)
-        if ratio.entry_rows.shape[1] <= self.topk:
+        self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys)
+        if ratio.picks is None:  # the plan's bucket holds no more entries than are picked
             return None
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
-        return self._topk(inputs.indexer_weights, q_residual, step.positions, keys, plan.seq_ids)
+        return self._topk(inputs.indexer_weights, q_residual, step.positions, keys, plan.seq_ids, ratio.picks)
 
 
 def causal_ids(limits: torch.Tensor, width: int) -> torch.Tensor:
     """Entry ids ``0 .. width-1`` per query, ``-1`` from the query's causal limit on: every entry it may see."""
-    ids = torch.arange(width, device=limits.device)[None, :]
-    return torch.where(ids < limits[:, None], ids, -1)
+    return CausalPicks.build(limits, torch.arange(width, device=limits.device)).ids

@@ -196,7 +196,7 @@ class DeepseekV4ForCausalLM:
         return DecodeStep(ids, positions, slots, tables)
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
-        plan = DecodePlan.build(step, pool.spec.window, pool.spec.page_size, pool.entry_base)
+        plan = DecodePlan.build(step, pool.spec, pool.entry_base, self.config.index_topk)
         return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, plan, pool, pool.layers[attn.layer]))
 
     def _run(self, input_ids: torch.Tensor, attend: Callable[[Attention, torch.Tensor], torch.Tensor]):

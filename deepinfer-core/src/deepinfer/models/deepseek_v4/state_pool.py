@@ -169,11 +169,13 @@ def padded_pages(states: list[DeepseekV4State], ratio: int, width: int) -> list[
     return values
 
 
-def entry_rows(table: torch.Tensor, page_size: int) -> torch.Tensor:
+def entry_rows(table: torch.Tensor, page_size: int, offsets: torch.Tensor | None = None) -> torch.Tensor:
     """Rows (relative to page 0) of every entry id a page table ``[seqs, pages]`` covers: ``[seqs, pages *
-    page_size]``, entry ``e`` of a sequence at page ``table[e // page_size]``, row ``e % page_size``."""
-    offsets = torch.arange(page_size, device=table.device)
-    return (table[:, :, None] * page_size + offsets).flatten(1)
+    page_size]``, entry ``e`` of a sequence at page ``table[e // page_size]``, row ``e % page_size``.
+    ``offsets``: ``0 .. page_size - 1`` on the table's device, if the caller has them (one launch less)."""
+    if offsets is None:
+        offsets = torch.arange(page_size, device=table.device)
+    return torch.add(offsets, table[:, :, None], alpha=page_size).flatten(1)  # one launch for table * size + offset
 
 
 class CompressorCache:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.models.deepseek_v4.state_pool import entry_rows
+from deepinfer.models.deepseek_v4.config import CSA
+from deepinfer.models.deepseek_v4.state_pool import StateSpec, entry_rows
 
 
 @dataclass(slots=True)
@@ -31,20 +32,42 @@ class DecodeStep:
 
 
 @dataclass(slots=True)
+class CausalPicks:
+    """Every entry complete at a query, as top-k picks: what a CSA indexer takes instead of its scores' top-k
+    where no more than ``topk`` entries are complete (they are all picked, in order)."""
+
+    limits: torch.Tensor  # [T] entries complete at the query (pooling only tokens <= it): the causal limit
+    takes_all: torch.Tensor  # [T, 1] bool: no more than topk entries are complete
+    ids: torch.Tensor  # [T, topk] entry ids 0 .. limit - 1, then -1
+
+    @classmethod
+    def build(cls, limits: torch.Tensor, counting: torch.Tensor) -> "CausalPicks":
+        """``counting``: ``0 .. topk - 1`` on the device."""
+        ids = torch.where(counting < limits[:, None], counting, -1)
+        return cls(limits, (limits <= counting.shape[0])[:, None], ids)
+
+
+@dataclass(slots=True)
 class RatioPlan:
     """Rows every layer of one compression ratio reads and writes in a decode step (computed once per step)."""
 
     pending_rows: torch.Tensor  # [B] row of the token in the slots' flattened carry-over: slot * ratio + pos % ratio
     closing: torch.Tensor  # [B] bool: the token closes its window, which becomes an entry
-    has_previous: torch.Tensor  # [B] bool: a window closed before this one (CSA overlap is valid)
-    entry_positions: torch.Tensor  # [B] first position of the window (the entry's RoPE position)
+    entry_positions: torch.Tensor  # [B] first position of the token's window (a closing one's entry RoPE position)
     entry_write: torch.Tensor  # [B] page row (relative to page 0) the entry goes to; 0 (null page) if not closing
-    entry_write_kv: torch.Tensor  # entry_write as a row of the layer's KV pool (after the rings)
     entry_rows: torch.Tensor  # [B, pages * page_size] page row of every entry id the page table covers
-    entry_cols: torch.Tensor  # [B, pages * page_size] the same as rows of the layer's KV pool
-    #: [B, window + pages * page_size] the plan's window_cols, then entry_cols with -1 for entries not complete at
-    #: the token: the keys of a layer that attends to every complete entry (HCA; CSA while its indexer picks all)
-    causal_cols: torch.Tensor
+    # CSA ratios (an overlapping compressor and an indexer), else None:
+    has_previous: torch.Tensor | None  # [B] bool: a window closed before this one (the overlap is valid)
+    overlap_slots: torch.Tensor | None  # [B] the slot a closing window's series a goes to; 0 (null slot) if not closing
+    #: [B, window + pages * page_size] the plan's window_cols, then every entry's KV pool row with -1 for entries
+    #: not complete at the token: the keys of a layer that attends to every complete entry (HCA; CSA while the
+    #: bucket holds no more entries than its indexer picks); None where no layer of the ratio does
+    causal_cols: torch.Tensor | None
+    #: CSA while its indexer picks from more entries than it keeps, else None: what it takes where no more than
+    #: top-k entries are complete, and [B, pages * page_size + 1] every entry's KV pool row then -1, the key
+    #: column of each pick (a pick of -1 reads the last column)
+    picks: CausalPicks | None
+    pick_cols: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -57,21 +80,49 @@ class DecodePlan:
     ratios: dict[int, RatioPlan]
 
     @classmethod
-    def build(cls, step: DecodeStep, window: int, page_size: int, entry_base: int) -> "DecodePlan":
-        """``entry_base``: the row of page 0 in every layer's KV pool (after the SWA rings)."""
-        pos, slots = step.positions, step.slots
-        key_pos = pos[:, None] + torch.arange(1 - window, 1, device=pos.device)[None, :]
-        window_cols = torch.where(key_pos >= 0, slots[:, None] * window + key_pos % window, -1)
+    def build(cls, step: DecodeStep, spec: StateSpec, entry_base: int, index_topk: int) -> "DecodePlan":
+        """``entry_base``: the row of page 0 in every layer's KV pool (after the SWA rings); ``index_topk``: the
+        CSA indexer's.  Each op here is one kernel node of a step's graph: built once, read by every layer."""
+        pos, slots, batch = step.positions, step.slots, step.positions.shape[0]
+        window, page_size = spec.window, spec.page_size
+        csa = {r for kind, r in zip(spec.kinds, spec.ratios) if kind == CSA}
+        attends_all = {r for kind, r in zip(spec.kinds, spec.ratios) if kind != CSA}
+        widths = [t.shape[1] * page_size for t in step.page_tables.values()]
+        ints = _Ints(min(1 - window, -1), max(batch, page_size, index_topk, *widths), pos.device)
+        key_pos = pos[:, None] + ints(1 - window, 1)
+        ring = torch.add(key_pos % window, slots[:, None], alpha=window)  # slot * window + key_pos % window
+        window_cols = torch.where(key_pos >= 0, ring, -1)
+        seq_ids, after = ints(0, batch), pos + 1
         ratios = {}
         for r, table in step.page_tables.items():
-            entry = torch.clamp((pos + 1) // r - 1, min=0)  # the entry a closing window becomes
-            closing = (pos + 1) % r == 0
-            page_id = table.gather(1, (entry // page_size)[:, None])[:, 0]
-            write = torch.where(closing, page_id * page_size + entry % page_size, 0)
-            rows = entry_rows(table, page_size)
-            cols = entry_base + rows
-            complete = torch.arange(rows.shape[1], device=pos.device)[None, :] < ((pos + 1) // r)[:, None]
-            ratios[r] = RatioPlan(slots * r + pos % r, closing, pos >= r, entry * r, write, entry_base + write,
-                                  rows, cols, torch.cat([window_cols, torch.where(complete, cols, -1)], dim=1))
-        seq_ids = torch.arange(pos.shape[0], device=pos.device)
-        return cls(slots * window + pos % window, window_cols, seq_ids, ratios)
+            within = pos % r  # the token's place in its window
+            closing = within == r - 1
+            complete = after // r  # entries complete at the token
+            rows = entry_rows(table, page_size, ints(0, page_size))
+            cols = rows + entry_base
+            # a closing window's entry is the last complete one (-1 wraps to the last column: never written)
+            write = torch.where(closing, rows[seq_ids, complete - 1], 0)
+            has_previous = overlap_slots = causal_cols = picks = pick_cols = None
+            picking = r in csa and cols.shape[1] > index_topk  # the indexer picks from more entries than it keeps
+            if r in csa:
+                has_previous, overlap_slots = pos >= r, torch.where(closing, slots, 0)
+            if picking:
+                picks = CausalPicks.build(complete, ints(0, index_topk))
+                pick_cols = torch.cat([cols, ints(-1, 0).expand(batch, 1)], dim=1)
+            if r in attends_all or not picking:
+                causal = torch.where(ints(0, cols.shape[1]) < complete[:, None], cols, -1)
+                causal_cols = torch.cat([window_cols, causal], dim=1)
+            ratios[r] = RatioPlan(torch.add(within, slots, alpha=r), closing, pos - within, write, rows,
+                                  has_previous, overlap_slots, causal_cols, picks, pick_cols)
+        # the token's own ring row is the window's last column (contiguous: every layer's ring write reads it)
+        return cls(ring[:, -1].contiguous(), window_cols, seq_ids, ratios)
+
+
+class _Ints:
+    """Runs of integers ``a .. b - 1`` as views of one ``arange``: one kernel for all a plan needs."""
+
+    def __init__(self, lo: int, hi: int, device: torch.device):
+        self.lo, self.values = lo, torch.arange(lo, hi, device=device)
+
+    def __call__(self, a: int, b: int) -> torch.Tensor:
+        return self.values[a - self.lo : b - self.lo]
