@@ -51,18 +51,3 @@ def test_rms_norm_rope_of_v4_rows(tokens, dtype, width):
     latent = torch.randn(tokens, width, dtype=dtype)[:, q_lora : q_lora + 512]
     weight = torch.randn(512, dtype=torch.float32)
     assert _covered(rms_norm_rope, rms_norm_rope.prepare(latent, weight, 1e-6, positions, inv_freq, 1.0, arch=SM90A))
-
-
-@pytest.mark.parametrize("tokens", [1, 16])
-@pytest.mark.parametrize("k, n, groups", [(4096, 4160, 1), (4096, 2560, 1), (1024, 32768, 1), (1024, 8192, 1),
-                                          (8192, 4096, 1), (4096, 129280, 1), (4096, 1024, 8)], ids=str)
-def test_decode_projections_of_v4(tokens, k, n, groups):
-    """V4-Flash's decode projections (fused inputs of CSA / HCA layers, wq_b, the indexer's wq_b, wo_b, the logits,
-    the grouped wo_a) take the streaming kernel and find its cubin."""
-    from deepinfer_cuda.kernels import linear
-
-    x = torch.randn(tokens, groups, k, dtype=BF16)
-    weight = torch.randn(groups * n, k, dtype=BF16)
-    assert linear.streams(tokens, x, weight, SM90A)
-    assert linear.KERNEL.has_aot_variant(linear.prepare(x, weight, groups, arch=SM90A), SM90A)
-    assert not linear.streams(17, x, weight, SM90A)  # prefill-sized calls go to cuBLAS

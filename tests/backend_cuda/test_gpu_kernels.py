@@ -124,11 +124,6 @@ def _model_shape_cases():
             yield moe_router, (x, w, bias, 6, 1.5, "sqrtsoftplus")
             yield moe_router, (x, w, bias, 8, 1.0, "softmax")
             yield moe_hash_router, (x, w, ids, 1.5, "sqrtsoftplus")
-    # Decode projections (bf16, the kernel set's only dtype for them): a CSA layer's fused input, wq_b, wo_b, logits.
-    from deepinfer_cuda.kernels import linear
-
-    for rows, k, n in [(1, 4096, 4160), (16, 1024, 32768), (1, 8192, 4096), (1, 4096, 129280)]:
-        yield linear, (randn(rows, k, dtype=torch.bfloat16), randn(n, k, dtype=torch.bfloat16) * k**-0.5)
 
 
 def _call(module, args):

@@ -154,32 +154,6 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
 
 
 @dataclass(slots=True, frozen=True)
-class LinearTiles:
-    """The streaming projection kernel's tiles (kernels/linear.py) and the calls it takes."""
-
-    config: LaunchConfig
-    block_m: int
-    block_n: int
-    block_k: int
-    max_rows: int  #: calls with more rows go to cuBLAS
-
-
-def linear_config(arch: CudaArch, n: int, k: int, element_bytes: int = 2) -> LinearTiles:
-    """Projections of at most 16 rows (decode up to b16): 16-row tiles over 32 columns and 256-deep reduction tiles,
-    4 warps, 3 stages -- the MoE decode tier's tiles, which streamed expert weights at 94% of the copy ceiling (H200,
-    2026-12-01).  Above 16 rows cuBLAS's tensor-core tiles win.  fp32 (tests) halves the reduction tile; tiles never
-    exceed the padded problem dims."""
-    if arch.triton_arch not in (90, 100):
-        raise ValueError(f"no linear configuration for {arch.name}")
-
-    def fit(block: int, dim: int) -> int:
-        return max(16, min(block, 1 << (max(dim, 1) - 1).bit_length()))
-
-    wide = 2 if element_bytes > 2 else 1
-    return LinearTiles(LaunchConfig(num_warps=4, num_stages=3), 16, fit(32, n), fit(256 // wide, k), max_rows=16)
-
-
-@dataclass(slots=True, frozen=True)
 class MoeTiles:
     """Tiles of the two MoE expert GEMMs: ``block_m`` slots of one expert per program, column / reduction tiles."""
 

@@ -11,11 +11,9 @@ from typing import Any
 
 from deepinfer_cuda.kernels.compress_entries import compress_entries
 from deepinfer_cuda.kernels.compress_pool import compress_pool
-from deepinfer_cuda.kernels.grouped_linear import grouped_linear
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
-from deepinfer_cuda.kernels.linear import linear
 from deepinfer_cuda.kernels.moe_experts import moe_experts
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
@@ -26,8 +24,6 @@ from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention, sparse_attention_inverse_rope
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
-    "linear": linear,
-    "grouped_linear": grouped_linear,
     "rms_norm": rms_norm,
     "rope": rope,
     "rms_norm_rope": rms_norm_rope,

@@ -6,14 +6,14 @@
 from __future__ import annotations
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
-from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, linear,
-                                    moe_experts, moe_hash_router, moe_router, moe_routing, rms_norm, rms_norm_rope,
-                                    rope, sample_tokens, sparse_attention)
+from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, moe_experts,
+                                    moe_hash_router, moe_router, moe_routing, rms_norm, rms_norm_rope, rope,
+                                    sample_tokens, sparse_attention)
 
 ALL: tuple[TritonKernel, ...] = (
     rms_norm.KERNEL, rope.KERNEL, rms_norm_rope.KERNEL, hc_pre.MIX_KERNEL, hc_pre.KERNEL, hc_post.KERNEL,
     moe_routing.PLAN_KERNEL, moe_routing.COUNT_KERNEL, moe_routing.SCAN_KERNEL, moe_routing.SCATTER_KERNEL,
     moe_experts.UP_KERNEL, moe_experts.DOWN_KERNEL, moe_experts.COMBINE_KERNEL,
     sparse_attention.KERNEL, sparse_attention.COMBINE_KERNEL, indexer_topk.KERNEL, compress_pool.KERNEL,
-    compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL, linear.KERNEL,
+    compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL,
 )
