@@ -135,17 +135,15 @@ def _assembly(held: torch.Tensor, lens: torch.Tensor, offsets: torch.Tensor, slo
 
 
 def _aligned_upload(parts: list[torch.Tensor], upload: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-    """int64 ``parts`` on the device through one upload, each view starting 16-byte aligned (an even offset): the
-    CUDA kernel set is compiled for aligned pointers, so a misaligned view would run through Triton's JIT."""
+    """int64 ``parts`` on the device through one upload, each view starting 16-byte aligned (odd parts padded to
+    an even length): the CUDA kernel set is compiled for aligned pointers, so a misaligned view would run through
+    Triton's JIT."""
     sizes = [p.numel() for p in parts]
-    padded = [n + n % 2 for n in sizes]
-    flat = torch.zeros(sum(padded), dtype=torch.int64)
-    at = 0
-    for part, n, width in zip(parts, sizes, padded):
-        flat[at : at + n] = part
-        at += width
-    flat = upload(flat)
-    return [view[:n] for view, n in zip(flat.split(padded), sizes)]
+    flat = upload(torch.cat([x for p in parts for x in ((p, _PAD) if p.numel() % 2 else (p,))]))
+    return [view[:n] for view, n in zip(flat.split([n + n % 2 for n in sizes]), sizes)]
+
+
+_PAD = torch.zeros(1, dtype=torch.int64)
 
 
 def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
