@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from deepinfer.models.deepseek_v4.indexer import Indexer, causal_ids
+from deepinfer.models.deepseek_v4.indexer import Indexer
+from deepinfer.models.deepseek_v4.step import CausalPicks
 from deepinfer.ops import OpTable
 
 HEADS, DIM, TOPK, RATIO = 4, 16, 6, 4
@@ -17,9 +18,10 @@ def _indexer(gen: torch.Generator) -> Indexer:
                    inv_freq=inv_freq, rope_scaling=1.0)
 
 
-def test_causal_ids_stop_at_the_limit():
-    ids = causal_ids(torch.tensor([0, 2, 5]), 4)
-    assert ids.tolist() == [[-1, -1, -1, -1], [0, 1, -1, -1], [0, 1, 2, 3]]
+def test_causal_picks_stop_at_the_limit():
+    picks = CausalPicks.build(torch.tensor([0, 2, 5]), torch.arange(4))
+    assert picks.ids.tolist() == [[-1, -1, -1, -1], [0, 1, -1, -1], [0, 1, 2, 3]]
+    assert picks.takes_all.flatten().tolist() == [True, True, False]
 
 
 def test_short_rows_take_every_causal_entry_and_long_rows_the_ops_top_k():
@@ -40,6 +42,7 @@ def test_short_rows_take_every_causal_entry_and_long_rows_the_ops_top_k():
     short = limits <= TOPK
     assert short.any() and (~short).any()
     assert torch.equal(picks[~short], scored[~short])
-    assert torch.equal(picks[short], causal_ids(limits, TOPK)[short])
+    causal = torch.tensor([[e if e < limit else -1 for e in range(TOPK)] for limit in limits.tolist()])
+    assert torch.equal(picks[short], causal[short])
     for row in torch.nonzero(short).flatten().tolist():  # the same entries as the scores would pick
         assert sorted(scored[row][scored[row] >= 0].tolist()) == list(range(int(limits[row])))

@@ -75,7 +75,3 @@ class Indexer:
         keys = cache.index_keys[ratio.entry_rows]  # [B, pages * page, c]
         return self._topk(inputs.indexer_weights, q_residual, step.positions, keys, plan.seq_ids, ratio.picks)
 
-
-def causal_ids(limits: torch.Tensor, width: int) -> torch.Tensor:
-    """Entry ids ``0 .. width-1`` per query, ``-1`` from the query's causal limit on: every entry it may see."""
-    return CausalPicks.build(limits, torch.arange(width, device=limits.device)).ids

@@ -134,6 +134,9 @@ def _assembly(held: torch.Tensor, lens: torch.Tensor, offsets: torch.Tensor, slo
     return [slot_src, held_dst, held_src, carry_dst, carry_src, predecessor, first, last, slot[closing > 0]]
 
 
+_PAD = torch.zeros(1, dtype=torch.int64)  # what an odd-length part is padded with
+
+
 def _aligned_upload(parts: list[torch.Tensor], upload: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
     """int64 ``parts`` on the device through one upload, each view starting 16-byte aligned (odd parts padded to
     an even length): the CUDA kernel set is compiled for aligned pointers, so a misaligned view would run through
@@ -141,9 +144,6 @@ def _aligned_upload(parts: list[torch.Tensor], upload: Callable[[torch.Tensor], 
     sizes = [p.numel() for p in parts]
     flat = upload(torch.cat([x for p in parts for x in ((p, _PAD) if p.numel() % 2 else (p,))]))
     return [view[:n] for view, n in zip(flat.split([n + n % 2 for n in sizes]), sizes)]
-
-
-_PAD = torch.zeros(1, dtype=torch.int64)
 
 
 def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
