@@ -49,7 +49,7 @@ def main() -> None:
     ]
     outputs = llm.generate([p for p, _ in requests], [s for _, s in requests])
 
-    for (prompt, params), out in zip(requests, outputs):
+    for (prompt, params), out in zip(requests, outputs, strict=True):
         kind = next(iter(params.so_args), "free") if params.so_args else "free"
         if out.error:
             print(f"[{kind}] {prompt!r} -> error: {out.error}")

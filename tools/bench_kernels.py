@@ -77,10 +77,13 @@ def rope_and_hc_rows() -> list[dict[str, object]]:
 
     from deepinfer.ops.mhc import hc_post as hc_reference
     from deepinfer.ops.mhc import hc_pre as hc_pre_reference
-    from deepinfer_cuda.kernels.hc_pre import KERNEL as HC_PRE, hc_pre
     from deepinfer.ops.rope import rope as rope_reference
-    from deepinfer_cuda.kernels.hc_post import KERNEL as HC, hc_post
-    from deepinfer_cuda.kernels.rope import KERNEL as ROPE, rope
+    from deepinfer_cuda.kernels.hc_post import KERNEL as HC
+    from deepinfer_cuda.kernels.hc_post import hc_post
+    from deepinfer_cuda.kernels.hc_pre import KERNEL as HC_PRE
+    from deepinfer_cuda.kernels.hc_pre import hc_pre
+    from deepinfer_cuda.kernels.rope import KERNEL as ROPE
+    from deepinfer_cuda.kernels.rope import rope
 
     out = []
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64))

@@ -20,8 +20,8 @@ import sys
 
 def rows() -> list[dict[str, object]]:
     import torch
-
     from bench_kernels import _bench, _graph_time  # tools/ is on sys.path when this script runs
+
     from deepinfer.ops import moe as reference
     from deepinfer_cuda.kernels import moe_hash_router, moe_router
 

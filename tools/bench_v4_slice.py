@@ -96,7 +96,7 @@ def measure_ceilings() -> tuple[float, float]:
 
     src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    bw = 2 * src.numel() * 2 / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
+    bw = 2 * src.numel() * 2 / (do_bench(lambda d=dst, s=src: d.copy_(s), return_mode="median") * 1e-3)
     del src, dst
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -325,7 +325,7 @@ def _host_costs(model, graphs, states) -> dict[str, float]:
         graph.replay()
         t3 = time.perf_counter()
         _sync()
-        for key, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+        for key, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             parts[key].append(value)
     return {k: statistics.median(v) for k, v in parts.items()}
 

@@ -6,7 +6,7 @@
 
 With ``--quantize`` OUT_DIR gets ``source/`` (fp32), ``quantized/`` (FP8 dense projections with UE8M0 block
 scales; routed experts MXFP4 for ``fp4``, FP8 for ``fp8``) and ``dequantized/``.  The builders live in
-tests/core/v4_fixtures.py, which the oracle tests use too.
+tests/support/v4_fixtures.py, which the oracle tests use too.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "core"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 
-import v4_fixtures  # noqa: E402
+from tests.support import v4_fixtures  # noqa: E402
 
 CONFIGS = {"small": v4_fixtures.SMALL, "released-rates": v4_fixtures.RELEASED_RATES}
 

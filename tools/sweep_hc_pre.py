@@ -96,8 +96,8 @@ def candidates(default):
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-
     from bench_kernels import copy_bandwidth
+
     from deepinfer_cuda.arch import hc_pre_config
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import hc_pre as module
@@ -135,17 +135,18 @@ def main(argv: list[str] | None = None) -> int:
                 finish_only = name.startswith("finish")  # same mix as the default's: not timed again
                 mix_us = float("nan") if finish_only else _graph_us(lambda: mix_launch.run(mix_kernel, index))
             except Exception as exc:  # a candidate that does not compile or launch: report it, go on
-                print(f"  {name:46s} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                first = str(exc).splitlines()[0][:200] if str(exc) else ''
+                print(f"  {name:46s} FAILED: {type(exc).__name__}: {first}")
                 traceback.print_exc(limit=1, file=sys.stdout)
                 continue
-            errs = [float((o.double() - w).abs().max()) for o, w in zip(out, want)]
+            errs = [float((o.double() - w).abs().max()) for o, w in zip(out, want, strict=True)]
             if default_out is None and name == "default":
                 default_out = out
                 if tokens > 1:  # batch invariance at a glance (pytest's GPU tests check it properly)
                     alone = module.prepare(streams[-1:], *call[1:], arch=arch).run(index)
-                    ok = all(torch.equal(a, b[-1:]) for a, b in zip(alone, out))
+                    ok = all(torch.equal(a, b[-1:]) for a, b in zip(alone, out, strict=True))
                     print(f"  default: last token alone (1-token tier) == in the batch: {ok}")
-            same = default_out is not None and all(torch.equal(a, b) for a, b in zip(out, default_out))
+            same = default_out is not None and all(torch.equal(a, b) for a, b in zip(out, default_out, strict=True))
             print(f"  {name:46s} {us:7.1f} us (mix {mix_us:6.1f}, finish ~{us - mix_us:5.1f})  "
                   f"{100 * floor_us / us:5.1f}% of roofline  err post {errs[1]:.1e} comb {errs[2]:.1e} "
                   f"collapsed {errs[0]:.1e}  bits={'same' if same else 'diff'}")

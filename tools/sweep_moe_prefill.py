@@ -94,9 +94,8 @@ def _compile(tiles, hidden: int, inter: int, top_k: int) -> str | None:
     try:
         import torch
 
-        from deepinfer_cuda.kernels import moe_experts as moe
-
         from deepinfer_cuda.kernel_set.dispatch import cuda_target
+        from deepinfer_cuda.kernels import moe_experts as moe
 
         experts, tokens = 4, 64
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -128,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     import multiprocessing
 
     import torch
-
     from bench_kernels import _graph_time, copy_bandwidth  # tools/ is on sys.path when this script runs
+
     from deepinfer.ops.moe import moe_experts as reference
     from deepinfer_cuda.arch import SM90A, moe_experts_config
     from deepinfer_cuda.kernels import moe_experts as moe
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     default_out, default_err = out, err
                 vs_default = (out - default_out).abs().max().item()
                 kernel = moe.UP_KERNEL if c.kernel == "up" else moe.DOWN_KERNEL
-                launch = next(l for kk, l in plan.steps if kk is kernel)
+                launch = next(step for kk, step in plan.steps if kk is kernel)
                 us = _graph_time(lambda: launch.run(kernel, index), calls=3) * 1e6
             except Exception as ex:  # noqa: BLE001
                 print(f"  {c.label()}: FAILED {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}")
@@ -233,7 +232,8 @@ def _summary(rows: list[dict]) -> None:
         total = sum(times.values())
         group = best.setdefault((block_m, cols_inner), {})
         if kernel not in group or total < group[kernel][0]:
-            group[kernel] = (total, dict(zip(("kernel", "block_m", "n", "k", "warps", "stages", "cols_inner"), key)))
+            fields = ("kernel", "block_m", "n", "k", "warps", "stages", "cols_inner")
+            group[kernel] = (total, dict(zip(fields, key, strict=True)))
     print(f"best pairs (µs summed over T={cases}):")
     for (block_m, cols_inner), group in sorted(best.items(), key=lambda kv: sum(t for t, _ in kv[1].values())):
         if len(group) != 2:

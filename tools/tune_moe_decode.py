@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from deepinfer_cuda.arch import moe_experts_config
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
-    from deepinfer_cuda.kernels import moe_experts as moe, moe_routing as routing
+    from deepinfer_cuda.kernels import moe_experts as moe
+    from deepinfer_cuda.kernels import moe_routing as routing
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=4096)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     dst = torch.empty_like(src)
     from triton.testing import do_bench
 
-    bandwidth = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
+    bandwidth = 2 * src.numel() / (do_bench(lambda d=dst, s=src: d.copy_(s), return_mode="median") * 1e-3)
     del src, dst
     index, arch = cuda_target(w13)
     rows = []

@@ -138,7 +138,8 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
     decode takes one 64-token tile (rows past the call masked, so not read), prefill 128-token tiles.  IEEE fp32
     FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
     warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns at once
-    (``step_d`` 256 would hold 60 registers a thread instead of 168, but was slower).  H200 sweep (2026-11-29, ``tools/sweep_hc_pre.py``, same bits for all): the
+    (``step_d`` 256 would hold 60 registers a thread instead of 168, but was slower).
+    H200 sweep (2026-11-29, ``tools/sweep_hc_pre.py``, same bits for all): the
     prefill tier at 4 warps / 2 stages 54 us a 1024-token call (8 warps / 3 stages 63.5), the finish over the whole
     chunk at once (step_d 0) 57 vs 63.5 us there and 12.3 vs 11.8 us at one token; slices of 128 columns would
     save 2 us a decode call but cost 9 us a prefill call.
@@ -208,7 +209,8 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
         return MoeTiles(16, stages, fit(32, inter), fit(256 // wide, hidden),
                         stages, fit(64, hidden), fit(256 // wide, inter))
     wgmma = LaunchConfig(num_warps=8, num_stages=4 if wide == 1 else 2)
-    return MoeTiles(128, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden), fit(64 // wide, inter),
+    return MoeTiles(128, wgmma, fit(128, inter), fit(64 // wide, hidden), wgmma, fit(256, hidden),
+                    fit(64 // wide, inter),
                     cols_inner=True)
 
 

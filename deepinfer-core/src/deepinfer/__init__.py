@@ -22,9 +22,11 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
-    from deepinfer.engine.llm import LLM
-    from deepinfer.outputs import CompletionOutput, Logprob, RequestOutput
-    from deepinfer.sampling_params import SamplingParams
+    from deepinfer.engine.llm import LLM as LLM
+    from deepinfer.outputs import CompletionOutput as CompletionOutput
+    from deepinfer.outputs import Logprob as Logprob
+    from deepinfer.outputs import RequestOutput as RequestOutput
+    from deepinfer.sampling_params import SamplingParams as SamplingParams
 
 
 def __getattr__(name: str) -> Any:

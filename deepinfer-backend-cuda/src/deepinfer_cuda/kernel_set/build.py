@@ -16,7 +16,8 @@ from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, Manifest
 logger = logging.getLogger("deepinfer.cuda.kernel_set")
 
 
-def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS, kernels: Iterable[str] | None = None) -> Manifest:
+def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS,
+                     kernels: Iterable[str] | None = None) -> Manifest:
     """Compile into ``out_dir`` (replacing a kernel set there) and write its manifest; return the manifest.
 
     ``kernels`` limits the build to those kernel names (default: all of :data:`deepinfer_cuda.kernels.ALL`).

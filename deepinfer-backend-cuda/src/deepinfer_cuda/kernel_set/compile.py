@@ -47,7 +47,7 @@ def ptx_entry_params(ptx: str) -> tuple[str, list[str]]:
     return match.group(1), _PTX_PARAM.findall(match.group(2))
 
 
-def compile_variant(kernel: "TritonKernel", arch: CudaArch, variant: Variant) -> tuple[KernelEntry, bytes]:
+def compile_variant(kernel: TritonKernel, arch: CudaArch, variant: Variant) -> tuple[KernelEntry, bytes]:
     """Compile ``variant`` of ``kernel`` for ``arch``; return its manifest entry and the cubin bytes."""
     import triton
     from triton.backends.compiler import GPUTarget

@@ -121,7 +121,7 @@ class CubinFunction:
             _check(result, "cuLaunchKernel")
 
 
-def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]], list[tuple["_TensorMapParams", str]]]:
+def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]], list[tuple[_TensorMapParams, str]]]:
     """ctypes storage for every ``.param`` of ``entry`` in order, plus who fills it: ``(storage, name)`` per scalar
     or pointer param, ``(tensor map params, name)`` per TMA descriptor (its 1 + 2 * rank slots); hidden pointers
     stay null."""
@@ -162,7 +162,7 @@ class _TensorMapParams:
             encoded = self._cache[key] = encode_tensor_map(desc.base.data_ptr(), shape, strides, desc.padding,
                                                            self.meta)
         ctypes.memmove(self._map, encoded, 128)
-        for slot, v in zip(self.storage[1:], shape + strides):
+        for slot, v in zip(self.storage[1:], shape + strides, strict=False):
             slot.value = v
 
 

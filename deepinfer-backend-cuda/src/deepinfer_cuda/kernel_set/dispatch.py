@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ class KernelSet:
             self.refusal = "kernel sets are disabled"
             return
         if not (self.directory / MANIFEST_NAME).is_file():
-            self.refusal = f"no {MANIFEST_NAME} in {self.directory} (build one: DEEPINFER_ACCELERATOR=nvidia ./build.sh)"
+            self.refusal = (f"no {MANIFEST_NAME} in {self.directory} "
+                            "(build one: DEEPINFER_ACCELERATOR=nvidia ./build.sh)")
             return
         try:
             manifest = Manifest.read(self.directory)
@@ -60,7 +61,7 @@ class KernelSet:
         self.entries = {e.key: e for e in manifest.kernels}
 
     @classmethod
-    def disabled(cls) -> "KernelSet":
+    def disabled(cls) -> KernelSet:
         return cls(None)
 
     def describe(self) -> str:
@@ -81,7 +82,8 @@ def active_kernel_set() -> KernelSet:
     with _lock:
         if _active is None:
             _active = KernelSet(DEFAULT_KERNEL_SET_DIR)
-            log = logger.warning if _active.refusal is not None and "no manifest" not in _active.refusal else logger.info
+            quiet = _active.refusal is None or "no manifest" in _active.refusal
+            log = logger.info if quiet else logger.warning
             log("%s%s", _active.describe(), "; kernels run through Triton JIT" if _active.refusal else "")
         return _active
 
@@ -98,7 +100,7 @@ def use_kernel_set(kernel_set: KernelSet | Path | None) -> KernelSet:
     return ks
 
 
-_KERNELS: list["TritonKernel"] = []
+_KERNELS: list[TritonKernel] = []
 
 
 @dataclass(slots=True)
@@ -114,7 +116,7 @@ class Launch:
     args: dict[str, Any]
     result: Any
 
-    def run(self, kernel: "TritonKernel", device_index: int) -> Any:
+    def run(self, kernel: TritonKernel, device_index: int) -> Any:
         if 0 not in self.grid:
             kernel.launch(self.grid, self.config, self.args, device_index)
         return self.result
@@ -125,7 +127,7 @@ class LaunchChain:
     """Launches of several kernels that run in order on the same stream, then ``finish()`` builds the op's result
     (for ops that are more than one kernel, e.g. MoE experts: two GEMMs and a sum in torch)."""
 
-    steps: list[tuple["TritonKernel", Launch]]
+    steps: list[tuple[TritonKernel, Launch]]
     finish: Callable[[], Any]
 
     def run(self, device_index: int) -> Any:

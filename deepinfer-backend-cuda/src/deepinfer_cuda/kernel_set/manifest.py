@@ -82,7 +82,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         raw = json.loads(text)
         if raw.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"kernel-set manifest format {raw.get('format')!r}; this backend reads {MANIFEST_FORMAT}")
@@ -95,7 +95,7 @@ class Manifest:
         return path
 
     @classmethod
-    def read(cls, directory: Path) -> "Manifest":
+    def read(cls, directory: Path) -> Manifest:
         return cls.from_json((Path(directory) / MANIFEST_NAME).read_text())
 
 

@@ -6,9 +6,22 @@
 from __future__ import annotations
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
-from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, moe_experts,
-                                    moe_hash_router, moe_router, moe_routing, rms_norm, rms_norm_rope, rope,
-                                    sample_tokens, sparse_attention)
+from deepinfer_cuda.kernels import (
+                                    compress_entries,
+                                    compress_pool,
+                                    hc_post,
+                                    hc_pre,
+                                    indexer_topk,
+                                    moe_experts,
+                                    moe_hash_router,
+                                    moe_router,
+                                    moe_routing,
+                                    rms_norm,
+                                    rms_norm_rope,
+                                    rope,
+                                    sample_tokens,
+                                    sparse_attention,
+)
 
 ALL: tuple[TritonKernel, ...] = (
     rms_norm.KERNEL, rope.KERNEL, rms_norm_rope.KERNEL, hc_pre.MIX_KERNEL, hc_pre.KERNEL, hc_post.KERNEL,

@@ -5,7 +5,8 @@ loops over the experts a batch hits in Python (a host sync per expert to find it
 here the routing is sorted on the device and every expert's tokens run in two launches, with no host sync:
 
     plan (moe_routing.py)         the T*k slots sorted by expert, cut into blocks of BLOCK_M slots of one expert
-    _moe_up_kernel                per (block, column tile): [g; u] = x[tokens] @ w13[e]^T, act = silu(min(g, L)) * clamp(u)
+    _moe_up_kernel                per (block, column tile): [g; u] = x[tokens] @ w13[e]^T, act = silu(min(g, L)) *
+                                  clamp(u)
     _moe_down_kernel              per (block, column tile): y = act @ w2[e]^T, scaled by the slot's routing weight
     _moe_combine_kernel           per (token, column tile): out[t] = its k slot outputs added in increasing expert id
 
@@ -59,7 +60,7 @@ def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_blocks", "limit"])
 def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
-                   H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                   H: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
                    FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
     block = tl.program_id(1 if COLS_INNER else 0)
@@ -73,9 +74,9 @@ def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, li
     tokens = (tl.load(order_ptr + rows, mask=row_ok, other=0) // TOPK).to(tl.int64)
     col0 = tl.program_id(0 if COLS_INNER else 1) * BLOCK_N
     cols = col0 + tl.arange(0, BLOCK_N)
-    col_ok = cols < I
-    gate_row = expert * (2 * I) + col0  # w13 as [E * 2I, H]: a tile past I reads the next rows, whose columns
-    up_row = gate_row + I  # are never stored; past H (and the tensor's end) the TMA box reads zeros
+    col_ok = cols < INTER
+    gate_row = expert * (2 * INTER) + col0  # w13 as [E * 2I, H]: a tile past INTER reads the next rows, whose columns
+    up_row = gate_row + INTER  # are never stored; past H (and the tensor's end) the TMA box reads zeros
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -97,12 +98,12 @@ def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, li
         u = tl.minimum(tl.maximum(u, -limit), limit)
     silu = _rounded(g / (1.0 + tl.exp(-g)), dtype, INTERPRETED)
     act = _rounded(silu * u, dtype, INTERPRETED).to(dtype)
-    tl.store(act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :], act, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(act_ptr + rows.to(tl.int64)[:, None] * INTER + cols[None, :], act, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["n_blocks"])
 def _moe_down_kernel(act_ptr, w2_desc, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
-                     H: tl.constexpr, I: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
+                     H: tl.constexpr, INTER: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
     block = tl.program_id(1 if COLS_INNER else 0)
     start = tl.load(blocks_ptr + n_blocks + block)
@@ -118,9 +119,10 @@ def _moe_down_kernel(act_ptr, w2_desc, weights_ptr, slot_out_ptr, order_ptr, blo
     col_ok = cols < H
     w_row = expert * H + col0  # w2 as [E * H, I] (as in the up kernel: rows past H are never stored)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
+    for k0 in range(0, INTER, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(act_ptr + rows.to(tl.int64)[:, None] * I + ks[None, :], mask=row_ok[:, None] & (ks < I)[None, :],
+        a = tl.load(act_ptr + rows.to(tl.int64)[:, None] * INTER + ks[None, :],
+                    mask=row_ok[:, None] & (ks < INTER)[None, :],
                     other=0.0)
         w = w2_desc.load([w_row, k0]).T  # [BLOCK_K, BLOCK_N]
         if FP32_DOT:
@@ -157,11 +159,11 @@ def _moe_combine_kernel(slot_out_ptr, ids_ptr, out_ptr, H: tl.constexpr, TOPK: t
 
 def _constexprs(tiles: MoeTiles, hidden: int, inter: int, top_k: int, has_limit: bool, fp32: bool):
     fp32_dot = fp32 or INTERPRETED  # fp32: IEEE products (no TF32), as the reference computes them
-    up = {"H": hidden, "I": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "FP32_DOT": fp32_dot,
+    up = {"H": hidden, "INTER": inter, "TOPK": top_k, "HAS_LIMIT": has_limit, "FP32_DOT": fp32_dot,
           "INTERPRETED": INTERPRETED,
           "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.up_block_n, "BLOCK_K": tiles.up_block_k,
           "COLS_INNER": tiles.cols_inner}
-    down = {"H": hidden, "I": inter, "FP32_DOT": fp32_dot, "INTERPRETED": INTERPRETED,
+    down = {"H": hidden, "INTER": inter, "FP32_DOT": fp32_dot, "INTERPRETED": INTERPRETED,
             "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.down_block_n, "BLOCK_K": tiles.down_block_k,
             "COLS_INNER": tiles.cols_inner}
     return up, down

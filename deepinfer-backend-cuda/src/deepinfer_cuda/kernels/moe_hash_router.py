@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
-from deepinfer_cuda.kernels.moe_router import moe_router_kernel, aot_variants, plan_routes
+from deepinfer_cuda.kernels.moe_router import aot_variants, moe_router_kernel, plan_routes
 
 #: As ``moe_router.INTERPRETED`` (libdevice swapped for ``tl`` functions under Triton's CPU interpreter), for this op.
 INTERPRETED = False

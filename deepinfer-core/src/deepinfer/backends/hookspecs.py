@@ -28,7 +28,7 @@ class BackendSpec:
     """Hook specifications; implementations are plain functions decorated with ``hookimpl``."""
 
     @hookspec
-    def deepinfer_backend(self, api_version: int) -> "Backend":
+    def deepinfer_backend(self, api_version: int) -> Backend:
         """Return this plugin's :class:`~deepinfer.backends.backend.Backend`.
 
         Must be cheap and must not import device libraries (CUDA, torch_npu): heavy work belongs in

@@ -106,7 +106,8 @@ def select_backend(name: str | None = None) -> Backend:
         return best.backend
     if name in clashes:
         dists = ", ".join(ib.distribution for ib in clashes[name])
-        raise BackendError(f"backend name {name!r} is claimed by more than one distribution ({dists}); uninstall all but one")
+        raise BackendError(f"backend name {name!r} is claimed by more than one distribution ({dists}); "
+                           "uninstall all but one")
     if name not in by_name:
         raise BackendError(
             f"DEEPINFER_ACCELERATOR={name!r} names no installed backend; installed: {_describe(installed)}. "

@@ -149,7 +149,7 @@ class LLM:
     @classmethod
     def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
                    state_cache_bytes: int = 1 << 30, token_masks: TokenMaskProvider | None = None,
-                   **limits: Any) -> "LLM":
+                   **limits: Any) -> LLM:
         """An LLM over an already-built model (tests, custom loaders).  ``limits`` as in ``__init__``, plus
         ``backend``: the device services (graph capture, copies); default: the selected backend when it drives
         the model's device type, else the base class (plain copies, no graphs)."""
@@ -223,7 +223,7 @@ class LLM:
         results: list[RequestOutput | None] = [None] * len(prompt_list)
         baseline = (time.perf_counter(), self.engine.num_prompt_tokens, self.engine.num_generated_tokens)
         index: dict[str, int] = {}
-        for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
             request_id = str(next(self._request_ids))
             index[request_id] = i
             results[i] = self.engine.add_request(prompt, params, request_id)

@@ -27,14 +27,14 @@ class Sequence:
     """One completion being generated."""
 
     seq_id: int
-    request: "Request"
+    request: Request
     index: int
     token_ids: list[int]
     seed: int
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0
     #: Forks still to receive this sequence's state when its prompt completes (sequence 0 only).
-    pending_forks: list["Sequence"] = field(default_factory=list)
+    pending_forks: list[Sequence] = field(default_factory=list)
     output: CompletionOutput | None = None
     detokenizer: object | None = None  # an IncrementalDetokenizer, set by the output processor
     #: Structured output: this completion's ``GrammarMatcher`` (``None`` for free requests).

@@ -29,7 +29,7 @@ class SequenceState(Protocol):
         """Bytes of tensor memory this state holds now."""
         ...
 
-    def fork(self) -> "SequenceState":
+    def fork(self) -> SequenceState:
         """An independent copy (``n > 1`` samples share one prompt prefill)."""
         ...
 
@@ -72,7 +72,7 @@ class CausalLM(Protocol):
     device: torch.device
     dtype: torch.dtype
 
-    def configure_state(self, max_seqs: int, capacity_bytes: int) -> "StateCapacity":
+    def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
         """Set aside state memory for at most ``max_seqs`` live sequences within ``capacity_bytes``, before any
         state exists; states made by ``new_state`` afterwards live there."""
         ...

@@ -92,7 +92,7 @@ def _attend_in_chunks(
         total = total + w.sum(dim=-1)
         weights.append(w)
     out = torch.zeros_like(qf)
-    for w, k in zip(weights, keys):
+    for w, k in zip(weights, keys, strict=True):
         out = out + torch.einsum("thc,tcd->thd", w / total.unsqueeze(-1), k)
     return out.to(q.dtype)
 

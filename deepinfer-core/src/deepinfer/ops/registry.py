@@ -197,7 +197,7 @@ class OpTable:
         return self._overridden
 
     @classmethod
-    def for_backend(cls, backend: Any) -> "OpTable":
+    def for_backend(cls, backend: Any) -> OpTable:
         """The table of ``backend`` (a :class:`~deepinfer.backends.Backend`), built once per backend object
         and value of ``DEEPINFER_BATCH_INVARIANT``.
 

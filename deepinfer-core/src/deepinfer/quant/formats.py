@@ -32,7 +32,7 @@ class QuantizedTensor:
             return ops.dequant_mxfp4(self.data, self.scale, dtype)
         raise ValueError(f"unknown quantized format {self.format!r}")
 
-    def to(self, device: torch.device) -> "QuantizedTensor":
+    def to(self, device: torch.device) -> QuantizedTensor:
         return QuantizedTensor(self.format, self.data.to(device), self.scale.to(device), self.shape, self.block)
 
     def nbytes(self) -> int:

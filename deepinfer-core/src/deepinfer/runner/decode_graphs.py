@@ -51,7 +51,8 @@ class _Graph:
         into ``flat``."""
         staging = self.staging[self.turn]
         self.turn ^= 1
-        torch.cat([piece for t, pad in zip(host.values(), self.pads) for piece in (t.flatten(), pad)], out=staging)
+        pieces = zip(host.values(), self.pads, strict=True)
+        torch.cat([piece for t, pad in pieces for piece in (t.flatten(), pad)], out=staging)
         self.flat.copy_(staging, non_blocking=True)
 
 
@@ -104,7 +105,7 @@ class DecodeGraphs:
         pads = [torch.zeros(-n % _ALIGN, dtype=torch.int64) for n in sizes]
         flat = torch.zeros(sum(sizes) + sum(p.numel() for p in pads), dtype=torch.int64, device=self.device)
         static, offset = {}, 0
-        for (name, shape), n, pad in zip(shapes, sizes, pads):
+        for (name, shape), n, pad in zip(shapes, sizes, pads, strict=True):
             static[name] = flat[offset : offset + n].view(shape)
             offset += n + pad.numel()
         out: list[torch.Tensor] = []

@@ -146,10 +146,10 @@ class ModelRunner:
         def collect() -> RunnerOutput:
             out = RunnerOutput()
             if prompt_results is not None:
-                for (req, pos, _), tl in zip(plan.prompt_targets, prompt_results()):
+                for (req, pos, _), tl in zip(plan.prompt_targets, prompt_results(), strict=True):
                     out.prompt_logprobs.append((req, pos, tl))
             if sampled_results is not None:
-                for seq, tl in zip(plan.sample_seqs, sampled_results()):
+                for seq, tl in zip(plan.sample_seqs, sampled_results(), strict=True):
                     out.sampled.append((seq.seq_id, tl))
             return out
 
@@ -214,7 +214,7 @@ class ModelRunner:
             tokens_l, lp, rank, top_ids, top_lp = (wait().tolist() for wait in parts)
             return [
                 TokenLogprobs(tokens_l[i], lp[i], rank[i],
-                              list(zip(top_ids[i][: ks[i] or 0], top_lp[i][: ks[i] or 0])))
+                              list(zip(top_ids[i][: ks[i] or 0], top_lp[i][: ks[i] or 0], strict=True)))
                 for i in range(len(ks))
             ]
 

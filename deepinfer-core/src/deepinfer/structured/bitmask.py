@@ -67,7 +67,7 @@ def fill_draft_token_bitmask(
         raise ValueError(f"bitmask has {bitmask.shape[0]} rows; the drafts need {needed}")
     allowed: list[int] = []
     row = 0
-    for matcher, draft in zip(matchers, drafts):
+    for matcher, draft in zip(matchers, drafts, strict=True):
         if matcher is None:
             bitmask[row : row + len(draft) + 1] = ALL_ALLOWED
             allowed.append(len(draft))

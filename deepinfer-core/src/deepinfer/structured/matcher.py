@@ -107,7 +107,7 @@ class GrammarMatcher:
         """The tokens so far form a complete match (a stop token may come next)."""
         return self._matcher.is_completed()
 
-    def fork(self) -> "GrammarMatcher":
+    def fork(self) -> GrammarMatcher:
         """An independent copy with the same state and history (one per sample when ``n > 1``)."""
         copy = GrammarMatcher(None, self.vocab_size, _matcher=self._matcher.fork())  # type: ignore[arg-type]
         copy._num_accepted = self._num_accepted

@@ -53,7 +53,7 @@ def assert_close(actual: Any, expected: Any, dtype: torch.dtype, tol: tuple[floa
             assert torch.equal(actual, expected), f"{where}: integer outputs differ"
     elif isinstance(expected, (list, tuple)):
         assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: structure differs"
-        for i, (a, e) in enumerate(zip(actual, expected)):
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_close(a, e, dtype, tol, f"{where}[{i}]")
     else:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
@@ -140,7 +140,7 @@ def assert_same_bits(actual: Any, expected: Any, where: str) -> None:
             raise AssertionError(f"{where}: not bitwise equal (first at {bad}, max |diff| {diff:.3g})")
     else:
         assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: structure differs"
-        for i, (a, e) in enumerate(zip(actual, expected)):
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_same_bits(a, e, f"{where}[{i}]")
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from deepinfer.models.deepseek_v4.layout import RaggedLayout
+from deepinfer.models.deepseek_v4.prefill_plan import WindowAssembly
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import CompressorCache
-from deepinfer.models.deepseek_v4.prefill_plan import WindowAssembly
 from deepinfer.models.deepseek_v4.step import RatioPlan
 from deepinfer.ops import OpTable
 

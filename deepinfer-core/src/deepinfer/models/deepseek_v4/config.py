@@ -93,7 +93,7 @@ class DeepseekV4Config:
     model_type: str = "deepseek_v4"
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "DeepseekV4Config":
+    def from_file(cls, path: str | Path) -> DeepseekV4Config:
         """Read ``config.json`` (a file, or the checkpoint directory holding it)."""
         path = Path(path)
         if path.is_dir():
@@ -101,7 +101,7 @@ class DeepseekV4Config:
         return cls.from_dict(json.loads(path.read_text()))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "DeepseekV4Config":
+    def from_dict(cls, raw: dict[str, Any]) -> DeepseekV4Config:
         return _parse(raw)
 
 

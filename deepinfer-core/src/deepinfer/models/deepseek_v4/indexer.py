@@ -56,7 +56,7 @@ class Indexer:
         than ``index_topk`` entries: then every causal entry is picked, without scoring (as HCA attends)."""
         self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, kv_rows=False)
         ratio = self.compressor.ratio
-        longest = max((start + n) // ratio for start, n in zip(layout.starts, layout.lens))
+        longest = max((start + n) // ratio for start, n in zip(layout.starts, layout.lens, strict=True))
         if longest <= self.topk:
             return None
         # every sequence's keys through its page rows, one gather: past its own entries, keys its causal limit masks

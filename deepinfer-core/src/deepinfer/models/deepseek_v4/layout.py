@@ -37,11 +37,11 @@ class RaggedLayout:
     #: data).
     entry_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     #: Per compression ratio (0: sliding only), where that kind of layer finds its keys (set by the model, likewise).
-    plans: dict[int, "PrefillPlan"] = field(default_factory=dict)
+    plans: dict[int, PrefillPlan] = field(default_factory=dict)
 
     @classmethod
     def build(cls, seq_lens: list[int], starts: list[int],
-              upload: Callable[[torch.Tensor], torch.Tensor]) -> "RaggedLayout":
+              upload: Callable[[torch.Tensor], torch.Tensor]) -> RaggedLayout:
         """``upload`` moves a host tensor to the batch's device (``ForwardBatch.upload``: no blocking copy)."""
         offsets, total = [], 0
         for n in seq_lens:

@@ -124,7 +124,7 @@ class DeepseekV4ForCausalLM:
         if any(s.pool is not pool for s in states):
             raise ValueError("every state of a batch must come from the same state pool")
         starts = [s.num_tokens for s in states]
-        for state, n in zip(states, batch.seq_lens):
+        for state, n in zip(states, batch.seq_lens, strict=True):
             pool.reserve(state, state.num_tokens + n)
         if all(n == 1 for n in batch.seq_lens):
             step = self._decode_step(states, pool, None, len(states))
@@ -143,7 +143,7 @@ class DeepseekV4ForCausalLM:
                 return attn(x, positions, layout, states, pool, pool.layers[attn.layer])
 
             hidden = self._run(batch.input_ids, attend)
-        for state, n in zip(states, batch.seq_lens):
+        for state, n in zip(states, batch.seq_lens, strict=True):
             state.num_tokens += n
         return hidden
 

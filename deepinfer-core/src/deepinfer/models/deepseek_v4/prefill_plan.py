@@ -58,7 +58,7 @@ class PrefillPlan:
 
     @classmethod
     def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
-              entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor]) -> "PrefillPlan":
+              entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor]) -> PrefillPlan:
         """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
         page 0 in every layer's kv tensor.  The host work is a few vectorised CPU ops and one upload."""
         starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
@@ -143,7 +143,7 @@ def _aligned_upload(parts: list[torch.Tensor], upload: Callable[[torch.Tensor], 
     Triton's JIT."""
     sizes = [p.numel() for p in parts]
     flat = upload(torch.cat([x for p in parts for x in ((p, _PAD) if p.numel() % 2 else (p,))]))
-    return [view[:n] for view, n in zip(flat.split([n + n % 2 for n in sizes]), sizes)]
+    return [view[:n] for view, n in zip(flat.split([n + n % 2 for n in sizes]), sizes, strict=True)]
 
 
 def _ranges(first: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ class DeepseekV4State:
     def nbytes(self) -> int:
         return self.pool.nbytes_of(self)
 
-    def fork(self) -> "DeepseekV4State":
+    def fork(self) -> DeepseekV4State:
         return self.pool.fork(self)
 
     def release(self) -> None:

@@ -41,9 +41,9 @@ class StateSpec:
         object.__setattr__(self, "sizes", (self.slot_elems(), {r: self.page_elems(r) for r in self.paged_ratios}))
 
     @classmethod
-    def from_config(cls, cfg: DeepseekV4Config) -> "StateSpec":
+    def from_config(cls, cfg: DeepseekV4Config) -> StateSpec:
         return cls(cfg.sliding_window, cfg.head_dim, cfg.index_head_dim, tuple(cfg.layer_types),
-                   tuple(0 if k == SLIDING else r for k, r in zip(cfg.layer_types, cfg.compress_ratios)))
+                   tuple(0 if k == SLIDING else r for k, r in zip(cfg.layer_types, cfg.compress_ratios, strict=True)))
 
     @property
     def paged_ratios(self) -> tuple[int, ...]:
@@ -60,7 +60,7 @@ class StateSpec:
     def slot_elems(self) -> int:
         """Elements of one slot over all layers: SWA ring and compressor carry-over."""
         total = 0
-        for kind, ratio in zip(self.kinds, self.ratios):
+        for kind, ratio in zip(self.kinds, self.ratios, strict=True):
             total += self.window * self.head_dim
             if ratio:
                 total += self._compressor_elems(ratio, self.head_dim, kind == CSA)
@@ -71,7 +71,7 @@ class StateSpec:
     def page_elems(self, ratio: int) -> int:
         """Elements of one page of ``ratio`` over all its layers: entries (and CSA indexer keys)."""
         per_entry = sum(self.head_dim + (self.index_head_dim if k == CSA else 0)
-                        for k, r in zip(self.kinds, self.ratios) if r == ratio)
+                        for k, r in zip(self.kinds, self.ratios, strict=True) if r == ratio)
         return self.page_size * per_entry
 
     def byte_sizes(self, element_size: int) -> tuple[int, dict[int, int]]:
@@ -234,14 +234,14 @@ class StatePool:
     # --- sizing -------------------------------------------------------------------------------------
     @classmethod
     def for_budget(cls, spec: StateSpec, dtype: torch.dtype, device: torch.device, max_seqs: int,
-                   capacity_bytes: int) -> tuple["StatePool", PoolPlan]:
+                   capacity_bytes: int) -> tuple[StatePool, PoolPlan]:
         """A fixed pool within ``capacity_bytes``, and its plan: how many sequences may be live at once
         (``slots - 1``) and the bytes of ``state_bytes`` they may reserve in all."""
         plan = plan_pool(spec, torch.empty(0, dtype=dtype).element_size(), max_seqs, capacity_bytes)
         return cls(spec, dtype, device, slots=plan.slots, pages=plan.pages, growable=False), plan
 
     @classmethod
-    def growable_pool(cls, spec: StateSpec, dtype: torch.dtype, device: torch.device) -> "StatePool":
+    def growable_pool(cls, spec: StateSpec, dtype: torch.dtype, device: torch.device) -> StatePool:
         return cls(spec, dtype, device, slots=4, pages={r: 4 for r in spec.paged_ratios}, growable=True)
 
     def nbytes(self) -> int:
@@ -358,11 +358,11 @@ class StatePool:
             if old.ratio:
                 n = old_pages[old.ratio] * page
                 new.kv[self.entry_base : self.entry_base + n] = old.kv[old_base : old_base + n]
-                for a, b in zip(old.compressor.tensors(), new.compressor.tensors()):
+                for a, b in zip(old.compressor.tensors(), new.compressor.tensors(), strict=True):
                     b[:old_slots] = a
             if old.indexer is not None:
                 new.index_keys[: old.index_keys.shape[0]] = old.index_keys
-                for a, b in zip(old.indexer.tensors(), new.indexer.tensors()):
+                for a, b in zip(old.indexer.tensors(), new.indexer.tensors(), strict=True):
                     b[:old_slots] = a
             self.layers[i] = new
         self._free_slots = list(range(self.slots - 1, old_slots - 1, -1)) + self._free_slots

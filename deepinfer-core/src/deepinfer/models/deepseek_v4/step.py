@@ -20,7 +20,7 @@ class DecodeStep:
     page_tables: dict[int, torch.Tensor]  # compression ratio -> [B, pages] int64 page ids (0 = none)
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "DecodeStep":
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> DecodeStep:
         """From the flat name -> tensor form the engine's graph runner keeps in static buffers."""
         tables = {int(name[6:]): t for name, t in tensors.items() if name.startswith("pages_")}
         return cls(tensors["input_ids"], tensors["positions"], tensors["slots"], tables)
@@ -41,7 +41,7 @@ class CausalPicks:
     ids: torch.Tensor  # [T, topk] entry ids 0 .. limit - 1, then -1
 
     @classmethod
-    def build(cls, limits: torch.Tensor, counting: torch.Tensor) -> "CausalPicks":
+    def build(cls, limits: torch.Tensor, counting: torch.Tensor) -> CausalPicks:
         """``counting``: ``0 .. topk - 1`` on the device."""
         ids = torch.where(counting < limits[:, None], counting, -1)
         return cls(limits, (limits <= counting.shape[0])[:, None], ids)
@@ -80,13 +80,13 @@ class DecodePlan:
     ratios: dict[int, RatioPlan]
 
     @classmethod
-    def build(cls, step: DecodeStep, spec: StateSpec, entry_base: int, index_topk: int) -> "DecodePlan":
+    def build(cls, step: DecodeStep, spec: StateSpec, entry_base: int, index_topk: int) -> DecodePlan:
         """``entry_base``: the row of page 0 in every layer's KV pool (after the SWA rings); ``index_topk``: the
         CSA indexer's.  Each op here is one kernel node of a step's graph: built once, read by every layer."""
         pos, slots, batch = step.positions, step.slots, step.positions.shape[0]
         window, page_size = spec.window, spec.page_size
-        csa = {r for kind, r in zip(spec.kinds, spec.ratios) if kind == CSA}
-        attends_all = {r for kind, r in zip(spec.kinds, spec.ratios) if kind != CSA}
+        csa = {r for kind, r in zip(spec.kinds, spec.ratios, strict=True) if kind == CSA}
+        attends_all = {r for kind, r in zip(spec.kinds, spec.ratios, strict=True) if kind != CSA}
         widths = [t.shape[1] * page_size for t in step.page_tables.values()]
         ints = _Ints(min(1 - window, -1), max(batch, page_size, index_topk, *widths), pos.device)
         key_pos = pos[:, None] + ints(1 - window, 1)

@@ -55,7 +55,7 @@ def expected_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
     }
     if not cfg.tie_word_embeddings:
         shapes["head.weight"] = (cfg.vocab_size, d)
-    for i, (kind, ratio, mlp) in enumerate(zip(cfg.layer_types, cfg.compress_ratios, cfg.mlp_layer_types)):
+    for i, (kind, ratio, mlp) in enumerate(zip(cfg.layer_types, cfg.compress_ratios, cfg.mlp_layer_types, strict=True)):
         p = f"layers.{i}."
         shapes.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,)})
         for site in ("attn", "ffn"):
