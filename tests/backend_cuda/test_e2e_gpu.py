@@ -16,17 +16,13 @@ Skipped where no CUDA device is visible (CI); on the GPU host: ``pytest tests/ba
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))  # the V4 fixtures live beside core's tests
-
-from v4_fixtures import RELEASED_RATES, SMALL, build_engine_checkpoint, hf_logprobs, random_tokens  # noqa: E402
-
-from deepinfer import LLM, SamplingParams  # noqa: E402
+from deepinfer import LLM, SamplingParams
+from tests.support.v4_fixtures import RELEASED_RATES, SMALL, build_engine_checkpoint, hf_logprobs, random_tokens
 
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -87,7 +83,8 @@ def _check_against_reference(hf, prompt: list[int], out) -> None:
     margins = top2[:, 0] - top2[:, 1]
     for i, token in enumerate(generated):
         if margins[i] > MARGIN:
-            assert token == int(rows[i].argmax()), f"prompt of {n}: token {i} differs (reference margin {margins[i]:.3g})"
+            assert token == int(rows[i].argmax()), \
+                f"prompt of {n}: token {i} differs (reference margin {margins[i]:.3g})"
         err = abs(out.outputs[0].logprobs[i][token].logprob - rows[i, token].item())
         assert err <= GENERATED_LOGPROB_TOL, f"prompt of {n}: generated token {i} logprob off by {err:.3g}"
 
@@ -125,9 +122,9 @@ def test_graph_replayed_decode_equals_eager_decode(case, nvidia):
         outs[eager] = llm.generate(prompts, params, use_tqdm=False)
         assert (llm.engine.runner.decode_graphs is None) == eager
     compared = 0
-    for a, b in zip(outs[False], outs[True]):
+    for a, b in zip(outs[False], outs[True], strict=True):
         for pa, pb, ta, tb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, a.outputs[0].token_ids,
-                                  b.outputs[0].token_ids):
+                                  b.outputs[0].token_ids, strict=False):
             top2 = sorted((p.logprob for p in pb.values()), reverse=True)
             if ta != tb:  # padding rows change GEMM shapes, so bf16 rounding may flip a near tie
                 assert top2[0] - top2[1] < 0.05, f"tokens differ at a margin of {top2[0] - top2[1]:.3g}"
@@ -141,7 +138,7 @@ def test_graph_replayed_decode_equals_eager_decode(case, nvidia):
 def test_bf16_gpu_matches_cpu_fp32_reference(case, nvidia, limits):
     directory, hf, prompts = case
     _, outs = _generate(directory, prompts, **limits)
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         assert out.error is None, out.error
         _check_against_reference(hf, prompt, out)
 
@@ -160,7 +157,7 @@ def test_prefill_steps_never_wait_for_the_device(case, nvidia):
     def prefill(check: bool) -> None:
         states = [model.new_state() for _ in prompts]
         for part in (0, 1):
-            chunks = [(s, h[part], len(h[0]) * part) for s, h in zip(states, halves) if h[part]]
+            chunks = [(s, h[part], len(h[0]) * part) for s, h in zip(states, halves, strict=True) if h[part]]
             ids = torch.tensor([t for _, c, _ in chunks for t in c], device="cuda")
             pos = torch.cat([torch.arange(len(c), device="cuda") + first for _, c, first in chunks])
             batch = ForwardBatch(ids, pos, [len(c) for _, c, _ in chunks], [s for s, _, _ in chunks], to_device=upload)

@@ -45,8 +45,18 @@ def device_kernel_set(tmp_path_factory):
 
 def _model_shape_cases():
     """(kernel module, args) at the V4-Flash shapes the kernel set is built for (every one has a cubin)."""
-    from deepinfer_cuda.kernels import (compress_entries, compress_pool, hc_post, hc_pre, indexer_topk, rms_norm,
-                                        rms_norm_rope, rope, sample_tokens, sparse_attention)
+    from deepinfer_cuda.kernels import (
+        compress_entries,
+        compress_pool,
+        hc_post,
+        hc_pre,
+        indexer_topk,
+        rms_norm,
+        rms_norm_rope,
+        rope,
+        sample_tokens,
+        sparse_attention,
+    )
 
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -149,9 +159,9 @@ def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
         assert sum(k.launch_counts["jit"] for k in ALL) == launches
     finally:
         use_kernel_set(device_kernel_set)
-    for (m, args), a, j in zip(cases, aot, jit):
+    for (m, args), a, j in zip(cases, aot, jit, strict=True):
         shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in args]
-        pairs = zip(a, j) if isinstance(a, tuple) else [(a, j)]
+        pairs = zip(a, j, strict=True) if isinstance(a, tuple) else [(a, j)]
         assert all(torch.equal(x, y) for x, y in pairs), f"{m.KERNEL.name}: AOT and JIT differ for {shapes}"
 
 

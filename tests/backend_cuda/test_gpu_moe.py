@@ -13,7 +13,8 @@ import pytest
 import torch
 
 requires_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host: pytest tests/backend_cuda")
+    not torch.cuda.is_available(),
+    reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host: pytest tests/backend_cuda")
 pytestmark = [requires_cuda, pytest.mark.cuda]
 
 HIDDEN, INTER, EXPERTS, TOP_K, LIMIT = 4096, 2048, 64, 6, 10.0
@@ -48,7 +49,8 @@ def _fp32_truth(x, ids, w, w13, w2):
     return out
 
 
-@pytest.mark.parametrize("tokens, repeat", [(1, False), (8, True), (16, False), (64, True), (300, False), (1024, False)])
+@pytest.mark.parametrize("tokens, repeat",
+                         [(1, False), (8, True), (16, False), (64, True), (300, False), (1024, False)])
 def test_as_accurate_as_the_reference_without_host_syncs(weights, tokens, repeat):
     from deepinfer.ops.moe import moe_experts as reference
     from deepinfer_cuda.kernels.moe_experts import moe_experts
@@ -101,10 +103,10 @@ def test_aot_cubins_equal_jit(weights, tmp_path):
     try:
         use_kernel_set(tmp_path)
         aot = [moe_experts(x, ids, w, w13, w2, LIMIT) for x, ids, w in cases]
-        for kernel, launches in zip(kernels, (2, 1, 1, 1, 3, 3, 3)):
+        for kernel, launches in zip(kernels, (2, 1, 1, 1, 3, 3, 3), strict=True):
             assert kernel.launch_counts == {"cubin": launches, "jit": 0}, (kernel.name, kernel.launch_counts)
         use_kernel_set(None)
         jit = [moe_experts(x, ids, w, w13, w2, LIMIT) for x, ids, w in cases]
     finally:
         use_kernel_set(DEFAULT_KERNEL_SET_DIR)
-    assert all(torch.equal(a, j) for a, j in zip(aot, jit))
+    assert all(torch.equal(a, j) for a, j in zip(aot, jit, strict=True))

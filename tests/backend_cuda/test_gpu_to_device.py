@@ -29,7 +29,7 @@ def test_to_device_is_exact_and_does_not_synchronize():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    for t, c in zip(host, copies):
+    for t, c in zip(host, copies, strict=True):
         assert c.device == device and c.dtype == t.dtype and torch.equal(c.cpu(), t)
     assert torch.equal(pinned.cpu(), host[2])
 

@@ -117,5 +117,5 @@ def test_hc_pre_bits_do_not_depend_on_the_token_tier_gpu():
         whole = hc_pre(streams, fn, base, scale, 1e-6, 1e-6, 20)
         for rows in ([7], [199, 3], list(range(5, 12)), list(range(150, 166)), list(range(0, 200, 4))):
             part = hc_pre(streams[rows], fn, base, scale, 1e-6, 1e-6, 20)
-            for got, want in zip(part, whole):
+            for got, want in zip(part, whole, strict=True):
                 assert torch.equal(got, want[rows]), f"{len(rows)} rows {rows[:3]} ({dtype}) differ from the batch"

@@ -6,7 +6,8 @@ compiled ahead of time.
 - the plan kernel's ``order`` and block table equal the torch plan's (:func:`expert_blocks`) bit for bit,
   repeated experts, 1..1024 slots and 4..384 experts included;
 - the combine kernel adds each token's k slot outputs in the reference's order and rounding, bit for bit;
-- the op through the plan kernel equals the op through the chunked (prefill) plan bit for bit; with the narrow decode tiles
+- the op through the plan kernel equals the op through the chunked (prefill) plan bit for bit; with the narrow
+  decode tiles
   and with the b16 tiles it is as close to core's reference as the conformance tolerances ask (the interpreter's
   numpy dot sums in a shape-dependent order, so the two tiers are not compared bit for bit here).
 """

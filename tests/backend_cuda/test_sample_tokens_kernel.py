@@ -113,9 +113,9 @@ def test_seeded_request_samples_the_same_tokens_on_gpu_and_cpu(monkeypatch):
         runs[accelerator] = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32").generate(prompts, params, use_tqdm=False)
     monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
     cpu_llm = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32")
-    for prompt, cpu, gpu in zip(prompts, runs["cpu"], runs["nvidia"]):
+    for prompt, cpu, gpu in zip(prompts, runs["cpu"], runs["nvidia"], strict=True):
         mine, theirs = gpu.outputs[0].token_ids, cpu.outputs[0].token_ids
-        diverged = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        diverged = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
         if diverged is None:
             assert mine == theirs
             continue

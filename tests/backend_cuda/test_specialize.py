@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_cuda.kernel_set.specialize import ParamInfo, TRITON_DTYPES, signature_of, specialize_arg
+from deepinfer_cuda.kernel_set.specialize import TRITON_DTYPES, ParamInfo, signature_of, specialize_arg
 
 triton_c = pytest.importorskip("triton._C.libtriton")
 from triton.backends.compiler import BaseBackend  # noqa: E402
@@ -72,7 +72,8 @@ def test_launch_spec_separates_every_specialization():
             for n_rows in values["int"]:
                 for stride in (16, 8):
                     args = dict(x_ptr=x, w_ptr=w, y_ptr=base, x_row_stride=stride, y_row_stride=16, n_rows=n_rows,
-                                eps=values["eps"][stride == 8], N=16, BLOCK_N=16, BLOCK_ROWS=4, HAS_WEIGHT=w is not None)
+                                eps=values["eps"][stride == 8], N=16, BLOCK_N=16, BLOCK_ROWS=4,
+                                HAS_WEIGHT=w is not None)
                     sig, const = signature_of(KERNEL.params, args)
                     full = (tuple(sorted(sig.items())), tuple(sorted((k, repr(v)) for k, v in const.items())))
                     assert seen.setdefault(KERNEL._fast_spec(args), full) == full, args

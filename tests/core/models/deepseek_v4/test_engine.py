@@ -1,0 +1,180 @@
+"""The engine on a real (tiny, random) DeepSeek-V4 checkpoint, against transformers as the oracle.
+
+The checkpoint is saved by ``transformers.DeepseekV4ForCausalLM.save_pretrained`` (the released tensor
+names) with a small byte-level tokenizer, and loaded through ``LLM(model=<dir>)`` like a user would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.models import UnsupportedModelError
+from tests.support.engine_checks import assert_same_output, mixed_params, ragged_prompts
+from tests.support.v4_fixtures import SMALL, build_engine_checkpoint, hf_logprobs
+
+PROMPTS = [
+    "Once upon a time", "The quick brown fox jumps over the lazy dog.", "Le café", "日本語",
+    "She liked to read books", "Numbers: 0 1 2 3", "def generate(prompt):", "x",
+    "Once upon a time there was a little girl who lived in a small house near the woods, and she",
+    "crème brûlée", "The", "sing songs and play in the park with her friends", "{ } [ ] ( )",
+    "a b c d e f g h i j k l m n o p q r s t u v w x y z", "Tokyo", "10 100 1000",
+]
+NEW_TOKENS = 8
+NEAR_TIE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_random"), SMALL)
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
+    return LLM(str(checkpoint[0]), dtype="float32")
+
+
+def test_loads_through_the_public_api(llm, checkpoint):
+    assert llm.engine.model.vocab_size == len(llm.tokenizer)
+    assert llm.engine.config.eos_token_ids == (1,)
+
+
+def test_greedy_matches_hf_generate(llm, checkpoint):
+    """16 prompts, greedy: equal to HF ``generate`` unless HF itself faced a near-tie on the way."""
+    hf = checkpoint[1]
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                        use_tqdm=False)
+    compared = 0
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                              do_sample=False)[0, ids.shape[1]:].tolist()
+        logp = hf_logprobs(hf, torch.tensor(out.prompt_token_ids + ref))[len(out.prompt_token_ids) - 1 : -1]
+        top2 = logp.topk(2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        mine = out.outputs[0].token_ids
+        for i, (a, b) in enumerate(zip(mine, ref, strict=False)):  # HF stops at its EOS
+            if a != b:
+                assert margins[i] < NEAR_TIE, f"diverged at {i} with HF margin {margins[i]}"
+                break
+        else:
+            compared += 1
+    assert compared >= 12
+
+
+STORY_PROMPTS = [
+    "Once upon a time, there was a little girl named Lily.", "Tom had a big red ball. One day,",
+    "One day, a small dog found a shiny key", "The sun was warm. Mia and her mom went to the park.",
+    "Ben was a brave bear who lived", "It was a rainy day.", "Zoe picked up the", "They ate cookies and",
+    "Once upon a time, there was a small cat named Emma. She", "Max and Sam went to the beach",
+    "Lucy saw a kite stuck in a tree.", "The clouds were gray.", '"Can you help me?" asked', "That night,",
+    "Nora liked to read books", "Jack found a shell",
+]
+
+
+def test_embedded_model_greedy_matches_hf():
+    """The trained embedded checkpoint (real tokenizer): greedy stories equal HF's where margins allow."""
+    from transformers import DeepseekV4ForCausalLM
+
+    from deepinfer.engine.model_source import EMBEDDED_MODEL_DIR
+
+    if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip("the embedded tiny_v4 checkpoint is not in this checkout yet")
+    hf = DeepseekV4ForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, dtype=torch.float32).eval()
+    llm = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32")
+    outs = llm.generate(STORY_PROMPTS, SamplingParams(temperature=0, max_tokens=12, prompt_logprobs=0),
+                        use_tqdm=False)
+    exact = 0
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                              eos_token_id=list(llm.engine.config.eos_token_ids),
+                              pad_token_id=llm.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        logp = hf_logprobs(hf, torch.tensor(out.prompt_token_ids + ref))
+        for pos in range(1, len(out.prompt_token_ids)):  # prompt logprobs against the same oracle
+            tok = out.prompt_token_ids[pos]
+            assert abs(out.prompt_logprobs[pos][tok].logprob - logp[pos - 1, tok].item()) < 1e-4
+        top2 = logp[len(out.prompt_token_ids) - 1 :].topk(2, dim=-1).values
+        mine = out.outputs[0].token_ids
+        for i, (a, b) in enumerate(zip(mine, ref, strict=True)):
+            if a != b:
+                assert (top2[i, 0] - top2[i, 1]).item() < NEAR_TIE, f"diverged at {i}"
+                break
+        else:
+            assert len(mine) == len(ref)
+            exact += 1
+    assert exact >= 14
+
+
+def test_prompt_logprobs_match_hf(llm, checkpoint):
+    hf = checkpoint[1]
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logprobs=3), use_tqdm=False)
+    for out in outs:
+        ids = out.prompt_token_ids
+        ref = hf_logprobs(hf, torch.tensor(ids))
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        for pos in range(1, len(ids)):
+            entry, expected = out.prompt_logprobs[pos], ref[pos - 1]
+            assert abs(entry[ids[pos]].logprob - expected[ids[pos]].item()) < 1e-4
+            for t in expected.topk(3).indices.tolist():
+                if t in entry:
+                    assert abs(entry[t].logprob - expected[t].item()) < 1e-4
+
+
+#: Lengths that cross the state's 64-token page boundary while decoding, so a tight budget must preempt.
+RAGGED = [62, 3, 58, 17, 60, 33, 61, 45]
+RAGGED_NEW = 10
+
+
+def _ragged(llm):
+    return ragged_prompts(llm.engine.model.vocab_size, seed=3, lengths=RAGGED)
+
+
+@pytest.fixture(scope="module")
+def v4_alone(llm):
+    pairs = zip(_ragged(llm), mixed_params(RAGGED_NEW), strict=True)
+    return [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in pairs]
+
+
+@pytest.mark.parametrize("limits, preempts", [
+    (dict(), False),  # one batch of 8 ragged requests
+    (dict(max_num_batched_tokens=7), False),  # chunked prefill across windows, mixed with decodes
+    (dict(state_cache_sequences=3, max_num_batched_tokens=16), True),  # forced preemption and recompute
+], ids=["batch", "chunked", "preempted"])
+def test_batching_chunking_preemption_invariance(llm, v4_alone, limits, preempts):
+    """Same tokens and logprobs (within 1e-5, fp32) as each request run alone."""
+    model = llm.engine.model
+    limits = dict(limits)
+    room = limits.pop("state_cache_sequences", 64)
+    engine = LLM.from_model(model, llm.tokenizer, state_cache_bytes=model.state_pool_bytes(room, max(RAGGED)), **limits)
+    outs = engine.generate(_ragged(llm), mixed_params(RAGGED_NEW), use_tqdm=False)
+    assert (engine.engine.num_preemptions > 0) == preempts
+    for a, b in zip(v4_alone, outs, strict=True):
+        assert_same_output(a, b)
+
+
+def test_live_state_never_exceeds_the_reserved_budget(llm):
+    """The scheduler's byte accounting (model.state_bytes) bounds the memory the states really hold."""
+    model = llm.engine.model
+    small = LLM.from_model(model, llm.tokenizer, state_cache_bytes=model.state_pool_bytes(3, max(RAGGED)),
+                           max_num_batched_tokens=16)
+    engine = small.engine
+    for prompt, params in zip(_ragged(llm), mixed_params(RAGGED_NEW), strict=True):
+        assert engine.add_request(prompt, params) is None
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+        assert engine.state_cache.nbytes() <= engine.state_cache.budget.used <= engine.state_cache.budget.capacity
+    assert steps > len(RAGGED) and engine.num_preemptions > 0
+
+
+def test_v41_checkpoint_is_refused_clearly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
+    with pytest.raises(UnsupportedModelError, match="not supported yet"):
+        LLM(str(tmp_path))

@@ -1,0 +1,267 @@
+"""Tiny random DeepSeek-V4 checkpoints saved by transformers, and running them in DeepInfer and in HF.
+
+``build_checkpoint`` makes a ``transformers.DeepseekV4ForCausalLM`` from a small config, gives every
+parameter and buffer a meaningful random value (transformers' init leaves sinks, position biases, router
+bias and ``tid2eid`` at zero, which would hide whole code paths), and ``save_pretrained``s it: the files carry
+the released checkpoint's tensor names.  Also used by ``tools/make_tiny_v4.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny ops run faster on one thread, and a shared 2-core CI machine then does not thrash.
+    Import this fixture into a test module to apply it there."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+#: Small enough for a 2-core CI machine, large enough that every component matters: windows of 16 tokens,
+#: CSA rate 4 / HCA rate 16, top-8 of the compressed entries, 16 indexer heads (exact top-k ties are rare).
+SMALL: dict[str, Any] = dict(
+    vocab_size=128,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    head_dim=32,
+    q_lora_rank=32,
+    o_groups=2,
+    o_lora_rank=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    index_n_heads=16,
+    index_head_dim=16,
+    index_topk=8,
+    sliding_window=16,
+    layer_types=[
+        "compressed_sparse_attention",
+        "sliding_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+    ],
+    mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+    partial_rotary_factor=0.5,
+    swiglu_limit=2.0,  # low enough that the clamp bites on random weights
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    max_position_embeddings=128,
+)
+
+#: The released geometry that matters for state: 128-token window, CSA rate 4, HCA rate 128.
+RELEASED_RATES: dict[str, Any] = {
+    **SMALL,
+    "num_hidden_layers": 3,
+    "sliding_window": 128,
+    "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention"],
+    "mlp_layer_types": ["hash_moe", "moe", "moe"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "index_topk": 16,
+    "swiglu_limit": 10.0,
+    "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64},
+    "max_position_embeddings": 1024,
+}
+
+
+def hf_model(config: dict[str, Any], seed: int = 0):
+    """A randomly initialised HF model of ``config`` in fp32, eval mode."""
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    torch.manual_seed(seed)
+    model = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).eval()
+    randomize(model, seed)
+    return model
+
+
+@torch.no_grad()
+def randomize(model, seed: int) -> None:
+    """Give every tensor a value that exercises its code path; scales keep activations O(1)."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf.endswith("inv_freq"):
+            continue
+        if leaf == "tid2eid":
+            rows = [torch.randperm(cfg.n_routed_experts, generator=gen)[: t.shape[1]] for _ in range(t.shape[0])]
+            t.copy_(torch.stack(rows))
+        elif leaf in ("sinks", "position_bias", "hc_base", "base"):
+            t.normal_(0.0, 0.5, generator=gen)
+        elif leaf == "e_score_correction_bias":
+            t.normal_(0.0, 0.1, generator=gen)
+        elif leaf in ("scale", "hc_scale") or name.endswith("norm.weight") or leaf == "weight" and t.dim() == 1:
+            t.copy_(1 + 0.1 * torch.randn(t.shape, generator=gen))
+        elif leaf in ("fn", "hc_fn"):
+            t.normal_(0.0, 0.5 / math.sqrt(t.shape[1]), generator=gen)
+        elif "embed" in name:
+            t.normal_(0.0, 1.0, generator=gen)
+        else:  # projections and stacked experts: [.., out, in]
+            t.normal_(0.0, 1.0 / math.sqrt(t.shape[-1]), generator=gen)
+
+
+def build_checkpoint(directory: str | Path, config: dict[str, Any], seed: int = 0):
+    """Save a random tiny model with ``save_pretrained``; returns ``(directory, hf_model)``."""
+    model = hf_model(config, seed)
+    model.save_pretrained(directory)
+    return Path(directory), model
+
+
+def build_engine_checkpoint(directory: str | Path, config: dict[str, Any], seed: int = 0,
+                            vocab_size: int | None = None):
+    """``build_checkpoint`` with the toy tokenizer saved beside it, so ``LLM(directory)`` loads both.
+
+    The model's vocab is ``vocab_size`` (default: the tokenizer's length).  Returns ``(directory, hf_model)``.
+    """
+    from tests.support.toy_model import toy_tokenizer
+
+    tok = toy_tokenizer() if vocab_size is None else toy_tokenizer(vocab_size)
+    built = build_checkpoint(directory, {**config, "vocab_size": vocab_size or len(tok)}, seed)
+    tok.save_pretrained(directory)
+    return built
+
+
+@torch.no_grad()
+def hf_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced log-probabilities [S, V] of one sequence, the whole sequence in one call."""
+    logits = model(tokens[None], use_cache=False).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def random_tokens(length: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def run_chunked(model, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
+    """DeepInfer's teacher-forced log-probabilities [S, V], feeding ``tokens`` ``chunk`` at a time."""
+    from deepinfer.models import ForwardBatch
+
+    state, out = model.new_state(), []
+    with torch.no_grad():
+        for start in range(0, len(tokens), chunk):
+            ids = tokens[start : start + chunk]
+            batch = ForwardBatch(ids, torch.arange(start, start + len(ids)), [len(ids)], [state])
+            out.append(model.compute_logits(model.forward(batch)))
+    return torch.log_softmax(torch.cat(out), dim=-1)
+
+
+def run_ragged(model, sequences: list[torch.Tensor], schedule: list[list[int]]) -> list[torch.Tensor]:
+    """Feed several sequences together: step ``k`` gives sequence ``i`` ``schedule[k][i]`` new tokens (0 = sits
+    out).  Returns each sequence's log-probabilities [S_i, V]."""
+    from deepinfer.models import ForwardBatch
+
+    states = [model.new_state() for _ in sequences]
+    done = [0] * len(sequences)
+    out: list[list[torch.Tensor]] = [[] for _ in sequences]
+    with torch.no_grad():
+        for step in schedule:
+            members = [i for i, n in enumerate(step) if n]
+            ids = torch.cat([sequences[i][done[i] : done[i] + step[i]] for i in members])
+            positions = torch.cat([torch.arange(done[i], done[i] + step[i]) for i in members])
+            lens = [step[i] for i in members]
+            batch = ForwardBatch(ids, positions, lens, [states[i] for i in members])
+            logits = model.compute_logits(model.forward(batch))
+            for i, rows in zip(members, logits.split(lens), strict=True):
+                out[i].append(rows)
+                done[i] += step[i]
+    assert done == [len(s) for s in sequences], "schedule does not cover the sequences"
+    return [torch.log_softmax(torch.cat(rows), dim=-1) for rows in out]
+
+
+def assert_matches_hf(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4, margin: float = 1e-3) -> None:
+    """Log-probabilities within ``atol`` everywhere; same argmax wherever HF's top-2 margin exceeds ``margin``."""
+    diff = (actual - expected).abs().max().item()
+    assert diff <= atol, f"max |logprob - HF| = {diff:.3g} > {atol}"
+    top2 = expected.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > margin
+    same = actual.argmax(-1) == expected.argmax(-1)
+    assert bool(same[clear].all()), f"argmax differs at positions {torch.nonzero(clear & ~same).flatten().tolist()}"
+
+
+def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a single-file checkpoint, by stored name."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(directory) / "model.safetensors"))
+
+
+def write_checkpoint(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
+    """A single-file safetensors checkpoint with ``config`` as config.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+#: Projections the released checkpoints store in FP8 (compressor, indexer, embedding and head stay BF16).
+_DENSE_QUANTIZED = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".shared_experts.")
+
+
+def quantize_checkpoint(
+    source: str | Path,
+    target: str | Path,
+    *,
+    expert_dtype: str = "fp4",
+    block: tuple[int, int] = (128, 128),
+    scale_format: str = "ue8m0",
+) -> tuple[Path, Path]:
+    """Quantize a saved checkpoint as released: dense projections FP8 e4m3 with block scales, routed experts
+    MXFP4 (``expert_dtype="fp4"``) or FP8.  Writes ``target/quantized`` and ``target/dequantized`` (the same
+    model with every quantized weight replaced by its dequantized fp32 value, computed here independently)."""
+    import json
+
+    from deepinfer.quant import quantize_fp8_block, quantize_mxfp4
+
+    source, target = Path(source), Path(target)
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block), "scale_fmt": scale_format,
+                                     "expert_dtype": expert_dtype}
+    quantized, dequantized = {}, {}
+    for name, w in read_tensors(source).items():
+        expert = ".ffn.experts." in name
+        if not name.endswith(".weight") or not (expert or any(p in name for p in _DENSE_QUANTIZED)):
+            quantized[name] = dequantized[name] = w
+            continue
+        stem = name.removesuffix(".weight")
+        if expert and expert_dtype == "fp4":
+            q = quantize_mxfp4(w)
+            quantized[name], quantized[stem + ".scale"] = q.data.view(torch.int8), q.scale  # packed as released
+            dequantized[name] = _dequant_mxfp4(q.data, q.scale)
+        else:
+            q = quantize_fp8_block(w, block, scale_format)
+            quantized[name], quantized[stem + ".scale"] = q.data, q.scale
+            dequantized[name] = _dequant_fp8(q.data, q.scale, block)
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    return (write_checkpoint(target / "quantized", quantized, config),
+            write_checkpoint(target / "dequantized", dequantized, plain))
+
+
+def _dequant_fp8(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    out = data.float().clone()
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            out[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] *= scale[i, j].float()
+    return out
+
+
+def _dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    table = torch.tensor(magnitudes + [-m for m in magnitudes])
+    low, high = table[(packed & 0xF).long()], table[(packed >> 4).long()]
+    values = torch.stack([low, high], dim=-1).flatten(-2)
+    return values * scale.float().repeat_interleave(32, dim=-1)
