@@ -106,7 +106,7 @@ def test_engine_runs_on_the_gpu_with_the_cuda_op_table(case, nvidia):
     with torch.inference_mode():
         hidden = model.forward(ForwardBatch(ids, torch.arange(len(ids), device="cuda"), [len(ids)], [state]))
     assert hidden.is_cuda and hidden.dtype == torch.bfloat16 and bool(torch.isfinite(hidden).all())
-    assert all(t.is_cuda for layer in model.pool.layers for t in (layer.kv, layer.index_keys) if t is not None)
+    assert all(t.is_cuda for layer in model.pool.views for t in (layer.kv, layer.index_keys) if t is not None)
     assert state.slot is not None and state.nbytes() > 0
     assert llm.engine.runner.decode_graphs is not None  # decode steps are replayed from CUDA graphs
 

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from deepinfer.kv.layout import RaggedLayout
+from deepinfer.kv.ragged_plan import PrefillPlan
 from deepinfer.models.deepseek_v4 import compressor as compressor_module
 from deepinfer.models.deepseek_v4.compressor import Compressor
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
-from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
-from deepinfer.models.deepseek_v4.state_pool import CompressorCache
+from deepinfer.models.deepseek_v4.state import CompressorCache
 from deepinfer.ops import OpTable
 
 WINDOW, PAGE, BASE, SLOTS = 8, 4, 40, 9
@@ -35,7 +35,7 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
     positions = torch.cat([torch.arange(s, s + n) for s, n in CHUNKS])
     layout.plans = {ratio: PrefillPlan.build(layout, slots, positions, WINDOW, ratio, BASE, lambda t: t)}
     states = [SimpleNamespace(slot=s) for s in slots]
-    start_cache = CompressorCache(SLOTS, ratio, dim, overlap, torch.float32, torch.device("cpu"))
+    start_cache = _zeros(ratio, dim, overlap)
     start_cache.pending.normal_(generator=gen)
     if overlap:
         start_cache.overlap.normal_(generator=gen)
@@ -43,7 +43,7 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
     results = []
     for batched_from in (len(CHUNKS), 0):  # per sequence, then in one batch
         monkeypatch.setattr(compressor_module, "BATCHED_FROM", batched_from)
-        cache = CompressorCache(SLOTS, ratio, dim, overlap, torch.float32, torch.device("cpu"))
+        cache = _zeros(ratio, dim, overlap)
         cache.pending.copy_(start_cache.pending)
         if overlap:
             cache.overlap.copy_(start_cache.overlap)
@@ -58,3 +58,9 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
         assert torch.equal(cache_a.pending[slot, :held], cache_b.pending[slot, :held]), slot
     if overlap:
         assert torch.equal(cache_a.overlap, cache_b.overlap)
+
+
+def _zeros(ratio: int, dim: int, overlap: bool) -> CompressorCache:
+    width = 2 * dim if overlap else dim
+    overlap_rows = torch.zeros(SLOTS, ratio, 2 * dim) if overlap else None
+    return CompressorCache(torch.zeros(SLOTS, ratio, 2 * width), overlap_rows)

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
+from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.models.deepseek_v4.config import CSA, HCA, SLIDING
-from deepinfer.models.deepseek_v4.state_pool import StateSpec
-from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 
 WINDOW, PAGE, BASE, TOPK = 8, 4, 100, 4
 POSITIONS, SLOTS = [0, 3, 6, 7, 18, 23, 34], [0, 1, 2, 3, 4, 5, 6]  # row 0: a padding row
@@ -26,14 +25,16 @@ def _row(table: list[int], e: int) -> int:
     ((CSA, HCA), (4, 4), TOPK),  # one ratio for both kinds: the plan serves both
 ])
 def test_plan_fields_match_their_definitions(kinds, ratios, topk):
-    spec = StateSpec(WINDOW, 8, 4, kinds, ratios, page_size=PAGE)
-    step = _step(spec.paged_ratios)
-    plan = DecodePlan.build(step, spec, BASE, topk)
+    paged = sorted({r for r in ratios if r})
+    by_ratio = {r: {k for k, q in zip(kinds, ratios, strict=True) if q == r} for r in paged}
+    step = _step(paged)
+    plan = DecodePlan.build(step, WINDOW, PAGE, dict.fromkeys(paged, BASE), topk,
+                            {r: RatioKinds(CSA in k, CSA in k, HCA in k) for r, k in by_ratio.items()})
     for b, (p, s) in enumerate(zip(POSITIONS, SLOTS, strict=True)):
         assert plan.ring_rows[b] == s * WINDOW + p % WINDOW and plan.seq_ids[b] == b
         window = [s * WINDOW + k % WINDOW if k >= 0 else -1 for k in range(p - WINDOW + 1, p + 1)]
         assert plan.window_cols[b].tolist() == window
-        for r in spec.paged_ratios:
+        for r in paged:
             ratio, table, complete = plan.ratios[r], step.page_tables[r][b].tolist(), (p + 1) // r
             closing, entries = (p + 1) % r == 0, [BASE + _row(table, e) for e in range(3 * PAGE)]
             assert ratio.pending_rows[b] == s * r + p % r and bool(ratio.closing[b]) == closing

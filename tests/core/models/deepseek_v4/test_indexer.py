@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
+from deepinfer.kv.decode_plan import CausalPicks
 from deepinfer.models.deepseek_v4.indexer import Indexer
-from deepinfer.models.deepseek_v4.step import CausalPicks
 from deepinfer.ops import OpTable
 
 HEADS, DIM, TOPK, RATIO = 4, 16, 6, 4

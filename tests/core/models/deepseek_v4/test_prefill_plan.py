@@ -5,8 +5,8 @@ import dataclasses
 
 import torch
 
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
-from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
+from deepinfer.kv.layout import RaggedLayout
+from deepinfer.kv.ragged_plan import PrefillPlan
 
 WINDOW, RATIO, PAGE = 8, 4, 4
 STARTS, LENS, SLOTS = [0, 5, 30, 13], [7, 11, 2, 1], [1, 2, 3, 4]
@@ -69,7 +69,7 @@ def test_entry_columns_and_ring_update():
 
 
 def test_step_tables_are_built_once_when_first_asked():
-    from deepinfer.models.deepseek_v4.layout import BuiltOnUse
+    from deepinfer.kv.layout import BuiltOnUse
 
     built = []
     tables = BuiltOnUse(lambda r: built.append(r) or torch.full((2,), r))

@@ -8,16 +8,18 @@ import random
 import pytest
 import torch
 
+from deepinfer.kv.pool import StatePool
+from deepinfer.kv.sizing import plan_pool, pool_bytes_for
 from deepinfer.models.deepseek_v4.config import CSA, HCA, SLIDING
-from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, plan_pool, pool_bytes_for
+from deepinfer.models.deepseek_v4.state import layer_caches, state_spec
 
-SPEC = StateSpec(window=16, head_dim=32, index_head_dim=16, kinds=(SLIDING, CSA, HCA, CSA), ratios=(0, 4, 16, 4),
-                 page_size=4)
+SPEC = state_spec(window=16, head_dim=32, index_head_dim=16, kinds=(SLIDING, CSA, HCA, CSA), ratios=(0, 4, 16, 4),
+                  page_size=4)
 SIZE = 4  # fp32
 
 
 def _state_bytes(n: int) -> int:
-    return SPEC.state_elems(n) * SIZE
+    return SPEC.state_bytes(n, SIZE)
 
 
 @pytest.mark.parametrize("capacity", [100_000, 250_000, 1_000_000, 5_000_000])
@@ -69,21 +71,21 @@ def test_a_fixed_pool_says_which_resource_ran_out():
 
 
 def test_growable_pool_keeps_contents_when_it_grows():
-    pool = StatePool.growable_pool(SPEC, torch.float32, torch.device("cpu"))
+    pool = StatePool.growable_pool(SPEC, torch.float32, torch.device("cpu"), views=layer_caches)
     first = pool.new_state()
     pool.reserve(first, 40)
-    for layer in pool.layers:
+    for layer in pool.views:
         layer.kv[pool.ring_rows(first.slot)] = 1.0
         if layer.ratio:
-            layer.kv[pool.entry_base + pool.page_rows(first, layer.ratio)] = 2.0
+            layer.kv[pool.entry_base(layer.ratio) + pool.page_rows(first, layer.ratio)] = 2.0
     others = [pool.new_state() for _ in range(9)]
     for s in others:
         pool.reserve(s, 300)  # forces more slots and pages
     assert pool.slots > 4
-    for layer in pool.layers:
+    for layer in pool.views:
         assert bool((layer.kv[pool.ring_rows(first.slot)] == 1.0).all())
         if layer.ratio:
-            assert bool((layer.kv[pool.entry_base + pool.page_rows(first, layer.ratio)] == 2.0).all())
+            assert bool((layer.kv[pool.entry_base(layer.ratio) + pool.page_rows(first, layer.ratio)] == 2.0).all())
 
 
 def test_a_model_in_use_is_not_reconfigured(tmp_path):

@@ -15,14 +15,14 @@ from typing import NamedTuple
 
 import torch
 
+from deepinfer.kv.decode_plan import DecodePlan, DecodeStep
+from deepinfer.kv.layout import RaggedLayout
+from deepinfer.kv.pool import StatePool
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.rope import inv_freq
-from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import LayerCache, StatePool
-from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
+from deepinfer.models.deepseek_v4.state import DeepseekV4State, LayerCache
 from deepinfer.ops import OpTable
 
 
@@ -121,7 +121,7 @@ class Attention:
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
             self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor,
-                                   cache.kv[pool.entry_base :])
+                                   cache.kv[pool.entry_base(self.ratio) :])
             ids = None
             if self.indexer is not None:  # CSA: the indexer's top-k (None: every causal entry, as HCA)
                 ids = self.indexer.decode(inputs, q_residual, step, plan, cache)

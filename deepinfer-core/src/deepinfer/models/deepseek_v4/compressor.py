@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
-from deepinfer.models.deepseek_v4.prefill_plan import WindowAssembly
-from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import CompressorCache
-from deepinfer.models.deepseek_v4.step import RatioPlan
+from deepinfer.kv.decode_plan import RatioPlan
+from deepinfer.kv.layout import RaggedLayout
+from deepinfer.kv.ragged_plan import WindowAssembly
+from deepinfer.models.deepseek_v4.state import CompressorCache, DeepseekV4State
 from deepinfer.ops import OpTable
 
 #: A ragged step with more sequences than this assembles its windows in one batch (:meth:`_batched_windows`);

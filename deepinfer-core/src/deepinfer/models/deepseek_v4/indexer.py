@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
+from deepinfer.kv.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.compressor import Compressor
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
-from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import LayerCache
-from deepinfer.models.deepseek_v4.step import CausalPicks, DecodePlan, DecodeStep
+from deepinfer.models.deepseek_v4.state import DeepseekV4State, LayerCache
 from deepinfer.ops import OpTable
 
 

@@ -15,15 +15,16 @@ from collections.abc import Callable
 
 import torch
 
+from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
+from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
+from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
+from deepinfer.kv.ragged_plan import PrefillPlan
+from deepinfer.kv.sizing import pool_bytes_for
 from deepinfer.models.base import ForwardBatch, StateCapacity
 from deepinfer.models.deepseek_v4.attention import Attention
-from deepinfer.models.deepseek_v4.config import DeepseekV4Config
-from deepinfer.models.deepseek_v4.layout import BuiltOnUse, RaggedLayout
+from deepinfer.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.moe import MoE
-from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
-from deepinfer.models.deepseek_v4.state import DeepseekV4State
-from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, entry_rows, padded_pages, pool_bytes_for
-from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
+from deepinfer.models.deepseek_v4.state import DeepseekV4State, layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
@@ -90,7 +91,9 @@ class DeepseekV4ForCausalLM:
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
         self.layers = [DecoderLayer(ops, cfg, i, get) for i in range(cfg.num_hidden_layers)]
         self.pool: StatePool | None = None  # set by configure_state, or grown on demand by new_state
-        self.state_spec = StateSpec.from_config(cfg)
+        self.state_spec = spec_for(cfg)
+        self.ratio_kinds = {r: RatioKinds(overlap=CSA in kinds, indexed=CSA in kinds, attends_all=HCA in kinds)
+                            for r, kinds in _kinds_by_ratio(cfg).items()}
         self._element_size = torch.empty(0, dtype=dtype).element_size()
 
     # --- state ----------------------------------------------------------------------------------
@@ -100,7 +103,8 @@ class DeepseekV4ForCausalLM:
         if self.pool is not None and self.pool.live:
             raise RuntimeError(f"this model's state pool still holds {self.pool.live} sequences (an engine is "
                                "using it); a model serves one engine at a time")
-        self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes)
+        self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes,
+                                               views=layer_caches)
         return StateCapacity(plan.admissible, plan.slots - 1)
 
     def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
@@ -109,12 +113,12 @@ class DeepseekV4ForCausalLM:
 
     def new_state(self) -> DeepseekV4State:
         if self.pool is None:  # not configured (tests, tools): a pool that grows on demand
-            self.pool = StatePool.growable_pool(self.state_spec, self.dtype, self.device)
+            self.pool = StatePool.growable_pool(self.state_spec, self.dtype, self.device, views=layer_caches)
         return self.pool.new_state()
 
     def state_bytes(self, num_tokens: int) -> int:
         """``nbytes()`` of a state after ``num_tokens`` tokens: its slot and its pages (see :mod:`.state`)."""
-        return self.state_spec.state_elems(num_tokens) * self._element_size
+        return self.state_spec.state_bytes(num_tokens, self._element_size)
 
     # --- compute --------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -137,10 +141,10 @@ class DeepseekV4ForCausalLM:
             positions = batch.positions
             slots = [s.slot for s in states]
             layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, positions, pool.spec.window, r,
-                                                                  pool.entry_base, batch.upload))
+                                                                  pool.entry_base(r), batch.upload))
 
             def attend(attn, x):
-                return attn(x, positions, layout, states, pool, pool.layers[attn.layer])
+                return attn(x, positions, layout, states, pool, pool.views[attn.layer])
 
             hidden = self._run(batch.input_ids, attend)
         for state, n in zip(states, batch.seq_lens, strict=True):
@@ -196,8 +200,10 @@ class DeepseekV4ForCausalLM:
         return DecodeStep(ids, positions, slots, tables)
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
-        plan = DecodePlan.build(step, pool.spec, pool.entry_base, self.config.index_topk)
-        return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, plan, pool, pool.layers[attn.layer]))
+        spec = pool.spec
+        plan = DecodePlan.build(step, spec.window, spec.page_size, {r: pool.entry_base(r) for r in pool.ratios},
+                                self.config.index_topk, self.ratio_kinds)
+        return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, plan, pool, pool.views[attn.layer]))
 
     def _run(self, input_ids: torch.Tensor, attend: Callable[[Attention, torch.Tensor], torch.Tensor]):
         cfg, ops = self.config, self.ops
@@ -210,3 +216,12 @@ class DeepseekV4ForCausalLM:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.head).float()
+
+
+def _kinds_by_ratio(cfg: DeepseekV4Config) -> dict[int, set[str]]:
+    """The layer kinds of each compression ratio."""
+    out: dict[int, set[str]] = {}
+    for kind, ratio in zip(cfg.layer_types, cfg.compress_ratios, strict=True):
+        if kind != SLIDING:
+            out.setdefault(ratio, set()).add(kind)
+    return out

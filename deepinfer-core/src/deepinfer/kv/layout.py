@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from deepinfer.models.deepseek_v4.prefill_plan import PrefillPlan
+    from deepinfer.kv.ragged_plan import PrefillPlan
 
 
 class BuiltOnUse(dict):

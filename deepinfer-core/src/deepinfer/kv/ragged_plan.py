@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.models.deepseek_v4.layout import RaggedLayout
+from deepinfer.kv.layout import RaggedLayout
 
 
 @dataclass(slots=True)

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.models.deepseek_v4.config import CSA
-from deepinfer.models.deepseek_v4.state_pool import StateSpec, entry_rows
+from deepinfer.kv.pool import entry_rows
 
 
 @dataclass(slots=True)
@@ -29,6 +28,15 @@ class DecodeStep:
         out = {"input_ids": self.input_ids, "positions": self.positions, "slots": self.slots}
         out.update({f"pages_{r}": t for r, t in self.page_tables.items()})
         return out
+
+
+@dataclass(slots=True, frozen=True)
+class RatioKinds:
+    """What the layers of one compression ratio read from a decode plan (plain data from the model config)."""
+
+    overlap: bool = False  # an overlapping compressor (V4's CSA): has_previous, overlap_slots
+    indexed: bool = False  # an indexer picks entries (V4's CSA; every V4.1 compressed layer): picks, pick_cols
+    attends_all: bool = False  # a layer attends to every complete entry (V4's HCA): causal_cols
 
 
 @dataclass(slots=True)
@@ -56,7 +64,7 @@ class RatioPlan:
     entry_positions: torch.Tensor  # [B] first position of the token's window (a closing one's entry RoPE position)
     entry_write: torch.Tensor  # [B] page row (relative to page 0) the entry goes to; 0 (null page) if not closing
     entry_rows: torch.Tensor  # [B, pages * page_size] page row of every entry id the page table covers
-    # CSA ratios (an overlapping compressor and an indexer), else None:
+    # ratios with an overlapping compressor (V4's CSA), else None:
     has_previous: torch.Tensor | None  # [B] bool: a window closed before this one (the overlap is valid)
     overlap_slots: torch.Tensor | None  # [B] the slot a closing window's series a goes to; 0 (null slot) if not closing
     #: [B, window + pages * page_size] the plan's window_cols, then every entry's KV pool row with -1 for entries
@@ -80,13 +88,12 @@ class DecodePlan:
     ratios: dict[int, RatioPlan]
 
     @classmethod
-    def build(cls, step: DecodeStep, spec: StateSpec, entry_base: int, index_topk: int) -> DecodePlan:
-        """``entry_base``: the row of page 0 in every layer's KV pool (after the SWA rings); ``index_topk``: the
-        CSA indexer's.  Each op here is one kernel node of a step's graph: built once, read by every layer."""
+    def build(cls, step: DecodeStep, window: int, page_size: int, entry_base: dict[int, int], index_topk: int,
+              kinds: dict[int, RatioKinds]) -> DecodePlan:
+        """``entry_base``: per ratio, the row of page 0 in its layers' KV pools (after the SWA rings);
+        ``index_topk``: the indexers'; ``kinds``: what each ratio's layers read.  Each op here is one kernel node
+        of a step's graph: built once, read by every layer."""
         pos, slots, batch = step.positions, step.slots, step.positions.shape[0]
-        window, page_size = spec.window, spec.page_size
-        csa = {r for kind, r in zip(spec.kinds, spec.ratios, strict=True) if kind == CSA}
-        attends_all = {r for kind, r in zip(spec.kinds, spec.ratios, strict=True) if kind != CSA}
         widths = [t.shape[1] * page_size for t in step.page_tables.values()]
         ints = _Ints(min(1 - window, -1), max(batch, page_size, index_topk, *widths), pos.device)
         key_pos = pos[:, None] + ints(1 - window, 1)
@@ -99,17 +106,18 @@ class DecodePlan:
             closing = within == r - 1
             complete = after // r  # entries complete at the token
             rows = entry_rows(table, page_size, ints(0, page_size))
-            cols = rows + entry_base
+            cols = rows + entry_base[r]
+            kind = kinds[r]
             # a closing window's entry is the last complete one (-1 wraps to the last column: never written)
             write = torch.where(closing, rows[seq_ids, complete - 1], 0)
             has_previous = overlap_slots = causal_cols = picks = pick_cols = None
-            picking = r in csa and cols.shape[1] > index_topk  # the indexer picks from more entries than it keeps
-            if r in csa:
+            picking = kind.indexed and cols.shape[1] > index_topk  # it picks from more entries than it keeps
+            if kind.overlap:
                 has_previous, overlap_slots = pos >= r, torch.where(closing, slots, 0)
             if picking:
                 picks = CausalPicks.build(complete, ints(0, index_topk))
                 pick_cols = torch.cat([cols, ints(-1, 0).expand(batch, 1)], dim=1)
-            if r in attends_all or not picking:
+            if kind.attends_all or not picking:
                 causal = torch.where(ints(0, cols.shape[1]) < complete[:, None], cols, -1)
                 causal_cols = torch.cat([window_cols, causal], dim=1)
             ratios[r] = RatioPlan(torch.add(within, slots, alpha=r), closing, pos - within, write, rows,

@@ -1,0 +1,216 @@
+"""The memory behind every sequence's state: the buffers of a :class:`~.spec.StateSpec`, indexed by slot and page.
+
+Slot 0 and page 0 of every ratio are never handed out: padding rows of a decode batch (CUDA graph buckets) and
+compressor windows that do not close this step write there, so the decode step needs no data-dependent branch.
+
+A pool is either **fixed** (the engine sizes it once from its byte budget, so addresses never change and decode
+steps can be captured) or **growable** (tests and tools: slots and pages double on demand, moving the data).
+The pool knows buffers by kind and name only; what a model reads through them it builds with ``views``
+(rebuilt whenever the tensors move).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deepinfer.kv.sizing import PoolPlan, plan_pool
+from deepinfer.kv.spec import KVBuffer, PageBuffer, SlotBuffer, StateSpec
+from deepinfer.kv.state import PooledState
+
+
+def padded_pages(states: list[PooledState], ratio: int, width: int) -> list[int]:
+    """Every sequence's page ids for ``ratio``, each padded to ``width`` with the null page 0, in one list."""
+    values: list[int] = []
+    for state in states:
+        ids = state.pages.get(ratio, ())
+        if len(ids) > width:
+            raise ValueError(f"a sequence holds {len(ids)} pages of ratio {ratio}; the table has {width} columns")
+        values += ids
+        values += [0] * (width - len(ids))
+    return values
+
+
+def entry_rows(table: torch.Tensor, page_size: int, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows (relative to page 0) of every entry id a page table ``[seqs, pages]`` covers: ``[seqs, pages *
+    page_size]``, entry ``e`` of a sequence at page ``table[e // page_size]``, row ``e % page_size``.
+    ``offsets``: ``0 .. page_size - 1`` on the table's device, if the caller has them (one launch less)."""
+    if offsets is None:
+        offsets = torch.arange(page_size, device=table.device)
+    return torch.add(offsets, table[:, :, None], alpha=page_size).flatten(1)  # one launch for table * size + offset
+
+
+class StatePool:
+    """Slots and pages of every buffer (see the module docstring).  ``views(pool)`` builds what the model reads
+    (e.g. per-layer caches of the tensors): :attr:`views`, rebuilt when the pool grows."""
+
+    def __init__(self, spec: StateSpec, dtype: torch.dtype, device: torch.device, *, slots: int,
+                 pages: dict[int, int], growable: bool, views: Callable[[StatePool], Any] | None = None):
+        self.spec, self.dtype, self.device, self.growable = spec, dtype, torch.device(device), growable
+        self.ratios = spec.paged_ratios  # compression ratios with pages, ascending
+        self.slots = max(2, slots)
+        self.pages = {r: max(2, pages.get(r, 0)) for r in spec.paged_ratios}
+        rings = {}
+        for b in spec.of(KVBuffer):
+            assert isinstance(b, KVBuffer)
+            if b.ratio and rings.setdefault(b.ratio, b.rings) != b.rings:
+                raise ValueError(f"KV buffers of ratio {b.ratio} must have equal ring counts (their pages start at "
+                                 f"one row): {b.name} has {b.rings}, another {rings[b.ratio]}")
+        self._rings = rings
+        self.tensors = self._allocate()
+        self._free_slots = list(range(self.slots - 1, 0, -1))
+        self._free_pages = {r: list(range(n - 1, 0, -1)) for r, n in self.pages.items()}
+        self.slot_bytes, self.page_bytes = spec.byte_sizes(torch.empty(0, dtype=dtype).element_size())
+        self._make_views = views
+        self.views: Any = views(self) if views is not None else None
+
+    # --- sizing -------------------------------------------------------------------------------------
+    @classmethod
+    def for_budget(cls, spec: StateSpec, dtype: torch.dtype, device: torch.device, max_seqs: int,
+                   capacity_bytes: int, views: Callable[[StatePool], Any] | None = None) -> tuple[StatePool, PoolPlan]:
+        """A fixed pool within ``capacity_bytes``, and its plan: how many sequences may be live at once
+        (``slots - 1``) and the bytes of ``state_bytes`` they may reserve in all."""
+        plan = plan_pool(spec, torch.empty(0, dtype=dtype).element_size(), max_seqs, capacity_bytes)
+        return cls(spec, dtype, device, slots=plan.slots, pages=plan.pages, growable=False, views=views), plan
+
+    @classmethod
+    def growable_pool(cls, spec: StateSpec, dtype: torch.dtype, device: torch.device,
+                      views: Callable[[StatePool], Any] | None = None) -> StatePool:
+        return cls(spec, dtype, device, slots=4, pages={r: 4 for r in spec.paged_ratios}, growable=True,
+                   views=views)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def live(self) -> int:
+        """Sequences holding a slot."""
+        return self.slots - 1 - len(self._free_slots)
+
+    # --- layout -------------------------------------------------------------------------------------
+    def _rows(self, buffer: KVBuffer | PageBuffer | SlotBuffer) -> tuple[int, ...]:
+        if isinstance(buffer, SlotBuffer):
+            return (self.slots, *buffer.shape)
+        entries = self.pages.get(buffer.ratio, 0) * self.spec.page_size if buffer.ratio else 0
+        if isinstance(buffer, KVBuffer):
+            return (buffer.rings * self.slots * self.spec.window + entries, buffer.width)
+        return (entries, buffer.width)
+
+    def _allocate(self) -> dict[str, torch.Tensor]:
+        return {b.name: torch.zeros(self._rows(b), dtype=b.dtype or self.dtype, device=self.device)
+                for b in self.spec.buffers}
+
+    def entry_base(self, ratio: int) -> int:
+        """Row of page 0 in every KV buffer of ``ratio`` (its rings come first)."""
+        return self._rings.get(ratio, 1) * self.slots * self.spec.window
+
+    def ring_base(self, member: int) -> int:
+        """Row of ring ``member``'s slot 0 in a KV buffer."""
+        return member * self.slots * self.spec.window
+
+    # --- sequences ----------------------------------------------------------------------------------
+    def new_state(self) -> PooledState:
+        return PooledState(self)
+
+    def reserve(self, state: PooledState, num_tokens: int) -> None:
+        """Give ``state`` a slot and the pages its entries need once it holds ``num_tokens`` tokens."""
+        if state.slot is None:
+            state.slot = self._take_slot()
+        for r in self.ratios:
+            have = state.pages.setdefault(r, [])
+            while len(have) < self.spec.pages_for(num_tokens, r):
+                have.append(self._take_page(r))
+
+    def release(self, state: PooledState) -> None:
+        if state.slot is not None:
+            self._free_slots.append(state.slot)
+        for r, ids in state.pages.items():
+            self._free_pages[r].extend(reversed(ids))
+        state.slot, state.pages, state.num_tokens = None, {}, 0
+
+    def fork(self, state: PooledState) -> PooledState:
+        """A copy of ``state`` in its own slot and pages."""
+        child = PooledState(self, num_tokens=state.num_tokens)
+        if state.slot is None:
+            return child
+        self.reserve(child, state.num_tokens)
+        src, dst = state.slot, child.slot
+        assert dst is not None
+        for b in self.spec.buffers:
+            t = self.tensors[b.name]
+            if isinstance(b, SlotBuffer):
+                t[dst] = t[src]
+                continue
+            if isinstance(b, KVBuffer):
+                for m in range(b.rings):
+                    t[self.ring_rows(dst, m)] = t[self.ring_rows(src, m)]
+            if b.ratio:
+                base = self.entry_base(b.ratio) if isinstance(b, KVBuffer) else 0
+                t[base + self.page_rows(child, b.ratio)] = t[base + self.page_rows(state, b.ratio)]
+        return child
+
+    def nbytes_of(self, state: PooledState) -> int:
+        if state.slot is None:
+            return 0
+        return self.slot_bytes + sum(len(ids) * self.page_bytes[r] for r, ids in state.pages.items())
+
+    # --- addressing ---------------------------------------------------------------------------------
+    def ring_rows(self, slot: int, member: int = 0) -> torch.Tensor:
+        w = self.spec.window
+        start = self.ring_base(member) + slot * w
+        return torch.arange(start, start + w, device=self.device)
+
+    def page_rows(self, state: PooledState, ratio: int) -> torch.Tensor:
+        """Rows (relative to page 0) of every page ``state`` holds for ``ratio``, in entry order."""
+        table = torch.tensor([state.pages.get(ratio, [])], dtype=torch.int64)
+        return entry_rows(table, self.spec.page_size)[0].to(self.device)
+
+    def page_table(self, states: list[PooledState], ratio: int, width: int) -> torch.Tensor:
+        """Host int64 ``[len(states), width]`` page ids per sequence, padded with the null page 0."""
+        return torch.tensor(padded_pages(states, ratio, width), dtype=torch.int64).view(len(states), width)
+
+    # --- allocation ---------------------------------------------------------------------------------
+    def _take_slot(self) -> int:
+        if not self._free_slots:
+            if not self.growable:
+                raise RuntimeError(f"state pool has no free slot (all {self.slots - 1} in use)")
+            self._grow(slots=2 * self.slots)
+        return self._free_slots.pop()
+
+    def _take_page(self, ratio: int) -> int:
+        if not self._free_pages[ratio]:
+            if not self.growable:
+                raise RuntimeError(f"state pool has no free page for compression ratio {ratio} "
+                                   f"(all {self.pages[ratio] - 1} in use)")
+            self._grow(pages={**self.pages, ratio: 2 * self.pages[ratio]})
+        return self._free_pages[ratio].pop()
+
+    def _grow(self, slots: int | None = None, pages: dict[int, int] | None = None) -> None:
+        """Reallocate every buffer with more slots or pages, keeping the contents (growable pools only)."""
+        old_slots, old_pages, old = self.slots, dict(self.pages), self.tensors
+        old_base = {r: self.entry_base(r) for r in self.ratios}
+        self.slots = slots or self.slots
+        self.pages = pages or self.pages
+        self.tensors = self._allocate()
+        window, page = self.spec.window, self.spec.page_size
+        for b in self.spec.buffers:
+            a, t = old[b.name], self.tensors[b.name]
+            if isinstance(b, SlotBuffer):
+                t[:old_slots] = a
+                continue
+            if isinstance(b, KVBuffer):
+                for m in range(b.rings):
+                    rows = old_slots * window
+                    t[self.ring_base(m) : self.ring_base(m) + rows] = a[m * rows : (m + 1) * rows]
+            if b.ratio:
+                n = old_pages[b.ratio] * page
+                src = old_base[b.ratio] if isinstance(b, KVBuffer) else 0
+                dst = self.entry_base(b.ratio) if isinstance(b, KVBuffer) else 0
+                t[dst : dst + n] = a[src : src + n]
+        self._free_slots = list(range(self.slots - 1, old_slots - 1, -1)) + self._free_slots
+        for r, n in self.pages.items():
+            self._free_pages[r] = list(range(n - 1, old_pages[r] - 1, -1)) + self._free_pages[r]
+        if self._make_views is not None:
+            self.views = self._make_views(self)

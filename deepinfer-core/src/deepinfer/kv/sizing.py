@@ -1,0 +1,79 @@
+"""How many slots and pages a byte budget buys: pure functions of a :class:`~.spec.StateSpec`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer.kv.spec import StateSpec, ceil_div
+
+
+@dataclass(slots=True, frozen=True)
+class PoolPlan:
+    slots: int  # including the null slot 0
+    pages: dict[int, int]  # per ratio, including the null page 0
+    admissible: int  # bytes of state_bytes() the scheduler may reserve in all
+    nbytes: int  # bytes the pool allocates
+
+
+def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan | None:
+    """The pool for at most ``live`` sequences within ``capacity`` bytes, or None if it does not fit.
+
+    Any set of at most ``live`` sequences whose ``state_bytes`` sum to at most ``admissible`` fits: each holds
+    a slot, and per ratio the pages of ``T`` tokens in all plus one partly filled page per sequence, where ``T``
+    bounds the tokens that many reserved bytes can describe (entries are ``floor(n / ratio)``, hence the slack).
+    """
+    ratios = spec.paged_ratios
+    slot_bytes, page_bytes = spec.byte_sizes(size)
+    per_token = sum(page_bytes[r] / (r * spec.page_size) for r in ratios)
+    slack_tokens = live * sum(page_bytes[r] / spec.page_size for r in ratios) / per_token if ratios else 0.0
+
+    def pages_for(admissible: int) -> dict[int, int]:
+        tokens = int(admissible / per_token + slack_tokens) + 1 if ratios else 0
+        return {r: ceil_div(tokens, r * spec.page_size) + live + 1 for r in ratios}
+
+    def total(admissible: int) -> int:
+        return (live + 1) * slot_bytes + sum(n * page_bytes[r] for r, n in pages_for(admissible).items())
+
+    admissible = capacity - total(0)
+    while admissible > 0 and total(admissible) > capacity:
+        admissible -= max(1, total(admissible) - capacity)
+    if admissible < slot_bytes or admissible <= 0:
+        return None
+    return PoolPlan(live + 1, pages_for(admissible), admissible, total(admissible))
+
+
+def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan:
+    """The pool for ``capacity`` bytes at ``size`` bytes per element of the model's dtype: at most ``max_seqs``
+    slots, fewer when their fixed cost (a slot and a partly filled page per ratio each) would take more than half
+    the budget; the rest holds pages."""
+    slot_bytes, page_bytes = spec.byte_sizes(size)
+    fixed = slot_bytes + sum(page_bytes.values())
+    live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
+    plan = _plan_for(spec, size, live, capacity)
+    if plan is None:
+        least = 2 * slot_bytes + 3 * sum(page_bytes.values())
+        raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model "
+                         f"(more than {least} bytes: its slot and pages, and the pool's null slot and pages): "
+                         "raise state_cache_bytes")
+    return plan
+
+
+def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -> int:
+    """The smallest budget (within 0.1%) whose :func:`plan_pool` has ``max_seqs`` slots and admits
+    ``max_seqs`` sequences of ``num_tokens`` tokens each."""
+    want = max_seqs * spec.state_bytes(num_tokens, size)
+
+    def enough(capacity: int) -> bool:
+        try:
+            plan = plan_pool(spec, size, max_seqs, capacity)
+        except ValueError:
+            return False
+        return plan.slots - 1 >= max_seqs and plan.admissible >= want
+
+    lo, hi = 0, max(1, 2 * want)
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > max(1, hi // 1000):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
