@@ -106,6 +106,12 @@ def indexer_topk_fixed_order(
     """Scores on fixed tiles of 16 queries against fixed chunks of 64 entries: neither the batch's size nor
     its longest sequence (which sets how far keys are padded) changes a score's bits, so neither changes
     the selection."""
+    return _top_entries(_fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale), topk)
+
+
+def _fixed_order_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
+                        limits: torch.Tensor, softmax_scale: float, weights_scale: float) -> torch.Tensor:
+    """:func:`index_scores` on fixed tiles of 16 queries against fixed chunks of 64 entries."""
     entries = keys.shape[1]
     keys = F.pad(keys, (0, 0, 0, padded_width(entries) - entries))
 
@@ -114,4 +120,128 @@ def indexer_topk_fixed_order(
                  for cols in fixed_chunks(keys.shape[1])]
         return torch.cat(parts, dim=1)[:, :entries]
 
-    return _top_entries(in_row_tiles(tile_scores, (q, weights, seq_ids, limits), rows=(0, 1, 2, 3)), topk)
+    return in_row_tiles(tile_scores, (q, weights, seq_ids, limits), rows=(0, 1, 2, 3))
+
+
+# --- V4.1's candidate pool: the candidate source keeps whole blocks of entries; later indexers pick inside them ---
+def _candidate_samples(dtype: torch.dtype, gen: torch.Generator):
+    for sample in _indexer_samples(dtype, gen):
+        for block_size, topk_blocks in ((4, 3), (8, 40)):
+            yield OpSample(sample.args + (block_size, topk_blocks), label=sample.label + f" blocks {block_size}")
+
+
+def _candidate_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
+    narrowed = _indexer_rows(OpSample(sample.args[:8], {}, sample.label), rows)
+    return OpSample(narrowed.args + sample.args[8:], dict(sample.kwargs), sample.label)
+
+
+def _compare_candidates(actual, expected, sample: OpSample, dtype: torch.dtype) -> None:
+    _compare_selected_scores(actual[0], expected[0], OpSample(sample.args[:8]), dtype)
+    if dtype == torch.float32:  # bf16 scores may reorder near-tied blocks
+        assert torch.equal(actual[1].cpu(), expected[1]), "indexer_candidates: candidate blocks differ"
+
+
+def candidate_blocks(scores: torch.Tensor, limits: torch.Tensor, block_size: int, topk_blocks: int) -> torch.Tensor:
+    """Blocks ``[T, topk_blocks]`` (ascending ids, ``-1`` pads) of ``block_size`` entries with the best maximum
+    score per query; the block of the query's newest causal entry is always kept (a partly filled block would
+    otherwise lose to full ones), and blocks with no causal entry never are."""
+    rows, entries = scores.shape
+    blocks = -(-entries // block_size)
+    best = F.pad(scores, (0, blocks * block_size - entries), value=float("-inf")).view(rows, blocks, -1).amax(-1)
+    newest = ((limits - 1) // block_size).clamp(min=0)[:, None]
+    best = best.scatter(1, newest, torch.where(limits[:, None] > 0, float("inf"), best.gather(1, newest)))
+    order = torch.sort(best, dim=1, descending=True, stable=True)
+    kept = min(topk_blocks, blocks)
+    ids = torch.where(order.values[:, :kept] > float("-inf"), order.indices[:, :kept], blocks)
+    ids = torch.sort(ids, dim=1).values  # ascending, the dropped (id ``blocks``) last
+    ids = torch.where(ids < blocks, ids, -1)
+    return F.pad(ids, (0, topk_blocks - kept), value=-1)
+
+
+def _in_blocks(scores: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``scores`` with every entry outside the query's ``blocks`` set to ``-inf``."""
+    rows, entries = scores.shape
+    count = -(-entries // block_size)
+    allowed = torch.zeros(rows, count + 1, dtype=torch.bool, device=scores.device)
+    allowed.scatter_(1, torch.where(blocks >= 0, blocks, count).clamp(max=count), True)
+    allowed = allowed[:, :count].repeat_interleave(block_size, dim=1)[:, :entries]
+    return scores.masked_fill(~allowed, float("-inf"))
+
+
+@reference_op(sample_inputs=_candidate_samples, compare=_compare_candidates,
+              rows=Rows((0, 1, 3, 4), _candidate_rows))
+def indexer_candidates(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_ids: torch.Tensor,
+    limits: torch.Tensor,
+    topk: int,
+    softmax_scale: float,
+    weights_scale: float,
+    block_size: int,
+    topk_blocks: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidate source's :func:`indexer_topk` (its own picks are not restricted) and the candidate pool it
+    publishes for later indexers: :func:`candidate_blocks` of its scores.  Returns ``(ids [T, topk],
+    blocks [T, topk_blocks] int64)``."""
+    scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+    return _top_entries(scores, topk), candidate_blocks(scores, limits, block_size, topk_blocks)
+
+
+@batch_invariant_reference(indexer_candidates)
+def indexer_candidates_fixed_order(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale,
+                                   block_size, topk_blocks):
+    """Scores as :func:`indexer_topk_fixed_order` computes them; the selections are row-local."""
+    scores = _fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+    return _top_entries(scores, topk), candidate_blocks(scores, limits, block_size, topk_blocks)
+
+
+def _in_blocks_samples(dtype: torch.dtype, gen: torch.Generator):
+    for sample in _candidate_samples(dtype, gen):
+        q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale, block_size, topk_blocks = sample.args
+        scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+        blocks = candidate_blocks(scores + torch.rand(scores.shape, generator=gen), limits, block_size, topk_blocks)
+        yield OpSample(sample.args[:8] + (blocks, block_size), label=sample.label)
+
+
+def _in_blocks_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
+    narrowed = _indexer_rows(OpSample(sample.args[:8], {}, sample.label), rows)
+    return OpSample(narrowed.args + (sample.args[8][rows], sample.args[9]), dict(sample.kwargs), sample.label)
+
+
+def _compare_in_blocks(actual, expected, sample: OpSample, dtype: torch.dtype) -> None:
+    """Every pick lies in one of the query's blocks; what was picked compares by score."""
+    blocks, block_size = sample.args[8], sample.args[9]
+    picks = actual.cpu()
+    inside = (picks < 0) | ((picks // block_size)[:, :, None] == blocks[:, None, :]).any(-1)
+    assert bool(inside.all()), "indexer_topk_in_blocks: a pick outside the query's candidate blocks"
+    _compare_selected_scores(actual, expected, OpSample(sample.args[:8]), dtype)
+
+
+@reference_op(sample_inputs=_in_blocks_samples, compare=_compare_in_blocks,
+              rows=Rows((0, 1, 3, 4, 8), _in_blocks_rows))
+def indexer_topk_in_blocks(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_ids: torch.Tensor,
+    limits: torch.Tensor,
+    topk: int,
+    softmax_scale: float,
+    weights_scale: float,
+    blocks: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """:func:`indexer_topk` restricted to each query's candidate ``blocks`` [T, B] (block ids of ``block_size``
+    entries, ``-1`` pads; from :func:`indexer_candidates`): V4.1's index sources after the candidate source."""
+    scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+    return _top_entries(_in_blocks(scores, blocks, block_size), topk)
+
+
+@batch_invariant_reference(indexer_topk_in_blocks)
+def indexer_topk_in_blocks_fixed_order(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale,
+                                       blocks, block_size):
+    """Scores as :func:`indexer_topk_fixed_order` computes them; the restriction and selection are row-local."""
+    scores = _fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+    return _top_entries(_in_blocks(scores, blocks, block_size), topk)

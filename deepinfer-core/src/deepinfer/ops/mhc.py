@@ -47,6 +47,13 @@ def hc_pre(
     (column-normalise once, then ``sinkhorn_iters - 1`` row/column rounds) towards doubly stochastic.
     Returns ``(collapsed [T, D] in streams.dtype, post [T, N] fp32, comb [T, N, N] fp32)``.
     """
+    pre, post, comb = _mixes(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+    return hc_collapse(streams, pre), post, comb
+
+
+def _mixes(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+           hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pre [T, N], post [T, N], comb [T, N, N]) of one site, fp32 (see :func:`hc_pre`)."""
     rows, n, _ = streams.shape
     flat = rms_norm(streams.reshape(rows, -1).float(), None, norm_eps)
     mixes = F.linear(flat, fn.float())
@@ -61,15 +68,66 @@ def hc_pre(
     for _ in range(sinkhorn_iters - 1):
         comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
         comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-
-    collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
-    return collapsed, post, comb
+    return pre, post, comb
 
 
 @batch_invariant_reference(hc_pre)
 def hc_pre_in_tiles(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
     """The mixing projection on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
     return in_row_tiles(hc_pre, (streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters), (0,))
+
+
+def _hc_pre_single_pass_samples(dtype: torch.dtype, gen: torch.Generator):
+    for sample in _hc_pre_samples(dtype, gen):
+        streams = sample.args[0]
+        previous = torch.sigmoid(torch.randn(streams.shape[0], streams.shape[1], generator=gen)) + 1e-6
+        yield OpSample((streams, previous, *sample.args[1:]), label=sample.label)
+    streams = torch.randn(5, 2, 32, generator=gen).to(dtype)  # the first layer: a one-hot collapse
+    fn, base = _hc_params(2, 32, 8, gen)
+    one_hot = torch.tensor([[1.0, 0.0]]).expand(5, -1)
+    yield OpSample((streams, one_hot, fn, base, torch.ones(3), 1e-20, 1e-6, 20), label="5x2x32 one-hot")
+
+
+@reference_op(sample_inputs=_hc_pre_single_pass_samples, rows=(0, 1))
+def hc_pre_single_pass(
+    streams: torch.Tensor,
+    previous_pre: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One mHC site of single-pass mHC (V4.1): the sublayer input is the streams collapsed with the *previous*
+    site's ``pre``, and this site's ``pre`` is returned for the next site.
+
+    streams, fn, base, scale and the mixing weights as in :func:`hc_pre`; previous_pre: [T, N] fp32 (the first
+    site's: one-hot on stream 0, which collapses to stream 0 exactly).  Returns ``(collapsed [T, D] in
+    streams.dtype, pre [T, N], post [T, N], comb [T, N, N])``, the weights fp32.
+    """
+    pre, post, comb = _mixes(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+    return hc_collapse(streams, previous_pre), pre, post, comb
+
+
+@batch_invariant_reference(hc_pre_single_pass)
+def hc_pre_single_pass_in_tiles(streams, previous_pre, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
+    """The mixing projection on fixed tiles of 16 tokens (see :mod:`deepinfer.ops.row_tiles`)."""
+    return in_row_tiles(hc_pre_single_pass, (streams, previous_pre, fn, base, scale, norm_eps, hc_eps,
+                                             sinkhorn_iters), (0, 1))
+
+
+def _hc_collapse_samples(dtype: torch.dtype, gen: torch.Generator):
+    for rows, n, dim in [(3, 4, 64), (17, 2, 256)]:
+        streams = torch.randn(rows, n, dim, generator=gen).to(dtype)
+        yield OpSample((streams, torch.rand(rows, n, generator=gen)), label=f"{rows}x{n}x{dim}")
+
+
+@reference_op(sample_inputs=_hc_collapse_samples, rows=(0, 1))
+def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``sum_k pre[k] * streams[k]`` in fp32: streams [T, N, D]; pre [T, N] fp32.  Returns [T, D] in
+    streams.dtype (V4.1's final collapse before the norm, with the last site's ``pre``)."""
+    return (pre.float().unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
 
 
 def _hc_post_samples(dtype: torch.dtype, gen: torch.Generator):
