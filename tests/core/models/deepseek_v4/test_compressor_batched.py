@@ -8,7 +8,7 @@ import torch
 
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.ragged_plan import PrefillPlan
-from deepinfer.models.deepseek_v4 import compressor as compressor_module
+from deepinfer.layers import compressor as compressor_module
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.state import CompressorCache
 from deepinfer.ops import OpTable

@@ -20,39 +20,29 @@ from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
 from deepinfer.kv.ragged_plan import PrefillPlan
 from deepinfer.kv.sizing import pool_bytes_for
+from deepinfer.layers.mhc import HcSpec, HyperConnection
+from deepinfer.layers.moe import MoE, MoESpec
 from deepinfer.models.base import ForwardBatch, StateCapacity
 from deepinfer.models.deepseek_v4.attention import Attention
-from deepinfer.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
-from deepinfer.models.deepseek_v4.moe import MoE
+from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, HCA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.state import DeepseekV4State, layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
 
 
-class HyperConnection:
-    """One mHC site (``<prefix>_fn`` [(2+N)N, N*D], ``_base``, ``_scale`` [3], all fp32): weights and collapse."""
-
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, get: Callable[[str], torch.Tensor], prefix: str):
-        self.ops, self.cfg = ops, cfg
-        self.fn, self.base, self.scale = get(prefix + "_fn"), get(prefix + "_base"), get(prefix + "_scale")
-
-    def pre(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        return self.ops.hc_pre(
-            streams, self.fn, self.base, self.scale, cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
-        )
-
-
 class DecoderLayer:
     def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
-        self.attn_hc = HyperConnection(ops, cfg, get, p + "hc_attn")
-        self.ffn_hc = HyperConnection(ops, cfg, get, p + "hc_ffn")
+        hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
+        self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
+        self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
         self.attn = Attention(ops, cfg, layer, get)
-        self.ffn = MoE(ops, cfg, layer, get)
+        moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
+                      cfg.swiglu_limit, hash_routed=cfg.mlp_layer_types[layer] == HASH_MOE)
+        self.ffn = MoE(ops, moe, p + "ffn.", get)
 
     def __call__(self, streams: torch.Tensor, input_ids: torch.Tensor,
                  attend: Callable[[Attention, torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Blocks more than one model of the V4 family uses (mHC sites, MoE, compressor windows, RoPE tables)."""

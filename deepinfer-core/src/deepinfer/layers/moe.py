@@ -1,0 +1,78 @@
+"""Mixture of experts (V4 paper §2.1): routed experts plus one shared expert.
+
+Hash layers (V4's first layers) route by a frozen token-id table (``tid2eid``); the others by
+``score_func(logits / gate_temp)`` with a correction bias for selection only (V4.1 divides the logits by its
+``gate_temp``; V4 has none).  Experts are SwiGLU with the gate clamped above and the up projection clamped both
+ways at ``swiglu_limit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.ops import OpTable
+
+
+@dataclass(slots=True, frozen=True)
+class MoESpec:
+    """The MoE hyperparameters of one layer (plain data from the model config)."""
+
+    n_routed_experts: int
+    top_k: int
+    routed_scaling_factor: float
+    score_func: str
+    swiglu_limit: float | None
+    hash_routed: bool = False  # route by the frozen ``gate.tid2eid`` table
+    gate_temp: float = 1.0  # router logits are divided by it
+
+
+class MoE:
+    def __init__(self, ops: OpTable, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor]):
+        p = prefix
+        self.ops, self.spec = ops, spec
+        gate = get(p + "gate.weight")
+        # logits / gate_temp == x @ (W / gate_temp)^T: the temperature folded into the router weight (in fp32)
+        self.gate = gate if spec.gate_temp == 1.0 else (gate.float() / spec.gate_temp).to(gate.dtype)
+        self.tid2eid = get(p + "gate.tid2eid") if spec.hash_routed else None
+        self.bias = None if spec.hash_routed else get(p + "gate.bias")
+        experts = [f"{p}experts.{e}." for e in range(spec.n_routed_experts)]
+        shared = p + "shared_experts."
+        w13 = [self._w13(get, e) for e in experts]
+        w2 = [get(e + "w2.weight") for e in experts]
+        shared_w13, shared_w2 = self._w13(get, shared), get(shared + "w2.weight")
+        #: The shared expert has the routed experts' shape in V4, so it runs as one more expert (id E, weight 1)
+        #: of the same grouped GEMMs: same arithmetic and order (added after the routed experts, as
+        #: ``routed + shared`` would), without a separate MLP's launches.
+        self.shared_id = len(experts) if shared_w13.shape == w13[0].shape and shared_w2.shape == w2[0].shape else None
+        if self.shared_id is not None:
+            w13.append(shared_w13)
+            w2.append(shared_w2)
+            # the shared expert's id and weight for every token: one column each, broadcast by cat
+            self.shared_slot = (torch.full((1, 1), self.shared_id, dtype=torch.int64, device=shared_w2.device),
+                                torch.ones((1, 1), dtype=torch.float32, device=shared_w2.device))
+        self.w13 = torch.stack(w13)  # [E (+1), 2I, H]
+        self.w2 = torch.stack(w2)  # [E (+1), H, I]
+        self.shared_w13, self.shared_w2 = (None, None) if self.shared_id is not None else (shared_w13, shared_w2)
+
+    @staticmethod
+    def _w13(get: Callable[[str], torch.Tensor], p: str) -> torch.Tensor:
+        return torch.cat([get(p + "w1.weight"), get(p + "w3.weight")])
+
+    def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        ops, spec = self.ops, self.spec
+        if self.tid2eid is not None:
+            ids = self.tid2eid[input_ids]
+            weights = ops.moe_hash_router(x, self.gate, ids, spec.routed_scaling_factor, spec.score_func)
+        else:
+            weights, ids = ops.moe_router(x, self.gate, self.bias, spec.top_k, spec.routed_scaling_factor,
+                                          spec.score_func)
+        if self.shared_id is None:
+            routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
+            return routed + ops.swiglu_mlp(x, self.shared_w13, self.shared_w2, spec.swiglu_limit)
+        shared_id, shared_weight = self.shared_slot
+        ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
+        weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)
+        return ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
