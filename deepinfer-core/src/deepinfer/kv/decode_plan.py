@@ -71,6 +71,9 @@ class RatioPlan:
     #: not complete at the token: the keys of a layer that attends to every complete entry (HCA; CSA while the
     #: bucket holds no more entries than its indexer picks); None where no layer of the ratio does
     causal_cols: torch.Tensor | None
+    #: [B, pages * page_size] the entry part of causal_cols (every entry's KV pool row, -1 where not complete),
+    #: for layers whose window columns are offset (a second ring of a KV buffer); None when causal_cols is
+    causal_entries: torch.Tensor | None
     #: CSA while its indexer picks from more entries than it keeps, else None: what it takes where no more than
     #: top-k entries are complete, and [B, pages * page_size + 1] every entry's KV pool row then -1, the key
     #: column of each pick (a pick of -1 reads the last column)
@@ -110,7 +113,7 @@ class DecodePlan:
             kind = kinds[r]
             # a closing window's entry is the last complete one (-1 wraps to the last column: never written)
             write = torch.where(closing, rows[seq_ids, complete - 1], 0)
-            has_previous = overlap_slots = causal_cols = picks = pick_cols = None
+            has_previous = overlap_slots = causal = causal_cols = picks = pick_cols = None
             picking = kind.indexed and cols.shape[1] > index_topk  # it picks from more entries than it keeps
             if kind.overlap:
                 has_previous, overlap_slots = pos >= r, torch.where(closing, slots, 0)
@@ -121,7 +124,7 @@ class DecodePlan:
                 causal = torch.where(ints(0, cols.shape[1]) < complete[:, None], cols, -1)
                 causal_cols = torch.cat([window_cols, causal], dim=1)
             ratios[r] = RatioPlan(torch.add(within, slots, alpha=r), closing, pos - within, write, rows,
-                                  has_previous, overlap_slots, causal_cols, picks, pick_cols)
+                                  has_previous, overlap_slots, causal_cols, causal, picks, pick_cols)
         # the token's own ring row is the window's last column (contiguous: every layer's ring write reads it)
         return cls(ring[:, -1].contiguous(), window_cols, seq_ids, ratios)
 

@@ -46,6 +46,7 @@ class PrefillPlan:
     causal_cols: torch.Tensor | None
     ring_rows: torch.Tensor  # [R] ring rows that take the step's newest latents (after every gather)
     ring_src: torch.Tensor  # [R] rows of the step's new latents that go there
+    history_rows: int  # the first ``history_rows`` gather rows are ring rows (the rest: entries)
     #: The windows the step closes, in batch order (compressed layers; what every compressor of the ratio writes):
     closed_positions: torch.Tensor | None = None  # [N] each window's first position (its entry's RoPE position)
     closed_rows: torch.Tensor | None = None  # [N] page row (relative to page 0) its entry goes to
@@ -106,7 +107,15 @@ class PrefillPlan:
             ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
             causal = torch.cat([window_cols, torch.where(ids < ((positions + 1) // ratio)[:, None],
                                                          entry_offsets[:, None] + ids, -1)], dim=1)
-        return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, **closed)
+        return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, int(held.sum()), **closed)
+
+    def for_ring(self, base: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gather rows, ring rows) when the layer's ring starts at row ``base`` of its KV buffer (a KV buffer
+        with several rings: V4.1's groups) rather than row 0."""
+        if base == 0:
+            return self.gather_rows, self.ring_rows
+        h = self.history_rows
+        return torch.cat([self.gather_rows[:h] + base, self.gather_rows[h:]]), self.ring_rows + base
 
 
 def _assembly(held: torch.Tensor, lens: torch.Tensor, offsets: torch.Tensor, slot: torch.Tensor,

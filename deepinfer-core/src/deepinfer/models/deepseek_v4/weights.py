@@ -145,6 +145,10 @@ class _Reader:
             return MXFP4
         raise CheckpointError(f"{weight}: has a .scale but dtype {dtype} is neither FP8 e4m3 nor packed FP4")
 
+    def block_of(self, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The FP8 block of weight ``name``: the config's (V4 uses one block size throughout)."""
+        return self.block
+
     def check(self, name: str, shape: tuple[int, ...]) -> list[str]:
         """Problems with tensor ``name`` (and its scale) against its dense ``shape``."""
         actual = self.ckpt.shape(self.on_disk[name])
@@ -157,7 +161,7 @@ class _Reader:
             return [f"{name}: only 2-D weights can be quantized, expected dense shape {shape}"]
         rows, cols = shape
         if fmt == FP8_BLOCK:
-            bn, bk = self.block
+            bn, bk = self.block_of(name, shape)
             data_shape, scale_shape = shape, (-(-rows // bn), -(-cols // bk))
         else:
             data_shape, scale_shape = (rows, cols // 2), (rows, cols // 32)
@@ -172,7 +176,7 @@ class _Reader:
         if fmt is not None:
             scale = self.ckpt.get(self.on_disk[name.removesuffix(".weight") + ".scale"]).to(self.device)
             logical = shape or (tensor.shape[0], tensor.shape[1] * (2 if fmt == MXFP4 else 1))
-            block = self.block if fmt == FP8_BLOCK else (1, 32)
+            block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)
             return QuantizedTensor(fmt, tensor, scale, tuple(logical), tuple(block))
         if not tensor.is_floating_point():
             return tensor.long()

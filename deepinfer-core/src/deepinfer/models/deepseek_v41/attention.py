@@ -1,0 +1,178 @@
+"""V4.1 attention: shared K=V multi-query attention over a private sliding window plus the group's entries.
+
+- queries: ``q = wq_b(RMSNorm(wq_a x))`` rotated on the last rope dims (no per-head norm, unlike V4);
+- one K=V latent per token: ``RMSNorm(wkv x)`` rotated, then FP8 (ue8m0 scale per 32): the model's own
+  fake-quantization, so the ring stores exactly what is attended;
+- keys = the layer's last ``sliding_window`` latents and, in layers with a ratio, the top-k entries of its
+  group (CSA2 roles: the kv source compresses, index sources pick, Reuse layers take the latest picks);
+- a sink logit per head; the output's rope dims rotated back; grouped output projection ``wo_a`` / ``wo_b``.
+Layers with a ratio (ratio 1 included) rotate with the ``compress`` RoPE family, sliding-only layers with ``main``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
+from deepinfer.kv.layout import RaggedLayout
+from deepinfer.kv.state import PooledState
+from deepinfer.models.deepseek_v4.rope import inv_freq
+from deepinfer.models.deepseek_v41.compressor import Compressor
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.indexer import Indexer, IndexerSpec, Published
+from deepinfer.models.deepseek_v41.roles import FULL, REUSE, LayerRole
+from deepinfer.models.deepseek_v41.state import LayerCache
+from deepinfer.ops import OpTable
+
+#: The compressed latent's FP4 format (block, scale format) and the sliding window's FP8 block.
+LATENT_FORMAT = (16, "e4m3")
+WINDOW_BLOCK = 32
+
+
+@dataclass(slots=True)
+class RaggedStep:
+    """One ragged step as every layer sees it."""
+
+    positions: torch.Tensor  # [T]
+    layout: RaggedLayout
+    states: list[PooledState]
+    published: Published
+
+
+@dataclass(slots=True)
+class GraphStep:
+    """One decode step (fixed shapes) as every layer sees it; ``window_cols[base]``: the plan's window columns
+    for a ring at row ``base`` of its KV buffer."""
+
+    step: DecodeStep
+    plan: DecodePlan
+    window_cols: dict[int, torch.Tensor]
+    published: Published
+
+
+class Attention:
+    def __init__(self, ops: OpTable, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor]):
+        p = f"layers.{role.layer_id}.attn."
+        self.ops, self.role, self.ratio = ops, role, role.ratio
+        self.heads, self.head_dim, self.groups, self.eps = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups, \
+            cfg.rms_norm_eps
+        spec = cfg.rope_main if role.rope == "main" else cfg.rope_compress
+        self.inv_freq = inv_freq(spec, cfg.rope_dim).to(get(p + "wkv.weight").device)
+        self.rope_scaling = spec.attention_scaling
+        self.q_norm, self.wq_b, self.kv_norm = get(p + "q_norm.weight"), get(p + "wq_b.weight"), get(p + "kv_norm.weight")
+        self.wo_a, self.wo_b, self.sinks = get(p + "wo_a.weight"), get(p + "wo_b.weight"), get(p + "attn_sink")
+        names = ["wq_a", "wkv"]
+        self.compressor = self.indexer = None
+        if role.mode == FULL:
+            self.compressor = Compressor(ops, get, p + "compressor.", ratio=role.ratio, eps=cfg.rms_norm_eps)
+        if role.is_index_source:
+            rope = cfg.rope_compress
+            index_freq = inv_freq(rope, cfg.rope_dim).to(self.inv_freq.device)
+            ispec = IndexerSpec(cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, cfg.candidate_block_size,
+                                cfg.candidate_topk_blocks, cfg.rms_norm_eps)
+            self.indexer = Indexer(ops, ispec, role, get, p + "indexer.", index_freq, rope.attention_scaling)
+            names.append("indexer.weights_proj")
+        # what the layer projects the token itself to, as one GEMM: wq_a | wkv (| indexer head weights)
+        parts = [get(p + name + ".weight") for name in names]
+        self.w_in, self.in_splits = torch.cat(parts), [w.shape[0] for w in parts]
+
+    # --- shared by both paths -------------------------------------------------------------------------
+    def _project(self, x: torch.Tensor, positions: torch.Tensor):
+        """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), index head weights)."""
+        ops, tokens = self.ops, x.shape[0]
+        q_lin, kv_lin, *rest = ops.linear(x, self.w_in).split(self.in_splits, dim=1)
+        q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
+        q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
+        q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
+        kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
+        return q_residual, q, ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK), (rest[0] if rest else None)
+
+    def _entries(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Compressed entries of pre-RoPE latents at their windows' first positions: rotated, then FP4."""
+        rotated = self.ops.rope(latents, positions, self.inv_freq, self.rope_scaling)
+        return self.ops.fp4_e2m1_fake_quant(rotated, *LATENT_FORMAT)
+
+    def _output(self, q: torch.Tensor, pool: torch.Tensor, cols: torch.Tensor, positions: torch.Tensor):
+        ops, tokens = self.ops, q.shape[0]
+        out = ops.sparse_attention_inverse_rope(q, pool, cols, self.sinks, self.head_dim**-0.5, positions,
+                                                self.inv_freq, self.rope_scaling)
+        out = ops.grouped_linear(out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
+        return ops.linear(out, self.wo_b)
+
+    def _picks(self, q_residual, weights, positions, keys, seq_ids, causal: CausalPicks | None,
+               published: Published, longest: int) -> torch.Tensor | None:
+        """This layer's picks (its own or its index source's); None: every causal entry."""
+        if self.role.mode == REUSE:
+            return published.picks[self.role.kv_source]
+        assert self.indexer is not None
+        if longest <= self.indexer.spec.topk:  # no sequence has more entries than are picked
+            ids = None
+        else:
+            if causal is None:
+                counting = torch.arange(self.indexer.spec.topk, device=positions.device)
+                causal = CausalPicks.build((positions + 1) // self.ratio, counting)
+            ids = self.indexer.picks(q_residual, weights, positions, keys, seq_ids, causal, published)
+        published.picks[self.role.kv_source] = ids
+        return ids
+
+    # --- any chunk lengths ----------------------------------------------------------------------------
+    def __call__(self, x: torch.Tensor, step: RaggedStep, cache: LayerCache) -> torch.Tensor:
+        """The step's attention pool is the sequences' window history and the group's entries gathered from the
+        layer's KV buffer, then the new latents (``layout.plans``: where); then the ring takes its newest."""
+        positions, layout = step.positions, step.layout
+        q_residual, q, kv, weights = self._project(x, positions)
+        plan = layout.plans[self.ratio]
+        if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
+            latents = self.compressor.ragged(x, layout, step.states, cache.pending)
+            if latents is not None:
+                closed = plan.closed_positions
+                cache.kv.index_copy_(0, plan.closed_kv_rows, self._entries(latents, closed))
+                assert self.indexer is not None and cache.index_keys is not None
+                cache.index_keys.index_copy_(0, plan.closed_rows, self.indexer.keys(latents, closed))
+        cols = plan.window_cols
+        if self.ratio:
+            longest = max((s + n) // self.ratio for s, n in zip(layout.starts, layout.lens, strict=True))
+            keys = None
+            if self.indexer is not None and longest > self.indexer.spec.topk:
+                keys = cache.index_keys[layout.entry_rows[self.ratio][:, :longest]]  # type: ignore[index]
+            picks = self._picks(q_residual, weights, positions, keys, layout.seq_ids, None, step.published, longest)
+            if picks is None:
+                cols = plan.causal_cols
+            else:
+                cols = torch.cat([cols, torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1)], dim=1)
+        gather_rows, ring_rows = plan.for_ring(cache.ring_base)
+        keys_pool = torch.cat([cache.kv[gather_rows], kv])
+        cache.kv.index_copy_(0, ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        return self._output(q, keys_pool, cols, positions)
+
+    # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
+    def decode(self, x: torch.Tensor, graph: GraphStep, cache: LayerCache, entry_base: int) -> torch.Tensor:
+        """The token's latent goes to its ring first (which then holds exactly the window ending at it); the
+        window and the group's entry pages are read in place through row indices (``graph.plan``)."""
+        step, plan = graph.step, graph.plan
+        q_residual, q, kv, weights = self._project(x, step.positions)
+        cache.kv.index_copy_(0, plan.ring_rows + cache.ring_base, kv)
+        cols = graph.window_cols[cache.ring_base]
+        if self.ratio:
+            ratio = plan.ratios[self.ratio]
+            if self.compressor is not None:
+                latents = self.compressor.decode(x, step.slots, ratio, cache.pending)
+                cache.kv[entry_base:].index_copy_(0, ratio.entry_write, self._entries(latents, ratio.entry_positions))
+                assert self.indexer is not None and cache.index_keys is not None
+                cache.index_keys.index_copy_(0, ratio.entry_write, self.indexer.keys(latents, ratio.entry_positions))
+            keys = None
+            if ratio.picks is not None and self.indexer is not None:
+                keys = cache.index_keys[ratio.entry_rows]  # type: ignore[index]
+            longest = ratio.entry_rows.shape[1] if ratio.picks is not None else 0
+            picks = self._picks(q_residual, weights, step.positions, keys, plan.seq_ids, ratio.picks,
+                                graph.published, longest)
+            if picks is None:
+                assert ratio.causal_entries is not None
+                cols = torch.cat([cols, ratio.causal_entries], dim=1)
+            else:
+                assert ratio.pick_cols is not None
+                cols = torch.cat([cols, ratio.pick_cols[plan.seq_ids[:, None], picks]], dim=1)
+        return self._output(q, cache.kv, cols, step.positions)
