@@ -141,52 +141,6 @@ def random_tokens(length: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed))
 
 
-def run_chunked(model, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
-    """DeepInfer's teacher-forced log-probabilities [S, V], feeding ``tokens`` ``chunk`` at a time."""
-    from deepinfer.models import ForwardBatch
-
-    state, out = model.new_state(), []
-    with torch.no_grad():
-        for start in range(0, len(tokens), chunk):
-            ids = tokens[start : start + chunk]
-            batch = ForwardBatch(ids, torch.arange(start, start + len(ids)), [len(ids)], [state])
-            out.append(model.compute_logits(model.forward(batch)))
-    return torch.log_softmax(torch.cat(out), dim=-1)
-
-
-def run_ragged(model, sequences: list[torch.Tensor], schedule: list[list[int]]) -> list[torch.Tensor]:
-    """Feed several sequences together: step ``k`` gives sequence ``i`` ``schedule[k][i]`` new tokens (0 = sits
-    out).  Returns each sequence's log-probabilities [S_i, V]."""
-    from deepinfer.models import ForwardBatch
-
-    states = [model.new_state() for _ in sequences]
-    done = [0] * len(sequences)
-    out: list[list[torch.Tensor]] = [[] for _ in sequences]
-    with torch.no_grad():
-        for step in schedule:
-            members = [i for i, n in enumerate(step) if n]
-            ids = torch.cat([sequences[i][done[i] : done[i] + step[i]] for i in members])
-            positions = torch.cat([torch.arange(done[i], done[i] + step[i]) for i in members])
-            lens = [step[i] for i in members]
-            batch = ForwardBatch(ids, positions, lens, [states[i] for i in members])
-            logits = model.compute_logits(model.forward(batch))
-            for i, rows in zip(members, logits.split(lens), strict=True):
-                out[i].append(rows)
-                done[i] += step[i]
-    assert done == [len(s) for s in sequences], "schedule does not cover the sequences"
-    return [torch.log_softmax(torch.cat(rows), dim=-1) for rows in out]
-
-
-def assert_matches_hf(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4, margin: float = 1e-3) -> None:
-    """Log-probabilities within ``atol`` everywhere; same argmax wherever HF's top-2 margin exceeds ``margin``."""
-    diff = (actual - expected).abs().max().item()
-    assert diff <= atol, f"max |logprob - HF| = {diff:.3g} > {atol}"
-    top2 = expected.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > margin
-    same = actual.argmax(-1) == expected.argmax(-1)
-    assert bool(same[clear].all()), f"argmax differs at positions {torch.nonzero(clear & ~same).flatten().tolist()}"
-
-
 def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a single-file checkpoint, by stored name."""
     from safetensors.torch import load_file

@@ -20,12 +20,11 @@ from deepinfer.models import load_model
 from deepinfer.ops import OpTable, op_defs
 from deepinfer.testing import batch_invariance_params, check_batch_invariance, check_op
 from tests.support.engine_checks import ragged_prompts
+from tests.support.model_runs import run_chunked, run_ragged
 from tests.support.v4_fixtures import (  # noqa: F401
     SMALL,
     build_engine_checkpoint,
     random_tokens,
-    run_chunked,
-    run_ragged,
     single_thread,
 )
 

@@ -11,12 +11,12 @@ from safetensors.torch import save_file
 
 from deepinfer.models import CheckpointError, load_model
 from deepinfer.ops import OpTable
+from tests.support.model_runs import run_chunked
 from tests.support.v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)
     SMALL,
     build_checkpoint,
     random_tokens,
     read_tensors,
-    run_chunked,
     single_thread,
     write_checkpoint,
 )

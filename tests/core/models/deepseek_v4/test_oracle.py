@@ -12,15 +12,13 @@ import torch
 
 from deepinfer.models import load_model
 from deepinfer.ops import OpTable
+from tests.support.model_runs import assert_matches_hf, run_chunked, run_ragged
 from tests.support.v4_fixtures import (
     RELEASED_RATES,
     SMALL,
-    assert_matches_hf,
     build_checkpoint,
     hf_logprobs,
     random_tokens,
-    run_chunked,
-    run_ragged,
     single_thread,  # noqa: F401  (autouse)
 )
 

@@ -11,14 +11,13 @@ from deepinfer.models import load_model
 from deepinfer.ops import OpTable
 from deepinfer.ops.quant import E2M1_VALUES
 from deepinfer.quant import FP8_BLOCK, MXFP4, quantize_fp8_block, quantize_mxfp4
+from tests.support.model_runs import assert_matches_hf, run_chunked
 from tests.support.v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)
     SMALL,
-    assert_matches_hf,
     build_checkpoint,
     hf_logprobs,
     quantize_checkpoint,
     random_tokens,
-    run_chunked,
     single_thread,
 )
 
