@@ -25,12 +25,17 @@ def _deepseek_v4() -> ModelEntry:
     return ModelEntry(deepseek_v4.DeepseekV4Config.from_file, deepseek_v4.load)
 
 
-#: Entries are resolved lazily so importing the registry builds nothing.
-MODELS: dict[str, Callable[[], ModelEntry]] = {"deepseek_v4": _deepseek_v4}
-NOT_YET: dict[str, str] = {
-    "deepseek_v41": "DeepSeek-V4.1 (model_type 'deepseek_v41') is not supported yet; "
-    "only DeepSeek-V4 ('deepseek_v4') can be loaded in this version",
-}
+def _deepseek_v41() -> ModelEntry:
+    from deepinfer.models import deepseek_v41
+
+    return ModelEntry(deepseek_v41.DeepseekV41Config.from_file, deepseek_v41.load)
+
+
+#: Entries are resolved lazily so importing the registry builds nothing.  ``deepseek_v41_text`` is the flat
+#: config transformers' causal LM writes.
+MODELS: dict[str, Callable[[], ModelEntry]] = {"deepseek_v4": _deepseek_v4, "deepseek_v41": _deepseek_v41,
+                                               "deepseek_v41_text": _deepseek_v41}
+NOT_YET: dict[str, str] = {}
 
 
 def model_type_of(path: str | Path) -> str:

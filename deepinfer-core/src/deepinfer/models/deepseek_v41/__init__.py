@@ -1,7 +1,30 @@
-"""DeepSeek-V4.1 (``model_type: deepseek_v41``): the parts built so far (config, Engram); the model is not
-registered yet."""
+"""DeepSeek-V4.1 (``model_type: deepseek_v41``, and the flat ``deepseek_v41_text``)."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from deepinfer.models.checkpoint import SafetensorsCheckpoint
 from deepinfer.models.deepseek_v41.config import ConfigError, DeepseekV41Config
+from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer.models.deepseek_v41.roles import FULL, REINDEX, REUSE, SWA, LayerRole
+from deepinfer.models.deepseek_v41.token_map import CompressedTokenMap
+from deepinfer.models.deepseek_v41.weights import read_weights
+from deepinfer.ops import OpTable
 
-__all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config", "LayerRole"]
+__all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config", "DeepseekV41ForCausalLM",
+           "LayerRole", "load"]
+
+
+def load(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device) -> DeepseekV41ForCausalLM:
+    """Build the model from a checkpoint directory (config.json, safetensors, and tokenizer.json, from which
+    Engram's compressed token map is derived)."""
+    cfg = DeepseekV41Config.from_file(path)
+    tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
+    token_map = None
+    if cfg.engram_layer_ids:
+        token_map = CompressedTokenMap.from_file(path, cfg.engram_compressed_vocab_size).lookup(
+            cfg.vocab_size, cfg.engram_pad_id)
+    return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device)
