@@ -259,11 +259,12 @@ class LLM:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """The checkpoint's tokenizer through transformers (never ``trust_remote_code``)."""
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer through transformers (never ``trust_remote_code``).  The model's config.json is
+    not read for it (a blank config is passed): transformers may not know the model type (``deepseek_v41``)."""
+    from transformers import AutoTokenizer, PretrainedConfig
 
     try:
-        return AutoTokenizer.from_pretrained(os.fspath(path), trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(os.fspath(path), config=PretrainedConfig(), trust_remote_code=False)
     except Exception as exc:
         raise RuntimeError(f"could not load a tokenizer from {os.fspath(path)!r} ({type(exc).__name__}: {exc}); the "
                            "checkpoint directory needs tokenizer.json and tokenizer_config.json") from exc

@@ -59,13 +59,17 @@ class PrefillPlan:
 
     @classmethod
     def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
-              entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor]) -> PrefillPlan:
+              entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor],
+              floors: list[int] | None = None) -> PrefillPlan:
         """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
-        page 0 in every layer's kv tensor.  The host work is a few vectorised CPU ops and one upload."""
+        page 0 in every layer's kv tensor; ``floors``: each sequence's first position the plan's layers hold a
+        window row for (V4.1's decoder runs only from there in a truncated prefill; None: 0), no key before it.
+        The host work is a few vectorised CPU ops and one upload."""
         starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
         offsets, slot = torch.tensor(layout.offsets), torch.tensor(slots)
+        floor = torch.tensor(floors) if floors is not None else torch.zeros_like(starts)
         seqs = len(layout.lens)
-        held = starts.clamp(max=window)  # history rows before each chunk
+        held = (starts - floor).clamp(0, window)  # history rows before each chunk
         hist = slot.repeat_interleave(held) * window + _ranges(starts - held, held) % window
         keep = lens.clamp(max=window)  # the newest latents each ring takes
         ring_rows = slot.repeat_interleave(keep) * window + _ranges(starts + lens - keep, keep) % window
@@ -82,12 +86,12 @@ class PrefillPlan:
         # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
         # new_base + offset + kp - start; a sequence's entry j at entry_off + j
         per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
-                               held.sum() + torch.cumsum(counts, 0) - counts], dim=1)
+                               held.sum() + torch.cumsum(counts, 0) - counts, floor], dim=1)
         assembly = _assembly(starts % max(ratio, 1), lens, offsets, slot, closing, ratio) if ratio else []
         parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, *assembly]
         per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, *assembly = \
             _aligned_upload(parts, upload)
-        per_row = per_seq.view(seqs, 4)[layout.seq_ids]  # [T, 4]
+        per_row = per_seq.view(seqs, 5)[layout.seq_ids]  # [T, 5]
         closed = {}
         if ratio:
             gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
@@ -100,7 +104,7 @@ class PrefillPlan:
         key_pos = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)[None, :]
         start, to_hist, to_new = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
         window_cols = torch.where(key_pos < start, to_hist + key_pos, to_new + key_pos)
-        window_cols = torch.where(key_pos >= 0, window_cols, -1)
+        window_cols = torch.where(key_pos >= per_row[:, 4:5], window_cols, -1)
         entry_offsets = causal = None
         if ratio:
             entry_offsets = per_row[:, 3]

@@ -49,6 +49,10 @@ class ForwardBatch:
     #: The backend's host-to-device copy (``Backend.to_device``: non-blocking on CUDA), set by the runner;
     #: None (tests, tools) = ``t.to(device)``.
     to_device: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None
+    #: Per sequence, the first position whose output the engine reads, in this step or a later one (the last
+    #: prompt token's, or the first prompt position whose logprobs were asked for); None: every row's.  A model
+    #: may skip work that only rows before it need (V4.1's decoder prefill truncation).
+    needed_from: list[int] | None = None
 
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor the model built for this step (row indices, lengths) on the batch's device."""

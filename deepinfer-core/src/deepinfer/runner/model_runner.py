@@ -66,6 +66,7 @@ class _Plan:
     sample_seqs: list[Sequence] = field(default_factory=list)
     prompt_rows: list[int] = field(default_factory=list)
     prompt_targets: list[tuple[Request, int, int]] = field(default_factory=list)  # request, position, token
+    needed_from: list[int] = field(default_factory=list)  # per chunk: ForwardBatch.needed_from
 
 
 class ModelRunner:
@@ -96,9 +97,11 @@ class ModelRunner:
             plan.positions += range(chunk.start, chunk.start + n)
             plan.seq_lens.append(n)
             req = seq.request
+            plan.needed_from.append(seq.num_tokens - 1)  # the last known token's row gives the next token
             if seq.index == 0 and req.wants_prompt_logprobs:
                 # Row at position p scores prompt token p + 1; resume where earlier steps stopped.
                 first = max(chunk.start, len(req.prompt_logprobs) - 1)
+                plan.needed_from[-1] = max(len(req.prompt_logprobs) - 1, 0)
                 for p in range(first, min(chunk.start + n, req.prompt_len - 1)):
                     plan.prompt_rows.append(row + p - chunk.start)
                     plan.prompt_targets.append((req, p + 1, req.prompt_token_ids[p + 1]))
@@ -177,6 +180,7 @@ class ModelRunner:
             seq_lens=plan.seq_lens,
             states=batch_states,
             to_device=self.backend.to_device,
+            needed_from=plan.needed_from,
         ))
         return lambda rows: self.model.compute_logits(hidden[self._upload(rows)])
 

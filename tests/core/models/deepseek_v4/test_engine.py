@@ -6,14 +6,10 @@ names) with a small byte-level tokenizer, and loaded through ``LLM(model=<dir>)`
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.models import UnsupportedModelError
-from tests.support.engine_checks import assert_same_output, mixed_params, ragged_prompts
 from tests.support.v4_fixtures import SMALL, build_engine_checkpoint, hf_logprobs
 
 PROMPTS = [
@@ -124,57 +120,3 @@ def test_prompt_logprobs_match_hf(llm, checkpoint):
             for t in expected.topk(3).indices.tolist():
                 if t in entry:
                     assert abs(entry[t].logprob - expected[t].item()) < 1e-4
-
-
-#: Lengths that cross the state's 64-token page boundary while decoding, so a tight budget must preempt.
-RAGGED = [62, 3, 58, 17, 60, 33, 61, 45]
-RAGGED_NEW = 10
-
-
-def _ragged(llm):
-    return ragged_prompts(llm.engine.model.vocab_size, seed=3, lengths=RAGGED)
-
-
-@pytest.fixture(scope="module")
-def v4_alone(llm):
-    pairs = zip(_ragged(llm), mixed_params(RAGGED_NEW), strict=True)
-    return [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in pairs]
-
-
-@pytest.mark.parametrize("limits, preempts", [
-    (dict(), False),  # one batch of 8 ragged requests
-    (dict(max_num_batched_tokens=7), False),  # chunked prefill across windows, mixed with decodes
-    (dict(state_cache_sequences=3, max_num_batched_tokens=16), True),  # forced preemption and recompute
-], ids=["batch", "chunked", "preempted"])
-def test_batching_chunking_preemption_invariance(llm, v4_alone, limits, preempts):
-    """Same tokens and logprobs (within 1e-5, fp32) as each request run alone."""
-    model = llm.engine.model
-    limits = dict(limits)
-    room = limits.pop("state_cache_sequences", 64)
-    engine = LLM.from_model(model, llm.tokenizer, state_cache_bytes=model.state_pool_bytes(room, max(RAGGED)), **limits)
-    outs = engine.generate(_ragged(llm), mixed_params(RAGGED_NEW), use_tqdm=False)
-    assert (engine.engine.num_preemptions > 0) == preempts
-    for a, b in zip(v4_alone, outs, strict=True):
-        assert_same_output(a, b)
-
-
-def test_live_state_never_exceeds_the_reserved_budget(llm):
-    """The scheduler's byte accounting (model.state_bytes) bounds the memory the states really hold."""
-    model = llm.engine.model
-    small = LLM.from_model(model, llm.tokenizer, state_cache_bytes=model.state_pool_bytes(3, max(RAGGED)),
-                           max_num_batched_tokens=16)
-    engine = small.engine
-    for prompt, params in zip(_ragged(llm), mixed_params(RAGGED_NEW), strict=True):
-        assert engine.add_request(prompt, params) is None
-    steps = 0
-    while engine.has_unfinished():
-        engine.step()
-        steps += 1
-        assert engine.state_cache.nbytes() <= engine.state_cache.budget.used <= engine.state_cache.budget.capacity
-    assert steps > len(RAGGED) and engine.num_preemptions > 0
-
-
-def test_v41_checkpoint_is_refused_clearly(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
-    with pytest.raises(UnsupportedModelError, match="not supported yet"):
-        LLM(str(tmp_path))

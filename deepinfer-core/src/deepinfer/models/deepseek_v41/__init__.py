@@ -6,11 +6,13 @@ from pathlib import Path
 
 import torch
 
+from deepinfer import envs
 from deepinfer.models.checkpoint import SafetensorsCheckpoint
 from deepinfer.models.deepseek_v41.config import ConfigError, DeepseekV41Config
 from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer.models.deepseek_v41.roles import FULL, REINDEX, REUSE, SWA, LayerRole
 from deepinfer.models.deepseek_v41.token_map import CompressedTokenMap
+from deepinfer.models.deepseek_v41.truncation import cut_layer
 from deepinfer.models.deepseek_v41.weights import read_weights
 from deepinfer.ops import OpTable
 
@@ -20,11 +22,16 @@ __all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config"
 
 def load(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device) -> DeepseekV41ForCausalLM:
     """Build the model from a checkpoint directory (config.json, safetensors, and tokenizer.json, from which
-    Engram's compressed token map is derived)."""
+    Engram's compressed token map is derived).  ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact`` turns on
+    decoder prefill truncation with ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS`` kept rows (checked here)."""
     cfg = DeepseekV41Config.from_file(path)
+    keep = envs.yoco_prefill_keep_tokens() if envs.yoco_prefill_truncation_mode() == "compact" else None
+    if keep is not None:
+        cut_layer(cfg, keep)  # refuse a bad KEEP before reading the weights
     tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
     token_map = None
     if cfg.engram_layer_ids:
         token_map = CompressedTokenMap.from_file(path, cfg.engram_compressed_vocab_size).lookup(
             cfg.vocab_size, cfg.engram_pad_id)
-    return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device)
+    return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device,
+                                  decoder_keep=keep)

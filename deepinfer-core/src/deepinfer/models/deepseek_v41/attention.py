@@ -40,6 +40,9 @@ class RaggedStep:
     layout: RaggedLayout
     states: list[PooledState]
     published: Published
+    #: The kv source already compressed this step's rows (a truncated prefill: it compressed all rows, the
+    #: decoder runs on the last ones)
+    precompressed: bool = False
 
 
 @dataclass(slots=True)
@@ -57,12 +60,13 @@ class Attention:
     def __init__(self, ops: OpTable, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor]):
         p = f"layers.{role.layer_id}.attn."
         self.ops, self.role, self.ratio = ops, role, role.ratio
-        self.heads, self.head_dim, self.groups, self.eps = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups, \
-            cfg.rms_norm_eps
+        self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        self.eps = cfg.rms_norm_eps
         spec = cfg.rope_main if role.rope == "main" else cfg.rope_compress
         self.inv_freq = inv_freq(spec, cfg.rope_dim).to(get(p + "wkv.weight").device)
         self.rope_scaling = spec.attention_scaling
-        self.q_norm, self.wq_b, self.kv_norm = get(p + "q_norm.weight"), get(p + "wq_b.weight"), get(p + "kv_norm.weight")
+        self.q_norm, self.wq_b = get(p + "q_norm.weight"), get(p + "wq_b.weight")
+        self.kv_norm = get(p + "kv_norm.weight")
         self.wo_a, self.wo_b, self.sinks = get(p + "wo_a.weight"), get(p + "wo_b.weight"), get(p + "attn_sink")
         names = ["wq_a", "wkv"]
         self.compressor = self.indexer = None
@@ -119,19 +123,26 @@ class Attention:
         return ids
 
     # --- any chunk lengths ----------------------------------------------------------------------------
+    def compress(self, x: torch.Tensor, step: RaggedStep, cache: LayerCache) -> None:
+        """A kv source: the entries and indexer keys of the windows the step closes, to the group's pages."""
+        if self.compressor is None:
+            return
+        latents = self.compressor.ragged(x, step.layout, step.states, cache.pending)
+        if latents is not None:
+            plan = step.layout.plans[self.ratio]
+            closed = plan.closed_positions
+            cache.kv.index_copy_(0, plan.closed_kv_rows, self._entries(latents, closed))
+            assert self.indexer is not None and cache.index_keys is not None
+            cache.index_keys.index_copy_(0, plan.closed_rows, self.indexer.keys(latents, closed))
+
     def __call__(self, x: torch.Tensor, step: RaggedStep, cache: LayerCache) -> torch.Tensor:
         """The step's attention pool is the sequences' window history and the group's entries gathered from the
         layer's KV buffer, then the new latents (``layout.plans``: where); then the ring takes its newest."""
         positions, layout = step.positions, step.layout
         q_residual, q, kv, weights = self._project(x, positions)
         plan = layout.plans[self.ratio]
-        if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
-            latents = self.compressor.ragged(x, layout, step.states, cache.pending)
-            if latents is not None:
-                closed = plan.closed_positions
-                cache.kv.index_copy_(0, plan.closed_kv_rows, self._entries(latents, closed))
-                assert self.indexer is not None and cache.index_keys is not None
-                cache.index_keys.index_copy_(0, plan.closed_rows, self.indexer.keys(latents, closed))
+        if not step.precompressed:  # first: the step's closed windows are entries the pool gathers
+            self.compress(x, step, cache)
         cols = plan.window_cols
         if self.ratio:
             longest = max((s + n) // self.ratio for s, n in zip(layout.starts, layout.lens, strict=True))

@@ -15,24 +15,25 @@ Attention is the causal encoder-decoder of CSA2 groups (see :mod:`.attention`, :
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
-from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
-from deepinfer.kv.ragged_plan import PrefillPlan
-from deepinfer.kv.sizing import pool_bytes_for
+from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoE, MoESpec
-from deepinfer.models.base import ForwardBatch, StateCapacity
+from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.engram import Engram
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after
 from deepinfer.models.deepseek_v41.indexer import Published
 from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
+from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
+from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
 
@@ -59,28 +60,54 @@ class DecoderLayer:
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
                  lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(streams, the FFN site's pre) after this layer; ``pre``: the previous site's."""
-        ops = self.ops
+        site = self.attention_input(streams, pre, lookback)
+        return self.finish(site, input_ids, attend, index)
+
+    def attention_input(self, streams: torch.Tensor, pre: torch.Tensor, lookback: torch.Tensor | None) -> Site:
+        """Engram, then the attention site's mixing: (streams, normalised input, pre, post, comb)."""
         if self.engram is not None:
             assert lookback is not None
             streams = self.engram(streams, lookback)
         x, pre, post, comb = self.attn_hc.pre_single_pass(streams, pre)
-        out = attend(self.attn, ops.rms_norm(x, self.attn_norm, self.eps), index)
-        streams = ops.hc_post(out, streams, post, comb)
-        x, pre, post, comb = self.ffn_hc.pre_single_pass(streams, pre)
+        return Site(streams, self.ops.rms_norm(x, self.attn_norm, self.eps), pre, post, comb)
+
+    def finish(self, site: Site, input_ids: torch.Tensor, attend: Attend, index: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention on the site's input, then the FFN site: (streams, the FFN site's pre)."""
+        ops = self.ops
+        streams = ops.hc_post(attend(self.attn, site.x, index), site.streams, site.post, site.comb)
+        x, pre, post, comb = self.ffn_hc.pre_single_pass(streams, site.pre)
         out = self.ffn(ops.rms_norm(x, self.ffn_norm, self.eps), input_ids)
         return ops.hc_post(out, streams, post, comb), pre
 
 
-class DeepseekV41ForCausalLM:
+@dataclass(slots=True)
+class Site:
+    """An attention site's residual streams and mixing, and the sublayer input it collapsed [T, D]."""
+
+    streams: torch.Tensor
+    x: torch.Tensor
+    pre: torch.Tensor
+    post: torch.Tensor
+    comb: torch.Tensor
+
+    def rows(self, rows: torch.Tensor) -> Site:
+        return Site(self.streams[rows], self.x[rows], self.pre[rows], self.post[rows], self.comb[rows])
+
+
+class DeepseekV41ForCausalLM(PooledCausalLM):
     """Implements :class:`deepinfer.models.base.CausalLM` and :class:`~deepinfer.models.base.GraphDecodable`.
 
     ``token_map``: the Engram compressed id of every token id ([vocab] int64), derived from the tokenizer.
+    ``decoder_keep``: decoder prefill truncation (:mod:`.truncation`): the decoder runs on the last
+    ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
     row); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
-                 token_map: torch.Tensor | None, *, ops: OpTable, dtype: torch.dtype, device: torch.device):
+                 token_map: torch.Tensor | None, *, ops: OpTable, dtype: torch.dtype, device: torch.device,
+                 decoder_keep: int | None = None):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
@@ -105,123 +132,58 @@ class DeepseekV41ForCausalLM:
         self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i)) for i in range(cfg.num_hidden_layers)]
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
-        self.state_spec = state_spec(cfg)
-        self._views = views_for(cfg)
-        self.pool: StatePool | None = None  # set by configure_state, or grown on demand by new_state
+        self.state_spec, self.views = state_spec(cfg), views_for(cfg)
         self.ratio_kinds = {r: RatioKinds(indexed=True) for r in self.state_spec.paged_ratios}
-        self._element_size = torch.empty(0, dtype=dtype).element_size()
+        self.decoder_keep = decoder_keep
+        self.decoder_layer = cut_layer(cfg, decoder_keep) if decoder_keep is not None else None
 
-    # --- state ----------------------------------------------------------------------------------
-    def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
-        """Allocate a fixed state pool for at most ``max_seqs`` sequences within ``capacity_bytes``; refused
-        while sequences still hold state (a model serves one engine at a time)."""
-        if self.pool is not None and self.pool.live:
-            raise RuntimeError(f"this model's state pool still holds {self.pool.live} sequences (an engine is "
-                               "using it); a model serves one engine at a time")
-        self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes,
-                                               views=self._views)
-        return StateCapacity(plan.admissible, plan.slots - 1)
-
-    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
-        return pool_bytes_for(self.state_spec, self._element_size, max_seqs, num_tokens)
-
-    def new_state(self) -> PooledState:
-        if self.pool is None:  # not configured (tests, tools): a pool that grows on demand
-            self.pool = StatePool.growable_pool(self.state_spec, self.dtype, self.device, views=self._views)
-        return self.pool.new_state()
-
-    def state_bytes(self, num_tokens: int) -> int:
-        return self.state_spec.state_bytes(num_tokens, self._element_size)
-
-    # --- compute --------------------------------------------------------------------------------
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm; every state advances by its sequence's tokens."""
-        states: list[PooledState] = batch.states  # type: ignore[assignment]
-        pool = states[0].pool
-        if any(s.pool is not pool for s in states):
-            raise ValueError("every state of a batch must come from the same state pool")
-        starts = [s.num_tokens for s in states]
-        for state, n in zip(states, batch.seq_lens, strict=True):
-            pool.reserve(state, state.num_tokens + n)
-        if all(n == 1 for n in batch.seq_lens):
-            host = self._decode_step(states, pool, None, len(states))
-            step = DecodeStep(batch.input_ids, batch.positions, batch.upload(host.slots),
-                              {r: batch.upload(t) for r, t in host.page_tables.items()})
-            hidden = self._decode(step, pool)
-        else:
-            hidden = self._ragged(batch, states, starts, pool)
-        for state, n in zip(states, batch.seq_lens, strict=True):
-            state.num_tokens += n
-        return hidden
-
-    def _ragged(self, batch: ForwardBatch, states: list[PooledState], starts: list[int], pool: StatePool
+    def _ragged(self, batch: ForwardBatch, layout: RaggedLayout, states: list[PooledState], pool: StatePool
                 ) -> torch.Tensor:
-        layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
-        slots = [s.slot for s in states]
-        assert all(s is not None for s in slots)
-        page = pool.spec.page_size
-
-        def entries(r: int) -> torch.Tensor:
-            width = max(1, max(len(s.pages.get(r, ())) for s in states))
-            return entry_rows(batch.upload(pool.page_table(states, r, width)), page)
-
-        layout.entry_rows = BuiltOnUse(entries)
-        positions = batch.positions
-        layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, positions, pool.spec.window, r,  # type: ignore[arg-type]
-                                                              pool.entry_base(r) if r else 0, batch.upload))
-        step = RaggedStep(positions, layout, states, Published())
+        step = RaggedStep(batch.positions, layout, states, Published())
         views: Views = pool.views
         lookback = None
         if views.history is not None:
-            seq_info = batch.upload(torch.tensor([slots, starts], dtype=torch.int64))[:, layout.seq_ids]
-            lookback = engram_lookback(self.token_map[batch.input_ids], positions, seq_info[1],
+            slots = [s.slot for s in states]
+            seq_info = batch.upload(torch.tensor([slots, layout.starts], dtype=torch.int64))[:, layout.seq_ids]
+            lookback = engram_lookback(self.token_map[batch.input_ids], batch.positions, seq_info[1],
                                        views.history[seq_info[0]], self.pad_id)
             last = torch.tensor([o + n - 1 for o, n in zip(layout.offsets, layout.lens, strict=True)])
             views.history.index_copy_(0, batch.upload(torch.tensor(slots, dtype=torch.int64)),
                                       history_after(lookback, batch.upload(last)))
-        return self._run(batch.input_ids, lookback, lambda attn, x, i: attn(x, step, views.layers[i]))
 
-    def decode_inputs(self, states: list[PooledState], input_ids: list[int], bucket: int,
-                      max_tokens: int) -> dict[str, torch.Tensor]:
-        """Host tensors of a decode step padded to ``bucket`` rows (page tables wide enough for ``max_tokens``
-        tokens), for :meth:`decode_forward` on static buffers.  Reserves the states' pages and advances them."""
-        pool = self.pool
-        assert pool is not None
-        for state in states:
-            if state.pool is not pool:
-                raise ValueError("decode_inputs: a state is not from the model's configured pool")
-            pool.reserve(state, state.num_tokens + 1)
-        step = self._decode_step(states, pool, max_tokens, bucket, input_ids)
-        for state in states:
-            state.num_tokens += 1
-        return step.tensors()
+        def attend(attn: Attention, x: torch.Tensor, i: int) -> torch.Tensor:
+            return attn(x, step, views.layers[i])
 
-    def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Hidden states [B, hidden] of a decode step from :meth:`decode_inputs`'s tensors on the device."""
-        assert self.pool is not None
-        return self._decode(DecodeStep.from_tensors(tensors), self.pool)
+        cut = None
+        if self.decoder_keep is not None:
+            cut = decoder_rows(batch, layout, states, pool, self.decoder_keep)
+        if cut is None:
+            return self._run(batch.input_ids, lookback, attend)
+        return self._run_truncated(batch.input_ids, lookback, attend, step, cut, views)
 
-    @staticmethod
-    def _decode_step(states: list[PooledState], pool: StatePool, max_tokens: int | None, rows: int,
-                     input_ids: list[int] | None = None) -> DecodeStep:
-        """Host-side :class:`DecodeStep` for ``states`` padded to ``rows``, from one Python list."""
-        n, pad = len(states), rows - len(states)
-        values = (list(input_ids) if input_ids is not None else [0] * n) + [0] * pad
-        values += [s.num_tokens for s in states] + [0] * pad
-        values += [s.slot or 0 for s in states] + [0] * pad
-        widths = {}
-        for r in pool.ratios:
-            width = pool.spec.pages_for(max_tokens, r) if max_tokens is not None else \
-                max(len(s.pages.get(r, ())) for s in states)
-            widths[r] = width = max(1, width)
-            values += padded_pages(states, r, width) + [0] * (width * pad)
-        flat = torch.tensor(values, dtype=torch.int64)
-        ids, positions, slots = flat[:rows], flat[rows : 2 * rows], flat[2 * rows : 3 * rows]
-        tables, offset = {}, 3 * rows
-        for r, width in widths.items():
-            tables[r] = flat[offset : offset + rows * width].view(rows, width)
-            offset += rows * width
-        return DecodeStep(ids, positions, slots, tables)
+    def _run_truncated(self, input_ids: torch.Tensor, lookback: torch.Tensor | None, attend: Attend,
+                       step: RaggedStep, cut: DecoderRows, views: Views) -> torch.Tensor:
+        """:meth:`_run` with the decoder on ``cut``'s rows only; the other rows' hidden states are zeros."""
+        assert self.decoder_layer is not None
+        streams, pre = self._embed(input_ids)
+        for i, layer in enumerate(self.layers[: self.decoder_layer]):
+            streams, pre = layer(streams, pre, input_ids, lookback, attend, i)
+        split = self.layers[self.decoder_layer]
+        site = split.attention_input(streams, pre, lookback)
+        split.attn.compress(site.x, step, views.layers[self.decoder_layer])  # the global KV of every row
+        hidden = torch.zeros(input_ids.shape[0], site.x.shape[1], dtype=site.x.dtype, device=site.x.device)
+        if not cut.states:  # no row of this step is kept (an early chunk of a long prompt)
+            return hidden
+        rows, kept = cut.rows, RaggedStep(cut.positions, cut.layout, cut.states, Published(), precompressed=True)
+
+        def attend_kept(attn: Attention, x: torch.Tensor, i: int) -> torch.Tensor:
+            return attn(x, kept, views.layers[i])
+
+        input_ids, lookback = input_ids[rows], (lookback[rows] if lookback is not None else None)
+        streams, pre = split.finish(site.rows(rows), input_ids, attend_kept, self.decoder_layer)
+        for i, layer in enumerate(self.layers[self.decoder_layer + 1 :], self.decoder_layer + 1):
+            streams, pre = layer(streams, pre, input_ids, lookback, attend_kept, i)
+        return hidden.index_copy_(0, rows, self._final(streams, pre))
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
         spec, views = pool.spec, pool.views
@@ -242,13 +204,17 @@ class DeepseekV41ForCausalLM:
         return self._run(step.input_ids, lookback, attend)
 
     def _run(self, input_ids: torch.Tensor, lookback: torch.Tensor | None, attend: Attend) -> torch.Tensor:
-        cfg, ops = self.config, self.ops
-        x = ops.embedding(input_ids, self.embed)
-        streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
-        pre = self.first_pre.expand(x.shape[0], -1)
+        streams, pre = self._embed(input_ids)
         for i, layer in enumerate(self.layers):
             streams, pre = layer(streams, pre, input_ids, lookback, attend, i)
-        return ops.rms_norm(ops.hc_collapse(streams, pre), self.norm, cfg.rms_norm_eps)
+        return self._final(streams, pre)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(hidden, self.head).float()
+    def _embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedding copied into every stream, and the first site's one-hot pre."""
+        x = self.ops.embedding(input_ids, self.embed)
+        return x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous(), self.first_pre.expand(x.shape[0], -1)
+
+    def _final(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """The streams collapsed with the last site's pre, normalised: the hidden states."""
+        return self.ops.rms_norm(self.ops.hc_collapse(streams, pre), self.norm, self.config.rms_norm_eps)
+

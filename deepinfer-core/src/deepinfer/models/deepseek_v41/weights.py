@@ -74,7 +74,8 @@ def expected_shapes(cfg: DeepseekV41Config) -> dict[str, tuple[int, ...]]:
 
 
 def _mlp(shapes: dict[str, tuple[int, ...]], prefix: str, d: int, inter: int) -> None:
-    shapes.update({f"{prefix}w1.weight": (inter, d), f"{prefix}w3.weight": (inter, d), f"{prefix}w2.weight": (d, inter)})
+    shapes.update({f"{prefix}w1.weight": (inter, d), f"{prefix}w3.weight": (inter, d)})
+    shapes[f"{prefix}w2.weight"] = (d, inter)
 
 
 # --- reading ------------------------------------------------------------------------------------------------
