@@ -70,7 +70,11 @@ def decoder_rows(batch: ForwardBatch, layout: RaggedLayout, states: list[PooledS
         return None
     floors = [max(0, needed + 1 - keep) for needed in batch.needed_from]
     firsts = [max(start, floor) for start, floor in zip(layout.starts, floors, strict=True)]
-    if firsts == layout.starts:
+    window = pool.spec.window
+    # a sequence needs the cut if it drops rows, or if its window reaches below its floor (rows the decoder of
+    # an earlier chunk never wrote): a later chunk of a truncated prompt, or a short prompt
+    if not any(first > start or 0 < floor and start - window + 1 < floor
+               for first, start, floor in zip(firsts, layout.starts, floors, strict=True)):
         return None
     kept = [i for i, (first, start, n) in enumerate(zip(firsts, layout.starts, layout.lens, strict=True))
             if first < start + n]
