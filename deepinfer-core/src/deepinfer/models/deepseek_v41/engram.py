@@ -1,0 +1,55 @@
+"""The Engram module of a V4.1 layer (spec §9.5): look up the token's n-gram rows, project them to a key per
+stream and one value, and add the value to each stream gated by how well the stream matches its key.
+
+It runs at the start of its layer, before the attention site's mHC mixes: its output replaces the streams.
+Hash ids come from :mod:`.engram_hash` (``ops.engram_hash`` on the look-back rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Columns per ue8m0 scale of an FP8 table row.
+TABLE_SCALE_BLOCK = 32
+
+
+@dataclass(slots=True)
+class EngramWeights:
+    """``layers.N.engram.*`` of one layer."""
+
+    table: torch.Tensor  # embed.weight [rows, head_dim]: float, or float8_e4m3fn with table_scale
+    table_scale: torch.Tensor | None  # embed.scale [rows, head_dim / 32] e8m0 (uint8 or float8_e8m0fnu) or fp32
+    wkv: torch.Tensor  # [(S + 1) * D, C * head_dim]: S keys (one per stream), then the value
+    q_weight: torch.Tensor  # [S, D]
+    k_weight: torch.Tensor  # [S, D]
+
+
+def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor) -> torch.Tensor:
+    """[T, C * head_dim] in ``wkv``'s dtype: the table rows of ``hash_ids`` [T, C], concatenated.
+
+    An FP8 table is dequantized after the gather with its per-32-column scales (``fp8 * scale`` in fp32); a
+    float table's ``scale`` tensor is ignored, as the reference does."""
+    flat = hash_ids.reshape(-1)
+    rows = ops.embedding(flat, weights.table)
+    if rows.dtype == torch.float8_e4m3fn:
+        if weights.table_scale is None:
+            raise ValueError("an FP8 Engram table needs its embed.scale tensor")
+        scales = ops.embedding(flat, weights.table_scale)
+        rows = ops.dequant_fp8_block(rows, scales, 1, TABLE_SCALE_BLOCK, weights.wkv.dtype)
+    return rows.to(weights.wkv.dtype).view(hash_ids.shape[0], -1)
+
+
+def engram(ops: Any, weights: EngramWeights, streams: torch.Tensor, hash_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """The streams after the Engram module.
+
+    streams: [T, S, D] (model dtype); hash_ids: [T, C] int64 table rows of this layer; eps: ``rms_norm_eps``.
+    ``wkv`` of the looked-up rows gives S keys and one value per token; ``ops.engram_gate`` does the rest.
+    Returns [T, S, D] in streams' dtype.
+    """
+    kv = ops.linear(engram_embed(ops, weights, hash_ids), weights.wkv)
+    tokens, n_streams, dim = streams.shape
+    key = kv[:, : n_streams * dim].view(tokens, n_streams, dim)
+    return ops.engram_gate(streams, key, kv[:, n_streams * dim :], weights.q_weight, weights.k_weight, eps)
