@@ -1,44 +1,78 @@
-"""The Engram block (V4.1 layers ``engram_layer_ids``): a hashed n-gram memory gated into the residual streams.
+"""The Engram module of a V4.1 layer (spec §9.5): look up the token's n-gram rows, project them to a key per
+stream and one value, and add the value to each stream gated by how well the stream matches its key.
 
-Each token's n-grams of compressed ids (sizes 2..N, ``n_heads`` hashes each) select rows of the layer's table;
-the rows are projected by ``wkv`` to one key per stream and a shared value, and each stream takes the value
-through a gate of how well it matches its key (``ops.engram_gate``).  It runs at the start of its layer, before
-the attention site's mHC mixing.
+It runs at the start of its layer, before the attention site's mHC mixes: its output replaces the streams.
+Hash ids come from :mod:`.engram_hash` (``ops.engram_hash`` on the look-back rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout
-from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
+
+#: Columns per ue8m0 scale of an FP8 table row.
+TABLE_SCALE_BLOCK = 32
+
+
+@dataclass(slots=True)
+class EngramWeights:
+    """``layers.N.engram.*`` of one layer."""
+
+    table: torch.Tensor  # embed.weight [rows, head_dim]: float, or float8_e4m3fn with table_scale
+    table_scale: torch.Tensor | None  # embed.scale [rows, head_dim / 32] e8m0 (uint8 or float8_e8m0fnu) or fp32
+    wkv: torch.Tensor  # [(S + 1) * D, C * head_dim]: S keys (one per stream), then the value
+    q_weight: torch.Tensor  # [S, D]
+    k_weight: torch.Tensor  # [S, D]
+
+
+def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor) -> torch.Tensor:
+    """[T, C * head_dim] in ``wkv``'s dtype: the table rows of ``hash_ids`` [T, C], concatenated.
+
+    An FP8 table is dequantized after the gather with its per-32-column scales (``fp8 * scale`` in fp32); a
+    float table's ``scale`` tensor is ignored, as the reference does."""
+    flat = hash_ids.reshape(-1)
+    rows = ops.embedding(flat, weights.table)
+    if rows.dtype == torch.float8_e4m3fn:
+        if weights.table_scale is None:
+            raise ValueError("an FP8 Engram table needs its embed.scale tensor")
+        scales = ops.embedding(flat, weights.table_scale)
+        rows = ops.dequant_fp8_block(rows, scales, 1, TABLE_SCALE_BLOCK, weights.wkv.dtype)
+    return rows.to(weights.wkv.dtype).view(hash_ids.shape[0], -1)
+
+
+def engram(ops: Any, weights: EngramWeights, streams: torch.Tensor, hash_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """The streams after the Engram module.
+
+    streams: [T, S, D] (model dtype); hash_ids: [T, C] int64 table rows of this layer; eps: ``rms_norm_eps``.
+    ``wkv`` of the looked-up rows gives S keys and one value per token; ``ops.engram_gate`` does the rest.
+    Returns [T, S, D] in streams' dtype.
+    """
+    kv = ops.linear(engram_embed(ops, weights, hash_ids), weights.wkv)
+    tokens, n_streams, dim = streams.shape
+    key = kv[:, : n_streams * dim].view(tokens, n_streams, dim)
+    return ops.engram_gate(streams, key, kv[:, n_streams * dim :], weights.q_weight, weights.k_weight, eps)
 
 
 class Engram:
-    def __init__(self, ops: OpTable, layout: EngramLayout, index: int, get: Callable[[str], torch.Tensor],
+    """One Engram layer of the model: its weights and hash layout; ``engram(streams, lookback)``."""
+
+    def __init__(self, ops: Any, layout: EngramLayout, index: int, get: Callable[[str], torch.Tensor],
                  stored: Callable[[str], torch.Tensor | QuantizedTensor], eps: float):
         p = f"layers.{layout.layer_ids[index]}.engram."
+        table = stored(p + "embed.weight")  # an FP8 table stays FP8: rows are dequantized as they are gathered
+        quantized = isinstance(table, QuantizedTensor)
+        self.weights = EngramWeights(table.data if quantized else table, table.scale if quantized else None,
+                                     get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight"))
         self.ops, self.eps = ops, eps
-        self.table = stored(p + "embed.weight")  # may stay FP8: rows are dequantized as they are gathered
-        self.wkv, self.q_weight, self.k_weight = get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight")
-        device = self.wkv.device
-        self.multipliers, self.primes, self.offsets = layout.hash_tensors(index, device)
-
-    def rows(self, lookback: torch.Tensor) -> torch.Tensor:
-        """Table rows [T, C] of each token's n-grams; ``lookback`` [T, N] compressed ids."""
-        return self.ops.engram_hash(lookback, self.multipliers, self.primes, self.offsets)
+        self.hash = layout.hash_tensors(index, self.weights.wkv.device)
 
     def __call__(self, streams: torch.Tensor, lookback: torch.Tensor) -> torch.Tensor:
         """New streams [T, S, D] from ``streams`` and the tokens' look-back compressed ids [T, N]."""
-        rows = self.rows(lookback)
-        if isinstance(self.table, QuantizedTensor):
-            embedded = self.table.gather_rows(self.ops, rows, streams.dtype)
-        else:
-            embedded = self.ops.embedding(rows.flatten(), self.table).view(*rows.shape, -1)
-        kv = self.ops.linear(embedded.flatten(1).to(self.wkv.dtype), self.wkv)
-        tokens, n_streams, dim = streams.shape
-        key, value = kv[:, : n_streams * dim].view(tokens, n_streams, dim), kv[:, n_streams * dim :]
-        return self.ops.engram_gate(streams, key, value, self.q_weight, self.k_weight, self.eps)
+        rows = self.ops.engram_hash(lookback, *self.hash)
+        return engram(self.ops, self.weights, streams, rows, self.eps)

@@ -13,6 +13,7 @@ sequence history; :func:`history_after` reads the next history off them.  Tensor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,20 +68,21 @@ class EngramLayout:
         # transformers restarts its search per n-gram order but skips every prime used before, by any layer:
         # the buckets are simply the consecutive primes >= engram_vocab_size
         n_cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
-        primes, candidate = [], cfg.engram_vocab_size - 1
+        primes: list[tuple[int, ...]] = []
+        candidate = cfg.engram_vocab_size - 1
         for _ in cfg.engram_layer_ids:
-            layer = []
+            columns: list[int] = []
             for _ in range(n_cols):
                 candidate += 1
                 while not is_prime(candidate):
                     candidate += 1
-                layer.append(candidate)
-            primes.append(tuple(layer))
-        for layer_id, layer, rows in zip(cfg.engram_layer_ids, primes, cfg.engram_num_embeddings, strict=True):
-            if sum(layer) != rows:
+                columns.append(candidate)
+            primes.append(tuple(columns))
+        for layer_id, buckets, rows in zip(cfg.engram_layer_ids, primes, cfg.engram_num_embeddings, strict=True):
+            if sum(buckets) != rows:
                 raise ConfigError(f"engram_num_embeddings gives layer {layer_id} {rows} rows but its hash buckets "
-                                  f"need {sum(layer)} (primes from engram_vocab_size {cfg.engram_vocab_size})")
-        offsets = tuple(tuple(int(o) for o in np.cumsum((0, *layer[:-1]))) for layer in primes)
+                                  f"need {sum(buckets)} (primes from engram_vocab_size {cfg.engram_vocab_size})")
+        offsets = tuple(tuple(accumulate(buckets[:-1], initial=0)) for buckets in primes)
         bound = max(1, (2**63 - 1) // cfg.engram_compressed_vocab_size // 2)  # id * multiplier < 2^63
         multipliers = tuple(
             tuple(int(v) * 2 + 1 for v in np.random.default_rng(10007 * layer_id).integers(

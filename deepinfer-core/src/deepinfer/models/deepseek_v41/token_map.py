@@ -44,7 +44,8 @@ class CompressedTokenMap:
         normalize = _normalizer().normalize_str
         keys: dict[str, int] = {}
         ids = []
-        for token_id in range(backend.get_vocab_size(with_added_tokens=True)):
+        count = backend.get_vocab_size(with_added_tokens=True) if backend is tokenizer else len(tokenizer)
+        for token_id in range(count):
             text = backend.decode([token_id], skip_special_tokens=False)
             key = backend.id_to_token(token_id) if "\ufffd" in text else (normalize(text) or text)
             ids.append(keys.setdefault(key, len(keys)))
