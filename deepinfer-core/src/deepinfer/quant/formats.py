@@ -32,16 +32,6 @@ class QuantizedTensor:
             return ops.dequant_mxfp4(self.data, self.scale, dtype)
         raise ValueError(f"unknown quantized format {self.format!r}")
 
-    def gather_rows(self, ops: Any, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Rows ``rows`` (any shape of int64 ids) of a row-scaled FP8 table, dequantized: ``[*rows.shape, K]``
-        (an Engram table is gathered, never dequantized whole)."""
-        if self.format != FP8_BLOCK or self.block[0] != 1:
-            raise ValueError(f"gather_rows needs an FP8 table with one scale row per row, not {self.format} "
-                             f"blocks {self.block}")
-        flat = rows.flatten()
-        dense = ops.dequant_fp8_block(self.data[flat], self.scale[flat], 1, self.block[1], dtype)
-        return dense.view(*rows.shape, -1)
-
     def to(self, device: torch.device) -> QuantizedTensor:
         return QuantizedTensor(self.format, self.data.to(device), self.scale.to(device), self.shape, self.block)
 
