@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer import LLM
+from deepinfer import LLM, SamplingParams
 from tests.support.engine_checks import assert_same_output, mixed_params, ragged_prompts
 from tests.support.v4_fixtures import SMALL, build_engine_checkpoint
 from tests.support.v41_fixtures import FIXTURES
@@ -76,7 +76,7 @@ def test_prompt_logprobs_through_the_engine(llm):
     from tests.support.model_runs import run_chunked
 
     prompts = _ragged(llm)[:4]
-    outs = llm.generate(prompts, [mixed_params(1)[0]] * 4, use_tqdm=False)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
     for prompt, out in zip(prompts, outs, strict=True):
         direct = run_chunked(llm.engine.model, torch.tensor(prompt), len(prompt))
         got = torch.tensor([out.prompt_logprobs[i][t].logprob for i, t in enumerate(prompt) if i])

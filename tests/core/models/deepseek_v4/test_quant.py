@@ -12,11 +12,11 @@ from deepinfer.ops import OpTable
 from deepinfer.ops.quant import E2M1_VALUES
 from deepinfer.quant import FP8_BLOCK, MXFP4, quantize_fp8_block, quantize_mxfp4
 from tests.support.model_runs import assert_matches_hf, run_chunked
+from tests.support.quantized import quantize_checkpoint, v4_layout
 from tests.support.v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)
     SMALL,
     build_checkpoint,
     hf_logprobs,
-    quantize_checkpoint,
     random_tokens,
     single_thread,
 )
@@ -100,9 +100,10 @@ def test_quantized_checkpoint_matches_its_dequantized_model(tmp_path, expert_dty
     from transformers import DeepseekV4ForCausalLM
 
     source, _ = build_checkpoint(tmp_path / "source", SMALL, seed=7)
-    quantized_dir, dequantized_dir = quantize_checkpoint(
-        source, tmp_path, expert_dtype=expert_dtype, block=block, scale_format=scale_format
-    )
+    config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block),
+              "scale_fmt": scale_format, "expert_dtype": expert_dtype}
+    quantized_dir, dequantized_dir = quantize_checkpoint(source, tmp_path, v4_layout(expert_dtype, block),
+                                                         scale_format, config)
     tokens = random_tokens(60, SMALL["vocab_size"], seed=8)
     load = lambda path: load_model(path, ops=OPS, dtype=torch.float32, device=torch.device("cpu"))  # noqa: E731
     model = load(quantized_dir)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from deepinfer import envs
-from deepinfer.models.checkpoint import SafetensorsCheckpoint
+from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.models.deepseek_v41.config import ConfigError, DeepseekV41Config
 from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer.models.deepseek_v41.roles import FULL, REINDEX, REUSE, SWA, LayerRole
@@ -31,6 +31,9 @@ def load(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.de
     tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
     token_map = None
     if cfg.engram_layer_ids:
+        if not (Path(path) / "tokenizer.json").is_file():
+            raise CheckpointError(f"{path}: no tokenizer.json; V4.1's Engram layers {list(cfg.engram_layer_ids)} hash "
+                                  "token ids through a map derived from the checkpoint's own tokenizer")
         token_map = CompressedTokenMap.from_file(path, cfg.engram_compressed_vocab_size).lookup(
             cfg.vocab_size, cfg.engram_pad_id)
     return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device,

@@ -1,0 +1,98 @@
+"""V4.1 in its released weight format: dense FP8 e4m3 with ue8m0 block scales (32x32 for some tensors, 128x128
+for others: the block is read off each tensor's shapes), routed experts MXFP4 (32-element blocks, e8m0), Engram
+tables FP8 with one ue8m0 scale per 32 columns.  Built from the tiny_b fixture's weights, it must give the same
+logprobs as its dequantized twin, and layouts that fit no format are refused naming the tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from deepinfer.models import load_model
+from deepinfer.models.checkpoint import CheckpointError
+from deepinfer.ops import OpTable
+from deepinfer.quant import MXFP4
+from tests.support.model_runs import run_chunked
+from tests.support.quantized import quantize_checkpoint
+from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
+from tests.support.v41_fixtures import FIXTURES, references
+
+DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
+         ".shared_experts.")
+RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
+            "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+
+
+def released_layout(name: str, w: torch.Tensor):
+    """As released, except that odd layers' dense weights use 128x128 blocks (the per-tensor detection must find
+    both); expert weights whose K is not a multiple of 32 (tiny dims) are FP8."""
+    if not name.endswith(".weight"):
+        return None
+    if name.endswith("engram.embed.weight"):
+        return "fp8", (1, 32)
+    if ".ffn.experts." in name:
+        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
+    if any(p in name for p in DENSE):
+        return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
+    return None
+
+
+def _load(path):
+    return load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    target = tmp_path_factory.mktemp("released")
+    return quantize_checkpoint(FIXTURES / "tiny_b", target, released_layout, quantization_config=RELEASED)
+
+
+def test_released_format_matches_its_dequantized_twin(released):
+    quantized_dir, twin_dir = released
+    model = _load(quantized_dir)
+    stored = model.quantized
+    assert stored["layers.4.ffn.experts.1.w1.weight"].format == MXFP4
+    assert stored["layers.4.attn.wq_b.weight"].block == (32, 32)
+    assert stored["layers.5.attn.wq_b.weight"].block == (128, 128)
+    table = model.layers[2].engram.weights.table  # gathered by row, never dequantized whole
+    assert table.dtype == torch.float8_e4m3fn
+    tokens = references("tiny_b")[0].tokens
+    got = run_chunked(model, tokens, 37)
+    torch.testing.assert_close(got, run_chunked(_load(twin_dir), tokens, len(tokens)), atol=1e-5, rtol=0)
+    original = run_chunked(_load(FIXTURES / "tiny_b"), tokens, len(tokens))
+    assert float((got - original).abs().max()) > 1e-3  # the quantization really happened
+
+
+def _rewrite(source, target, change):
+    import shutil
+
+    shutil.copytree(source, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
+def test_a_scale_grid_that_fits_no_block_is_refused(released, tmp_path):
+    name = "layers.4.attn.wq_b.scale"
+
+    def change(t):
+        t[name] = t[name][:3].contiguous()  # 160x32 takes 5x1 scales in 32x32 blocks, 2x1 in 128x128: not 3x1
+
+    path = _rewrite(released[0], tmp_path / "bad", change)
+    with pytest.raises(CheckpointError, match=r"layers.4.attn.wq_b.weight: FP8 weight of shape \(160, 32\) with "
+                                              r"scales \(3, 1\)"):
+        _load(path)
+
+
+def test_mxfp4_scales_read_as_16_element_blocks_are_refused(released, tmp_path):
+    """A scale per 16 elements (NVFP4's block) must not be read as MXFP4: the shapes check names both."""
+    name = "layers.4.ffn.experts.1.w1.scale"
+
+    def change(t):
+        t[name] = t[name].repeat_interleave(2, dim=1).contiguous()
+
+    path = _rewrite(released[0], tmp_path / "bad", change)
+    with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.scale \(mxfp4 scales\): expected shape"):
+        _load(path)
