@@ -1,11 +1,11 @@
 """DEEPINFER_BATCH_INVARIANT=1: a request's logits do not depend on its batch (docs/reproducibility.md).
 
 Per op: every op with rows passes the conformance property on the CPU backend (any sub-batch's rows equal the
-whole batch's, bitwise), and each batch-invariant form still conforms to the plain reference.  Per model
-(tiny random V4): a needle sequence's logprobs are bitwise the same alone and among different neighbours, at
-different places in the batch, in decode steps shared with others, and however its prompt is chunked; the
-engine returns bitwise equal logprobs for it alone and in a chunked, mixed batch.  Negative control: with the
-flag off the same comparisons differ here (measured: MKL's one-row GEMV rounds differently from its GEMM).
+whole batch's, bitwise), and each batch-invariant form still conforms to the plain reference.  Per model (a tiny
+random V4, V4.1's tiny_b fixture): a needle sequence's logprobs are bitwise the same alone and among different
+neighbours, at different places in the batch, in decode steps shared with others, and however its prompt is
+chunked; the engine returns bitwise equal logprobs for it alone and in a chunked, mixed batch.  Negative control:
+with the flag off the same comparisons differ here (measured: MKL's one-row GEMV rounds differently from its GEMM).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.support.v4_fixtures import (  # noqa: F401
     random_tokens,
     single_thread,
 )
+from tests.support.v41_fixtures import FIXTURES
 
 FLAG = "DEEPINFER_BATCH_INVARIANT"
 
@@ -98,14 +99,16 @@ def test_undeclared_overrides_with_rows_fall_back_under_the_flag(monkeypatch):
 # Model: a needle sequence among varied batches
 # --------------------------------------------------------------------------------------------------
 
-VOCAB = 400  # the toy tokenizer's, so the engine test below can load the same checkpoint
+VOCAB = 384  # ids every model below has (the V4 checkpoint: its toy tokenizer's 400; V4.1's tiny_b: 384)
 NEEDLE = random_tokens(40, VOCAB, 1)
 OTHERS = [random_tokens(n, VOCAB, 50 + n) for n in (5, 23, 40, 9, 31)]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    directory, _ = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_bi"), SMALL, vocab_size=VOCAB)
+@pytest.fixture(scope="module", params=["deepseek_v4", "deepseek_v41"])
+def checkpoint(request, tmp_path_factory):
+    if request.param == "deepseek_v41":
+        return FIXTURES / "tiny_b"
+    directory, _ = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_bi"), SMALL, vocab_size=400)
     return directory
 
 

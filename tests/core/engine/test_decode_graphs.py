@@ -17,6 +17,7 @@ from deepinfer import LLM
 from deepinfer.backends import Backend
 from tests.support.engine_checks import assert_same_output, mixed_params, ragged_prompts
 from tests.support.v4_fixtures import SMALL, build_engine_checkpoint
+from tests.support.v41_fixtures import FIXTURES
 
 MAX_TOKENS = 16
 
@@ -38,8 +39,10 @@ class CapturingBackend(Backend):
         yield capture
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+@pytest.fixture(scope="module", params=["deepseek_v4", "deepseek_v41"])
+def checkpoint(request, tmp_path_factory):
+    if request.param == "deepseek_v41":
+        return FIXTURES / "tiny_b"
     directory, _ = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_graphs"), SMALL)
     return directory
 
