@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.models import load_model
+from deepinfer.ops import OpTable
 from tests.support.engine_checks import assert_same_output, mixed_params, ragged_prompts
+from tests.support.model_runs import run_chunked
 from tests.support.v4_fixtures import SMALL, build_engine_checkpoint
 from tests.support.v41_fixtures import FIXTURES
 
@@ -19,11 +22,14 @@ RAGGED_NEW = 10
 
 
 @pytest.fixture(scope="module", params=["deepseek_v4", "deepseek_v41"])
-def llm(request, tmp_path_factory):
+def path(request, tmp_path_factory):
     if request.param == "deepseek_v4":
-        path = build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_random"), SMALL)[0]
-    else:
-        path = FIXTURES / "tiny_b"
+        return build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_random"), SMALL)[0]
+    return FIXTURES / "tiny_b"
+
+
+@pytest.fixture(scope="module")
+def llm(path):
     return LLM(str(path), dtype="float32")
 
 
@@ -71,14 +77,13 @@ def test_live_state_never_exceeds_the_reserved_budget(llm):
     assert steps > len(RAGGED) and engine.num_preemptions > 0
 
 
-def test_prompt_logprobs_through_the_engine(llm):
+def test_prompt_logprobs_through_the_engine(llm, path):
     """Teacher-forced logprobs of a batch of prompts through ``generate`` equal the model fed directly."""
-    from tests.support.model_runs import run_chunked
-
+    model = load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
     prompts = _ragged(llm)[:4]
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
     for prompt, out in zip(prompts, outs, strict=True):
-        direct = run_chunked(llm.engine.model, torch.tensor(prompt), len(prompt))
+        direct = run_chunked(model, torch.tensor(prompt), len(prompt))
         got = torch.tensor([out.prompt_logprobs[i][t].logprob for i, t in enumerate(prompt) if i])
         want = direct[:-1].gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

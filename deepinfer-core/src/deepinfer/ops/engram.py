@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, batch_invariant_reference, reference_op
+from deepinfer.ops.row_tiles import in_row_tiles
 
 #: Floor of |dot| under the gate's square root (the reference's clamp value).
 GATE_DOT_FLOOR = 1e-6
@@ -81,3 +82,10 @@ def engram_gate(
     dot = (h * weight * k).sum(-1) * rstd * streams.shape[-1] ** -0.5
     gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(GATE_DOT_FLOOR).sqrt(), dot))
     return (h + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(streams.dtype)
+
+
+@batch_invariant_reference(engram_gate)
+def engram_gate_in_tiles(streams, key, value, q_weight, k_weight, eps):
+    """The gate on fixed tiles of 16 tokens: CPU reductions over D vectorise differently with the number of rows
+    (measured: a one-token step's gate differed from a 40-token step's in the last bit)."""
+    return in_row_tiles(engram_gate, (streams, key, value, q_weight, k_weight, eps), (0, 1, 2))

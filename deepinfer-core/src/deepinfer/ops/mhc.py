@@ -130,6 +130,13 @@ def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return (pre.float().unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
 
 
+@batch_invariant_reference(hc_collapse)
+def hc_collapse_in_tiles(streams, pre):
+    """The collapse on fixed tiles of 16 tokens: how the reduction over streams is vectorised depends on the
+    number of tokens."""
+    return in_row_tiles(hc_collapse, (streams, pre), (0, 1))
+
+
 def _hc_post_samples(dtype: torch.dtype, gen: torch.Generator):
     for rows, n, dim in [(3, 4, 64), (17, 4, 256)]:
         out = torch.randn(rows, dim, generator=gen).to(dtype)
