@@ -9,6 +9,7 @@ steps can be captured) or **growable** (tests and tools: slots and pages double 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -121,19 +122,34 @@ def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan 
     return PoolPlan(live + 1, pages_for(admissible), admissible, total(admissible))
 
 
-def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan:
-    """The pool for ``capacity`` bytes: at most ``max_seqs`` slots, fewer when their fixed cost (a slot and a
-    partly filled page per ratio each) would take more than half the budget; the rest holds pages."""
+def _try_plan(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan | None:
     slot_bytes, page_bytes = spec.byte_sizes(size)
     fixed = slot_bytes + sum(page_bytes.values())
     live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
-    plan = _plan_for(spec, size, live, capacity)
+    return _plan_for(spec, size, live, capacity)
+
+
+def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan:
+    """The pool for ``capacity`` bytes: at most ``max_seqs`` slots, fewer when their fixed cost (a slot and a
+    partly filled page per ratio each) would take more than half the budget; the rest holds pages."""
+    plan = _try_plan(spec, size, max_seqs, capacity)
     if plan is None:
-        least = 2 * slot_bytes + 3 * sum(page_bytes.values())
-        raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model "
-                         f"(more than {least} bytes: its slot and pages, and the pool's null slot and pages): "
-                         "raise state_cache_bytes")
+        raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model (its "
+                         "slot and pages, and the pool's null slot and pages): raise state_cache_bytes to at least "
+                         f"{min_pool_bytes(spec, size)}")
     return plan
+
+
+def _smallest(enough: Callable[[int], bool], start: int, per_mille: int) -> int:
+    """The smallest budget ``enough`` accepts, within ``per_mille`` thousandths (0: to the byte), searching up
+    from ``start``; the value returned is one ``enough`` accepted."""
+    lo, hi = 0, max(1, start)
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > max(1, hi * per_mille // 1000):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -> int:
@@ -142,19 +158,23 @@ def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -
     want = max_seqs * spec.state_elems(num_tokens) * size
 
     def enough(capacity: int) -> bool:
-        try:
-            plan = plan_pool(spec, size, max_seqs, capacity)
-        except ValueError:
-            return False
-        return plan.slots - 1 >= max_seqs and plan.admissible >= want
+        plan = _try_plan(spec, size, max_seqs, capacity)
+        return plan is not None and plan.slots - 1 >= max_seqs and plan.admissible >= want
 
-    lo, hi = 0, max(1, 2 * want)
-    while not enough(hi):
-        lo, hi = hi, 2 * hi
-    while hi - lo > max(1, hi // 1000):
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
-    return hi
+    return _smallest(enough, 2 * want, 1)
+
+
+def min_pool_bytes(spec: StateSpec, size: int) -> int:
+    """The smallest budget (to the byte, where the plan is monotone in the budget) that holds one sequence of
+    2 tokens, the shortest ``max_model_len``, whatever ``max_seqs`` asks for (more slots only lower what one
+    sequence may take): the least ``state_cache_bytes`` an engine accepts."""
+    want = spec.state_elems(2) * size
+
+    def enough(capacity: int) -> bool:
+        plan = _try_plan(spec, size, 1 << 31, capacity)
+        return plan is not None and plan.admissible >= want
+
+    return _smallest(enough, want, 0)
 
 
 def padded_pages(states: list[DeepseekV4State], ratio: int, width: int) -> list[int]:
@@ -278,11 +298,13 @@ class StatePool:
         if state.slot is None:
             return child
         self.reserve(child, state.num_tokens)
+        src_slot, dst_slot = state.slot, child.slot
+        assert dst_slot is not None  # reserve gave the child a slot
         for layer in self.layers:
-            layer.kv[self.ring_rows(child.slot)] = layer.kv[self.ring_rows(state.slot)]
+            layer.kv[self.ring_rows(dst_slot)] = layer.kv[self.ring_rows(src_slot)]
             for cache in (layer.compressor, layer.indexer):
                 for t in cache.tensors() if cache is not None else ():
-                    t[child.slot] = t[state.slot]
+                    t[dst_slot] = t[src_slot]
             if layer.ratio:
                 src, dst = self.page_rows(state, layer.ratio), self.page_rows(child, layer.ratio)
                 layer.kv[self.entry_base + dst] = layer.kv[self.entry_base + src]
@@ -320,7 +342,7 @@ class StatePool:
             raise ValueError("this state holds no tokens yet")
         ring = layer.kv[self.ring_rows(state.slot)].clone()
         entries = pending = keys = None
-        if layer.ratio:
+        if layer.compressor is not None:  # a compressed layer (ratio > 0)
             count = state.num_tokens // layer.ratio
             rows = self.page_rows(state, layer.ratio)[:count]
             entries = layer.kv[self.entry_base + rows].clone()
@@ -355,12 +377,13 @@ class StatePool:
         for i, old in enumerate(self.layers):
             new = LayerCache(self.spec, i, self.slots, self.pages, self.dtype, self.device)
             new.kv[: old_slots * window] = old.kv[: old_slots * window]
-            if old.ratio:
+            if old.compressor is not None and new.compressor is not None:  # a compressed layer (ratio > 0)
                 n = old_pages[old.ratio] * page
                 new.kv[self.entry_base : self.entry_base + n] = old.kv[old_base : old_base + n]
                 for a, b in zip(old.compressor.tensors(), new.compressor.tensors(), strict=True):
                     b[:old_slots] = a
-            if old.indexer is not None:
+            if old.indexer is not None and new.indexer is not None:  # CSA: indexer keys and carry-over too
+                assert old.index_keys is not None and new.index_keys is not None  # CSA layers have both
                 new.index_keys[: old.index_keys.shape[0]] = old.index_keys
                 for a, b in zip(old.indexer.tensors(), new.indexer.tensors(), strict=True):
                     b[:old_slots] = a
