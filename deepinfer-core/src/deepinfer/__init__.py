@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LLM": "deepinfer.engine.llm",
+    "EngineArgs": "deepinfer.engine.args",
     "SamplingParams": "deepinfer.sampling_params",
     "RequestOutput": "deepinfer.outputs",
     "CompletionOutput": "deepinfer.outputs",
@@ -22,6 +23,7 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
+    from deepinfer.engine.args import EngineArgs as EngineArgs
     from deepinfer.engine.llm import LLM as LLM
     from deepinfer.outputs import CompletionOutput as CompletionOutput
     from deepinfer.outputs import Logprob as Logprob
