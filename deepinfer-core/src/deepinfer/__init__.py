@@ -1,13 +1,16 @@
 """DeepInfer core: a hardware-agnostic inference engine for DeepSeek V4-family models.
 
 ``from deepinfer import LLM, SamplingParams``.  Importing the package is cheap: the engine (and torch)
-load on first use of these names, and no backend is selected until an ``LLM`` is built.
+load on first use of these names, and no backend is selected until an ``LLM`` is built.  It gives the
+``deepinfer`` logger its default handler (:mod:`deepinfer.logger`).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from deepinfer.logger import configure_logging
 
 __version__ = "0.1.0"
 
@@ -21,6 +24,8 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *_LAZY]
+
+configure_logging()
 
 if TYPE_CHECKING:
     from deepinfer.engine.args import EngineArgs as EngineArgs
