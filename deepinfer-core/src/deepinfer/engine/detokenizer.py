@@ -62,7 +62,7 @@ class IncrementalDetokenizer:
         if self._stream is not None:
             stream, backend = self._stream
             try:
-                return stream.step(backend, self._ids[-1])  # type: ignore[no-any-return]
+                return stream.step(backend, self._ids[-1])
             except Exception:  # noqa: BLE001 - the stream refused a merge that rewrote its prefix: decode in Python
                 self._stream = None
         before = self._decode(self._ids[: self._read])
