@@ -6,12 +6,12 @@
 
 With no model configured, DeepInfer uses the tiny DeepSeek-V4 checkpoint that ships in the package
 (a toy trained on simple stories; it exercises the full V4 architecture but knows little English).
+DeepInfer's one-line notices (which model, which backend) go to stderr; DEEPINFER_LOGGING_LEVEL=WARNING hides them.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 
 from deepinfer import LLM, SamplingParams
 
@@ -29,7 +29,6 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.8)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     llm = LLM(model=args.model, seed=0)
     # No per-request seed: each request draws its own from LLM(seed=0), so reruns reproduce.

@@ -1,7 +1,8 @@
 """DeepInfer core: a hardware-agnostic inference engine for DeepSeek V4-family models.
 
 ``from deepinfer import LLM, SamplingParams``.  Importing the package is cheap: the engine (and torch)
-load on first use of these names, and no backend is selected until an ``LLM`` is built.
+load on first use of these names, and no backend is selected until an ``LLM`` is built.  It gives the
+``deepinfer`` logger its default handler (:mod:`deepinfer.logger`).
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from deepinfer.logger import configure_logging
+
 __version__ = "0.1.0"
 
 _LAZY = {
     "LLM": "deepinfer.engine.llm",
+    "EngineArgs": "deepinfer.engine.args",
     "SamplingParams": "deepinfer.sampling_params",
     "RequestOutput": "deepinfer.outputs",
     "CompletionOutput": "deepinfer.outputs",
@@ -21,7 +25,10 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
+configure_logging()
+
 if TYPE_CHECKING:
+    from deepinfer.engine.args import EngineArgs as EngineArgs
     from deepinfer.engine.llm import LLM as LLM
     from deepinfer.outputs import CompletionOutput as CompletionOutput
     from deepinfer.outputs import Logprob as Logprob

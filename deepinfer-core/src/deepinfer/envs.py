@@ -1,15 +1,29 @@
 """Every ``DEEPINFER_*`` environment variable, read and validated in one place.
 
 Values are read when asked for (not at import), so a process may set them before building an LLM.
-Invalid values raise ``ValueError`` naming the variable and what it accepts.
+Invalid values raise ``ValueError`` naming the variable and what it accepts.  :func:`validate` (called when
+an ``LLM`` starts) reads every variable, so a bad value fails at start-up even when its feature is not used
+in this run, and warns about ``DEEPINFER_*`` names it does not know (a typo, or a variable of another
+version: a warning, not an error, because an environment outlives the version that set it up).
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
+from collections.abc import Callable
 
+logger = logging.getLogger(__name__)
+
+PREFIX = "DEEPINFER_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+def is_set(name: str) -> bool:
+    """Whether ``name`` is set to something other than blanks."""
+    return bool(os.environ.get(name, "").strip())
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -37,19 +51,39 @@ def _int(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name}={raw!r}: expected one of {choices}")
+    return value
+
+
 def accelerator() -> str | None:
     """``DEEPINFER_ACCELERATOR``: backend name (``nvidia``, ``ascend``, ``cpu`` or a third party's).
 
-    Unset or empty: the highest-priority usable installed backend is chosen and logged.
+    Unset or empty: the highest-priority usable installed backend is chosen and logged.  Whether the name is
+    installed and usable is checked when the backend is selected (the error lists what is installed).
     """
     raw = os.environ.get("DEEPINFER_ACCELERATOR", "").strip()
     return raw or None
 
 
 def hf_model_dir() -> str | None:
-    """``DEEPINFER_HF_MODEL_DIR``: local checkpoint directory used instead of downloading weights."""
+    """``DEEPINFER_HF_MODEL_DIR``: local checkpoint directory used instead of downloading weights.
+
+    What the directory holds is checked where it is used (``engine.model_source``); :func:`validate` checks
+    that it exists even when ``LLM(model=...)`` names another checkpoint.
+    """
     raw = os.environ.get("DEEPINFER_HF_MODEL_DIR", "").strip()
     return raw or None
+
+
+def _check_hf_model_dir() -> None:
+    raw = hf_model_dir()
+    if raw is not None and not os.path.isdir(os.path.expanduser(raw)):
+        raise ValueError(f"DEEPINFER_HF_MODEL_DIR={raw!r}: not an existing directory (a checkpoint directory with "
+                         "config.json, *.safetensors and the tokenizer files); unset it or fix the path")
 
 
 def enable_mtp_varlen() -> bool:
@@ -58,8 +92,8 @@ def enable_mtp_varlen() -> bool:
 
 
 def nextn_decode() -> int:
-    """``DEEPINFER_USE_NEXTN_DECODE``: maximum draft length per step (1..16, default 5)."""
-    return _int("DEEPINFER_USE_NEXTN_DECODE", 5, 1, 16)
+    """``DEEPINFER_USE_NEXTN_DECODE``: maximum draft length per step (0..16, default 5); 0 turns drafting off."""
+    return _int("DEEPINFER_USE_NEXTN_DECODE", 5, 0, 16)
 
 
 def batch_invariant() -> bool:
@@ -76,10 +110,7 @@ YOCO_TRUNCATION_MODES = ("none", "compact")
 
 def yoco_prefill_truncation_mode() -> str:
     """``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE``: ``none`` (default) or ``compact`` (V4.1 decoder truncation)."""
-    raw = os.environ.get("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "none").strip().lower() or "none"
-    if raw not in YOCO_TRUNCATION_MODES:
-        raise ValueError(f"DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE={raw!r}: expected one of {YOCO_TRUNCATION_MODES}")
-    return raw
+    return _choice("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "none", YOCO_TRUNCATION_MODES)
 
 
 def yoco_prefill_keep_tokens() -> int:
@@ -90,6 +121,34 @@ def yoco_prefill_keep_tokens() -> int:
     return _int("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", 140, 1, 1 << 30)
 
 
+LOGGING_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+                  "critical": logging.CRITICAL}
+
+
+def logging_level() -> int:
+    """``DEEPINFER_LOGGING_LEVEL``: level of the ``deepinfer`` logger (default ``INFO``; any case)."""
+    return LOGGING_LEVELS[_choice("DEEPINFER_LOGGING_LEVEL", "info", tuple(LOGGING_LEVELS))]
+
+
+def venv() -> str | None:
+    """``DEEPINFER_VENV``: the virtual environment ``build.sh`` creates or reuses (read by build.sh only)."""
+    return os.environ.get("DEEPINFER_VENV", "").strip() or None
+
+
+#: Every variable DeepInfer reads, and what :func:`validate` calls to check it (its reader, mostly).
+VARIABLES: dict[str, Callable[[], object]] = {
+    "DEEPINFER_ACCELERATOR": accelerator,
+    "DEEPINFER_HF_MODEL_DIR": _check_hf_model_dir,
+    "DEEPINFER_ENABLE_MTP_VARLEN": enable_mtp_varlen,
+    "DEEPINFER_USE_NEXTN_DECODE": nextn_decode,
+    "DEEPINFER_BATCH_INVARIANT": batch_invariant,
+    "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": yoco_prefill_truncation_mode,
+    "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": yoco_prefill_keep_tokens,
+    "DEEPINFER_LOGGING_LEVEL": logging_level,
+    "DEEPINFER_VENV": venv,
+}
+
+
 def check_consistency() -> None:
     """Reject combinations that cannot hold together; called at engine start-up."""
     if batch_invariant() and enable_mtp_varlen():
@@ -98,3 +157,22 @@ def check_consistency() -> None:
             "admits drafts by a batch-wide budget, so a request's tokens depend on its neighbours; set "
             "DEEPINFER_ENABLE_MTP_VARLEN=0 for batch-invariant (deterministic) runs"
         )
+
+
+def unknown_variables() -> dict[str, str | None]:
+    """Set ``DEEPINFER_*`` names DeepInfer does not read, each with the known name it most resembles (or None)."""
+    return {
+        name: next(iter(difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.8)), None)
+        for name in sorted(os.environ) if name.startswith(PREFIX) and name not in VARIABLES
+    }
+
+
+def validate() -> None:
+    """Read every variable (raising on the first invalid one), check combinations, warn about unknown names."""
+    for check in VARIABLES.values():
+        check()
+    check_consistency()
+    for name, close in unknown_variables().items():
+        hint = f"did you mean {close}? " if close else ""
+        logger.warning("%s is set but DeepInfer reads no such variable (%sknown: README's Configuration table); "
+                       "it has no effect", name, hint)

@@ -20,8 +20,9 @@ def test_defaults(monkeypatch):
     "var, value, pattern",
     [
         ("DEEPINFER_BATCH_INVARIANT", "maybe", "DEEPINFER_BATCH_INVARIANT='maybe': expected one of 1/0"),
-        ("DEEPINFER_USE_NEXTN_DECODE", "0", r"DEEPINFER_USE_NEXTN_DECODE=0: must be in \[1, 16\]"),
-        ("DEEPINFER_USE_NEXTN_DECODE", "five", r"expected an integer in \[1, 16\]"),
+        ("DEEPINFER_USE_NEXTN_DECODE", "17", r"DEEPINFER_USE_NEXTN_DECODE=17: must be in \[0, 16\]"),
+        ("DEEPINFER_USE_NEXTN_DECODE", "-1", r"DEEPINFER_USE_NEXTN_DECODE=-1: must be in \[0, 16\]"),
+        ("DEEPINFER_USE_NEXTN_DECODE", "five", r"expected an integer in \[0, 16\]"),
         ("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "loose", r"expected one of \('none', 'compact'\)"),
     ],
 )
@@ -43,3 +44,61 @@ def test_batch_invariance_conflicts_with_mtp_varlen(monkeypatch):
         envs.check_consistency()
     monkeypatch.setenv("DEEPINFER_ENABLE_MTP_VARLEN", "0")
     envs.check_consistency()
+
+
+def test_nextn_decode_zero_turns_drafting_off(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "0")
+    assert envs.nextn_decode() == 0
+
+
+GARBAGE = {
+    "DEEPINFER_ENABLE_MTP_VARLEN": ("perhaps", "DEEPINFER_ENABLE_MTP_VARLEN='perhaps': expected one of 1/0"),
+    "DEEPINFER_USE_NEXTN_DECODE": ("lots", r"DEEPINFER_USE_NEXTN_DECODE='lots': expected an integer in \[0, 16\]"),
+    "DEEPINFER_BATCH_INVARIANT": ("2", "DEEPINFER_BATCH_INVARIANT='2': expected one of 1/0"),
+    "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": ("full", "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE='full'"),
+    "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": ("0", r"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS=0: must be in \[1, "),
+    "DEEPINFER_LOGGING_LEVEL": ("LOUD", "DEEPINFER_LOGGING_LEVEL='LOUD': expected one of"),
+    "DEEPINFER_HF_MODEL_DIR": ("/no/such/checkpoint", "DEEPINFER_HF_MODEL_DIR='/no/such/checkpoint': not an existing"),
+}
+
+
+def test_every_variable_is_known_and_has_a_garbage_case():
+    assert set(GARBAGE) | {"DEEPINFER_ACCELERATOR", "DEEPINFER_VENV"} == set(envs.VARIABLES)
+
+
+@pytest.mark.parametrize("var", sorted(GARBAGE))
+def test_garbage_fails_at_start_up_whether_or_not_the_feature_is_used(monkeypatch, var):
+    from deepinfer import LLM
+    from tests.support.toy_model import ToyCausalLM, toy_tokenizer
+
+    value, pattern = GARBAGE[var]
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=pattern):
+        envs.validate()
+    tok = toy_tokenizer()
+    with pytest.raises(ValueError, match=pattern):  # e.g. no drafting in this engine, still refused
+        LLM.from_model(ToyCausalLM(len(tok)), tok)
+
+
+def test_logging_level_any_case(monkeypatch):
+    import logging
+
+    monkeypatch.delenv("DEEPINFER_LOGGING_LEVEL", raising=False)
+    assert envs.logging_level() == logging.INFO
+    monkeypatch.setenv("DEEPINFER_LOGGING_LEVEL", "debug")
+    assert envs.logging_level() == logging.DEBUG
+    monkeypatch.setenv("DEEPINFER_LOGGING_LEVEL", "WARNING")
+    assert envs.logging_level() == logging.WARNING
+
+
+def test_unknown_names_warn_with_the_closest_known_one(monkeypatch, caplog):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIENT", "1")
+    monkeypatch.setenv("DEEPINFER_SOMETHING_ELSE", "x")
+    with caplog.at_level("WARNING", logger="deepinfer.envs"):
+        envs.validate()
+    assert envs.unknown_variables().items() >= {"DEEPINFER_BATCH_INVARIENT": "DEEPINFER_BATCH_INVARIANT",
+                                                "DEEPINFER_SOMETHING_ELSE": None}.items()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("DEEPINFER_BATCH_INVARIENT is set" in m and "did you mean DEEPINFER_BATCH_INVARIANT?" in m
+               for m in messages)
+    assert any("DEEPINFER_SOMETHING_ELSE is set" in m and "did you mean" not in m for m in messages)

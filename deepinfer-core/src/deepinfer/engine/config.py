@@ -1,13 +1,16 @@
-"""Engine limits, resolved once when an ``LLM`` is built."""
+"""Engine limits, resolved once when an ``LLM`` is built.
+
+The user's settings, their defaults and checks live in :class:`~deepinfer.engine.args.EngineArgs`; this is what
+they become against the model and its state budget (``max_model_len`` fitted, ``max_num_seqs`` lowered to the
+slots the budget holds, the budget the pool actually admits), so it has no defaults of its own.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer.sampling_params import MAX_LOGPROBS
 
-
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class EngineConfig:
     """Limits the scheduler and request validation enforce."""
 
@@ -16,24 +19,16 @@ class EngineConfig:
     #: Bytes of model state (all sequences together) the state cache may hold.
     state_cache_bytes: int
     #: Most sequences in one step.
-    max_num_seqs: int = 256
+    max_num_seqs: int
     #: Most tokens in one step (prefill chunks + decodes).
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int
     #: Seeds the per-request seeds of unseeded requests.
-    seed: int = 0
+    seed: int
     #: Most top-k alternatives per position a request may ask for.
-    max_logprobs: int = MAX_LOGPROBS
+    max_logprobs: int
     #: Tokens that end a sequence with ``finish_reason="stop"`` unless ``ignore_eos``.
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...]
     #: Run every step eagerly (no captured decode graphs).
-    enforce_eager: bool = False
+    enforce_eager: bool
     #: Queue step N+1 before reading step N's tokens (they reach it on the device); see ``Engine.step``.
-    async_scheduling: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "state_cache_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {self.max_logprobs!r}")
+    async_scheduling: bool

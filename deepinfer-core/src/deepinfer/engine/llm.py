@@ -14,31 +14,27 @@ from typing import Any
 import torch
 
 from deepinfer import envs
+from deepinfer.backends.backend import Backend
+from deepinfer.engine.args import EngineArgs, resolve_dtype
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
+from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
+from deepinfer.models import load_model, read_model_config
 from deepinfer.models.base import CausalLM
 from deepinfer.outputs import RequestOutput
 from deepinfer.sample.sampler import TokenMaskProvider
-from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams
+from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16}
-
-
-def resolve_dtype(dtype: str | torch.dtype, checkpoint: Path | None) -> torch.dtype:
-    """``"auto"`` = the checkpoint's ``torch_dtype`` / ``dtype`` (bf16 if it names none)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        config = json.loads((checkpoint / "config.json").read_text()) if checkpoint else {}
-        dtype = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be 'auto', a torch dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
+#: Knobs of ``EngineArgs`` that only apply when ``LLM(...)`` loads a checkpoint, so ``from_model`` refuses them.
+_LOAD_ONLY = {
+    "model": "the model is already built (pass it as the first argument)",
+    "tokenizer": "pass the tokenizer object as the second argument",
+    "revision": "it picks a Hub revision when LLM(...) loads a checkpoint; the model is already built",
+    "dtype": "the model is already built in its dtype",
+}
 
 
 def _eos_token_ids(checkpoint: Path | None, model: CausalLM, tokenizer: Any) -> tuple[int, ...]:
@@ -55,35 +51,6 @@ def _eos_token_ids(checkpoint: Path | None, model: CausalLM, tokenizer: Any) -> 
     return ()
 
 
-#: Tokens per sequence the default state cache budget is sized for (``max_num_seqs`` of them); longer
-#: sequences still run, fewer at a time.
-DEFAULT_STATE_TOKENS = 8192
-
-
-def _fit_max_model_len(requested: int | None, model: CausalLM, budget: int) -> int:
-    """``requested`` if one sequence of it fits the state budget; else the largest length that does."""
-    model_max = getattr(getattr(model, "config", None), "max_position_embeddings", None) or (1 << 20)
-    if requested is not None:
-        if not isinstance(requested, int) or not 2 <= requested <= model_max:
-            raise ValueError(f"max_model_len must be an integer in [2, {model_max}] for this model, got {requested!r}")
-        if model.state_bytes(requested) > budget:
-            raise ValueError(f"max_model_len={requested} needs {model.state_bytes(requested)} bytes of state for one "
-                             f"sequence; the state cache budget is {budget} bytes: "
-                             "lower max_model_len or raise the budget")
-        return requested
-    if model.state_bytes(model_max) <= budget:
-        return model_max
-    lo, hi = 1, model_max  # state_bytes(lo) fits, state_bytes(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if model.state_bytes(mid) <= budget else (lo, mid)
-    if lo < 2:
-        raise ValueError(f"the state cache budget ({budget} bytes) cannot hold even a 2-token sequence")
-    logger.info("max_model_len set to %d (the most one sequence's state fits in %d bytes; the model allows %d)",
-                lo, budget, model_max)
-    return lo
-
-
 def _as_prompt_list(prompts: Any) -> list[Any]:
     """One prompt (text, token ids or dict) or a list of them -> a list of prompts."""
     if isinstance(prompts, (str, dict)):
@@ -98,95 +65,79 @@ def _as_prompt_list(prompts: Any) -> list[Any]:
 class LLM:
     """An offline DeepSeek-V4 engine.
 
-    Args:
-        model: local checkpoint directory, Hugging Face repo id, or ``None`` (``DEEPINFER_HF_MODEL_DIR``,
-            else the cached default, else the embedded tiny model; see ``deepinfer.engine.model_source``).
-        dtype: ``"auto"`` (the checkpoint's), a torch dtype or its name.
-        seed: seeds the per-request seeds of requests without ``SamplingParams.seed``.
-        max_model_len: longest prompt + output; default: the model's limit, lowered to what one
-            sequence's state fits in the state cache budget.
-        max_num_seqs / max_num_batched_tokens: per-step limits on sequences and tokens (chunked prefill).
-        enforce_eager: run decode steps eagerly instead of replaying captured graphs (debugging).
-        async_scheduling: queue each step before reading the previous one's tokens (default); False runs
-            steps strictly one after the other (debugging; outputs are the same).
-        state_cache_bytes: memory for all sequences' model state, allocated once; default: what
-            ``max_num_seqs`` sequences of ``min(max_model_len, 8192)`` tokens need, at most
-            ``memory_utilization`` times the device memory free after loading the weights.
+    ``LLM(model, **kwargs)``: ``model`` is a local checkpoint directory, a Hugging Face repo id, or ``None``
+    (``DEEPINFER_HF_MODEL_DIR``, else the cached default, else the embedded tiny model; see
+    ``deepinfer.engine.model_source``).  ``kwargs`` are the fields of :class:`~deepinfer.engine.args.EngineArgs`
+    (vLLM's names: ``dtype``, ``seed``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``gpu_memory_utilization``, ``max_logprobs``, ``enforce_eager``, ``async_scheduling``, ``tokenizer``,
+    ``revision``; and ``state_cache_bytes``).  Arguments and ``DEEPINFER_*`` variables are checked, and
+    ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 
-    def __init__(self, model: str | os.PathLike | None = None, *, tokenizer: str | os.PathLike | None = None,
-                 revision: str | None = None, dtype: str | torch.dtype = "auto", seed: int = 0,
-                 max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 state_cache_bytes: int | None = None, memory_utilization: float = 0.9,
-                 max_logprobs: int = MAX_LOGPROBS, enforce_eager: bool = False, async_scheduling: bool = True):
+    def __init__(self, model: str | os.PathLike[str] | None = None, **kwargs: Any):
         from deepinfer.backends import current_backend
         from deepinfer.ops import OpTable
 
-        envs.check_consistency()
-        if not 0 < memory_utilization <= 1:
-            raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization!r}")
-        source = resolve_model(model, revision)
+        args = EngineArgs.from_kwargs({"model": model, **kwargs})
+        envs.validate()
+        source = resolve_model(args.model, args.revision)
+        check_max_model_len(args.max_model_len, model_max_len(read_model_config(source.path)))
+        dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
         device = backend.device()
-        try:
-            from deepinfer.models import load_model
-        except ImportError as exc:
-            raise RuntimeError(f"this build of deepinfer has no model loader yet ({exc})") from exc
-        lm = load_model(source.path, ops=ops, dtype=resolve_dtype(dtype, source.path), device=device)
-        tok = load_tokenizer(tokenizer if tokenizer is not None else source.path)
-        if state_cache_bytes is None:
-            model_max = max_model_len or getattr(lm.config, "max_position_embeddings", None) or (1 << 20)
-            state_cache_bytes = min(int(memory_utilization * backend.memory_info(device)[0]),
-                                    lm.state_pool_bytes(max_num_seqs, min(model_max, DEFAULT_STATE_TOKENS)))
-        logger.info("model %s (%s) on %s; state cache %.1f MiB", source.path, source.origin, device,
-                    state_cache_bytes / 2**20)
-        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), seed=seed, max_model_len=max_model_len,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    state_cache_bytes=state_cache_bytes, max_logprobs=max_logprobs, backend=backend,
-                    enforce_eager=enforce_eager, async_scheduling=async_scheduling)
+        lm = load_model(source.path, ops=ops, dtype=dtype, device=device)
+        tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
+        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend)
+        config = self.engine.config
+        kernels = sorted(ops.overridden)
+        logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
+                    "max_model_len %d", source.path, source.origin, str(dtype).removeprefix("torch."), backend.name,
+                    device, f"its kernels for {', '.join(kernels)}, reference ops otherwise" if kernels
+                    else "reference ops", config.state_cache_bytes / 2**20, config.max_num_seqs, config.max_model_len)
 
     @classmethod
     def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
-                   state_cache_bytes: int = 1 << 30, token_masks: TokenMaskProvider | None = None,
-                   **limits: Any) -> LLM:
-        """An LLM over an already-built model (tests, custom loaders).  ``limits`` as in ``__init__``, plus
+                   token_masks: TokenMaskProvider | None = None, backend: Backend | None = None,
+                   **kwargs: Any) -> LLM:
+        """An LLM over an already-built model (tests, custom loaders).  ``kwargs``: the run-time fields of
+        :class:`~deepinfer.engine.args.EngineArgs` (not ``model``, ``tokenizer``, ``revision``, ``dtype``).
         ``backend``: the device services (graph capture, copies); default: the selected backend when it drives
         the model's device type, else the base class (plain copies, no graphs)."""
-        from deepinfer.backends import Backend, current_backend
+        from deepinfer.backends import current_backend
         from deepinfer.ops import OpTable
 
-        envs.check_consistency()
+        args = EngineArgs.from_kwargs(kwargs, caller="LLM.from_model", excluded=_LOAD_ONLY,
+                                      also=("ops", "eos_token_ids", "token_masks", "backend"))
+        envs.validate()
         self = cls.__new__(cls)
-        if limits.get("backend") is None:
+        if backend is None:
             try:
                 selected = current_backend()
             except Exception:  # noqa: BLE001 - an unusable DEEPINFER_ACCELERATOR: the model still runs
                 selected = None
             same = selected is not None and selected.device_type == torch.device(model.device).type
-            limits["backend"] = selected if same else Backend()
+            backend = selected if same and selected is not None else Backend()
         eos = tuple(eos_token_ids) if eos_token_ids is not None else _eos_token_ids(None, model, tokenizer)
-        self._setup(model, tokenizer, ops if ops is not None else OpTable(), eos, token_masks=token_masks,
-                    state_cache_bytes=state_cache_bytes, **limits)
+        self._setup(model, tokenizer, ops if ops is not None else OpTable(), eos, args, backend, token_masks)
         return self
 
-    def _setup(self, model: CausalLM, tokenizer: Any, ops: Any, eos: tuple[int, ...], *, seed: int = 0,
-               max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-               state_cache_bytes: int, max_logprobs: int = MAX_LOGPROBS,
-               token_masks: TokenMaskProvider | None = None, backend: Any = None,
-               enforce_eager: bool = False, async_scheduling: bool = True) -> None:
-        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        capacity = model.configure_state(max_num_seqs, state_cache_bytes)
-        if capacity.max_seqs < max_num_seqs:
+    def _setup(self, model: CausalLM, tokenizer: Any, ops: Any, eos: tuple[int, ...], args: EngineArgs,
+               backend: Backend, token_masks: TokenMaskProvider | None = None) -> None:
+        budget = args.state_cache_bytes
+        if budget is None:
+            budget = default_state_budget(args, model, backend, torch.device(model.device))
+        capacity = model.configure_state(args.max_num_seqs, budget)
+        if capacity.max_seqs < args.max_num_seqs:
             logger.info("max_num_seqs lowered to %d: the state cache budget holds that many sequence slots",
                         capacity.max_seqs)
         config = EngineConfig(
-            max_model_len=_fit_max_model_len(max_model_len, model, capacity.nbytes),
+            max_model_len=fit_max_model_len(args.max_model_len, model, capacity.nbytes),
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, seed=seed, max_logprobs=max_logprobs, eos_token_ids=eos,
-            enforce_eager=enforce_eager, async_scheduling=async_scheduling,
+            max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
+            eos_token_ids=eos, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         )
+        self.engine_args = args
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepinfer.kv.spec import StateSpec, ceil_div
@@ -42,20 +43,35 @@ def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan 
     return PoolPlan(live + 1, pages_for(admissible), admissible, total(admissible))
 
 
+def _try_plan(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan | None:
+    slot_bytes, page_bytes = spec.byte_sizes(size)
+    fixed = slot_bytes + sum(page_bytes.values())
+    live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
+    return _plan_for(spec, size, live, capacity)
+
+
 def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan:
     """The pool for ``capacity`` bytes at ``size`` bytes per element of the model's dtype: at most ``max_seqs``
     slots, fewer when their fixed cost (a slot and a partly filled page per ratio each) would take more than half
     the budget; the rest holds pages."""
-    slot_bytes, page_bytes = spec.byte_sizes(size)
-    fixed = slot_bytes + sum(page_bytes.values())
-    live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
-    plan = _plan_for(spec, size, live, capacity)
+    plan = _try_plan(spec, size, max_seqs, capacity)
     if plan is None:
-        least = 2 * slot_bytes + 3 * sum(page_bytes.values())
-        raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model "
-                         f"(more than {least} bytes: its slot and pages, and the pool's null slot and pages): "
-                         "raise state_cache_bytes")
+        raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model (its "
+                         "slot and pages, and the pool's null slot and pages): raise state_cache_bytes to at least "
+                         f"{min_pool_bytes(spec, size)}")
     return plan
+
+
+def _smallest(enough: Callable[[int], bool], start: int, per_mille: int) -> int:
+    """The smallest budget ``enough`` accepts, within ``per_mille`` thousandths (0: to the byte), searching up
+    from ``start``; the value returned is one ``enough`` accepted."""
+    lo, hi = 0, max(1, start)
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > max(1, hi * per_mille // 1000):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -> int:
@@ -64,16 +80,20 @@ def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -
     want = max_seqs * spec.state_bytes(num_tokens, size)
 
     def enough(capacity: int) -> bool:
-        try:
-            plan = plan_pool(spec, size, max_seqs, capacity)
-        except ValueError:
-            return False
-        return plan.slots - 1 >= max_seqs and plan.admissible >= want
+        plan = _try_plan(spec, size, max_seqs, capacity)
+        return plan is not None and plan.slots - 1 >= max_seqs and plan.admissible >= want
 
-    lo, hi = 0, max(1, 2 * want)
-    while not enough(hi):
-        lo, hi = hi, 2 * hi
-    while hi - lo > max(1, hi // 1000):
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
-    return hi
+    return _smallest(enough, 2 * want, 1)
+
+
+def min_pool_bytes(spec: StateSpec, size: int) -> int:
+    """The smallest budget (to the byte, where the plan is monotone in the budget) that holds one sequence of
+    2 tokens, the shortest ``max_model_len``, whatever ``max_seqs`` asks for (more slots only lower what one
+    sequence may take): the least ``state_cache_bytes`` an engine accepts."""
+    want = spec.state_bytes(2, size)
+
+    def enough(capacity: int) -> bool:
+        plan = _try_plan(spec, size, 1 << 31, capacity)
+        return plan is not None and plan.admissible >= want
+
+    return _smallest(enough, want, 0)

@@ -7,6 +7,13 @@ request through it, :func:`fill_token_bitmask` builds the step's CPU bitmask, an
 this for the engine (the sampler's ``TokenMaskProvider`` hook).  See ``docs/structured_output.md``.
 """
 
+try:  # a dependency of deepinfer-core; an environment that lost it gets a message naming the package
+    import xgrammar  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError("structured output (SamplingParams(so_args=...)) needs the 'xgrammar' package, a "
+                              "dependency of deepinfer-core that is missing here: pip install 'xgrammar>=0.1.25' "
+                              f"(or reinstall deepinfer-core) [{exc}]", name="xgrammar") from exc
+
 from deepinfer.structured.bitmask import allocate_token_bitmask, fill_draft_token_bitmask, fill_token_bitmask
 from deepinfer.structured.compiler import GrammarCompiler, grammar_compiler, xgrammar_message
 from deepinfer.structured.matcher import GrammarMatcher, bitmask_width, token_allowed

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deepinfer.kv.pool import StatePool
-from deepinfer.kv.sizing import plan_pool, pool_bytes_for
+from deepinfer.kv.sizing import min_pool_bytes, plan_pool, pool_bytes_for
 from deepinfer.models.deepseek_v4.config import CSA, HCA, SLIDING
 from deepinfer.models.deepseek_v4.state import layer_caches, state_spec
 
@@ -48,6 +48,18 @@ def test_small_budgets_limit_slots_and_tiny_ones_are_refused():
     assert plan_pool(SPEC, SIZE, 256, 200_000).slots - 1 < 256
     with pytest.raises(ValueError, match="cannot hold one sequence"):
         plan_pool(SPEC, SIZE, 256, 1_000)
+
+
+@pytest.mark.parametrize("max_seqs", [1, 3, 256])
+def test_the_least_budget_the_error_names_is_accepted(max_seqs):
+    with pytest.raises(ValueError, match=r"raise state_cache_bytes to at least (\d+)") as info:
+        plan_pool(SPEC, SIZE, max_seqs, 1_000)
+    least = int(str(info.value).rsplit(" ", 1)[1])
+    assert least == min_pool_bytes(SPEC, SIZE)
+    plan = plan_pool(SPEC, SIZE, max_seqs, least)
+    assert plan.nbytes <= least and plan.admissible >= _state_bytes(2)  # a 2-token sequence, the shortest limit
+    with pytest.raises(ValueError, match="cannot hold one sequence"):
+        plan_pool(SPEC, SIZE, max_seqs, least - 1)
 
 
 @pytest.mark.parametrize("seqs, tokens", [(1, 10), (4, 100), (16, 1000)])

@@ -1,0 +1,67 @@
+"""How long a sequence may be and how much memory the state cache takes, from the model and the engine args."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from deepinfer.engine.args import EngineArgs
+from deepinfer.models.base import CausalLM
+
+logger = logging.getLogger(__name__)
+
+#: Tokens per sequence the default state cache budget is sized for (``max_num_seqs`` of them); longer
+#: sequences still run, fewer at a time.
+DEFAULT_STATE_TOKENS = 8192
+#: The length limit of a model whose config names no ``max_position_embeddings``.
+_UNBOUNDED = 1 << 20
+
+
+def model_max_len(config: Any) -> int:
+    """``max_position_embeddings`` of a model config (the checkpoint's, read before the weights load, or a built
+    model's ``config``), else 2**20."""
+    return getattr(config, "max_position_embeddings", None) or _UNBOUNDED
+
+
+def check_max_model_len(requested: int | None, model_max: int) -> None:
+    """``requested`` (already checked to be None or an integer >= 2) must not exceed the model's limit."""
+    if requested is not None and requested > model_max:
+        raise ValueError(f"max_model_len must be an integer in [2, {model_max}] for this model (its "
+                         f"max_position_embeddings), got {requested}")
+
+
+def default_state_budget(args: EngineArgs, model: CausalLM, backend: Any, device: torch.device) -> int:
+    """What ``max_num_seqs`` sequences of ``min(max_model_len, 8192)`` tokens need, at most
+    ``gpu_memory_utilization`` of the memory the backend reports free (a backend that reports none: no cap)."""
+    tokens = min(args.max_model_len or model_max_len(getattr(model, "config", None)), DEFAULT_STATE_TOKENS)
+    want = model.state_pool_bytes(args.max_num_seqs, tokens)
+    try:
+        free = backend.memory_info(device)[0]
+    except NotImplementedError:
+        return want
+    return min(want, int(args.gpu_memory_utilization * free))
+
+
+def fit_max_model_len(requested: int | None, model: CausalLM, budget: int) -> int:
+    """``requested`` if one sequence of it fits the state budget; else the largest length that does."""
+    model_max = model_max_len(getattr(model, "config", None))
+    check_max_model_len(requested, model_max)
+    if requested is not None:
+        if model.state_bytes(requested) > budget:
+            raise ValueError(f"max_model_len={requested} needs {model.state_bytes(requested)} bytes of state for one "
+                             f"sequence; the state cache budget is {budget} bytes: "
+                             "lower max_model_len or raise the budget")
+        return requested
+    if model.state_bytes(model_max) <= budget:
+        return model_max
+    lo, hi = 1, model_max  # state_bytes(lo) fits, state_bytes(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if model.state_bytes(mid) <= budget else (lo, mid)
+    if lo < 2:
+        raise ValueError(f"the state cache budget ({budget} bytes) cannot hold even a 2-token sequence")
+    logger.info("max_model_len set to %d (the most one sequence's state fits in %d bytes; the model allows %d)",
+                lo, budget, model_max)
+    return lo
