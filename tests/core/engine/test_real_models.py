@@ -77,8 +77,9 @@ def test_live_state_never_exceeds_the_reserved_budget(llm):
     assert steps > len(RAGGED) and engine.num_preemptions > 0
 
 
-def test_prompt_logprobs_through_the_engine(llm, path):
+def test_prompt_logprobs_through_the_engine(path):
     """Teacher-forced logprobs of a batch of prompts through ``generate`` equal the model fed directly."""
+    llm = LLM(str(path), dtype="float32")  # its own: the tests above reconfigured the shared one's state pool
     model = load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
     prompts = _ragged(llm)[:4]
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
