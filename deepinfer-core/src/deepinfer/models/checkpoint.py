@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from deepinfer.models.checkpoint_files import CheckpointError
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
-
-class CheckpointError(ValueError):
-    """The checkpoint's files or tensors do not match what the model needs; the message names them."""
+__all__ = ["INDEX_FILE", "SINGLE_FILE", "CheckpointError", "SafetensorsCheckpoint"]
 
 
 class SafetensorsCheckpoint:
