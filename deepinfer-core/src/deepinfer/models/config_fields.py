@@ -205,11 +205,11 @@ class Fields:
                      hi: int | None = None) -> int | list[int] | None:
         """One integer or a list of them (token ids such as ``eos_token_id``), or ``default`` when absent; an
         explicit null reads as None."""
-        if name in self.raw and self.raw[name] is None:
-            return None
-        if isinstance(self.raw.get(name), list):
+        if name not in self.raw:
+            return default
+        if isinstance(self.raw[name], list):
             return list(self.integers(name, lo=lo, hi=hi))
-        return self.optional_integer(name, default, lo=lo, hi=hi) if name in self.raw else default
+        return self.optional_integer(name, lo=lo, hi=hi)
 
     def strings(self, name: str, default: Any = REQUIRED, *, lengths: Collection[int] | None = None,
                 choices: Collection[str] | None = None) -> tuple[str, ...]:
