@@ -18,6 +18,7 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.models.base import CausalLM
+from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -147,9 +148,9 @@ class LLM:
                     enforce_eager=enforce_eager, async_scheduling=async_scheduling)
 
     @classmethod
-    def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
-                   state_cache_bytes: int = 1 << 30, token_masks: TokenMaskProvider | None = None,
-                   **limits: Any) -> LLM:
+    def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Ops | None = None,
+                   eos_token_ids: Seq[int] | None = None, state_cache_bytes: int = 1 << 30,
+                   token_masks: TokenMaskProvider | None = None, **limits: Any) -> LLM:
         """An LLM over an already-built model (tests, custom loaders).  ``limits`` as in ``__init__``, plus
         ``backend``: the device services (graph capture, copies); default: the selected backend when it drives
         the model's device type, else the base class (plain copies, no graphs)."""
@@ -170,7 +171,7 @@ class LLM:
                     state_cache_bytes=state_cache_bytes, **limits)
         return self
 
-    def _setup(self, model: CausalLM, tokenizer: Any, ops: Any, eos: tuple[int, ...], *, seed: int = 0,
+    def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], *, seed: int = 0,
                max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                state_cache_bytes: int, max_logprobs: int = MAX_LOGPROBS,
                token_masks: TokenMaskProvider | None = None, backend: Any = None,

@@ -279,10 +279,10 @@ class StatePool:
             return child
         self.reserve(child, state.num_tokens)
         for layer in self.layers:
-            layer.kv[self.ring_rows(child.slot)] = layer.kv[self.ring_rows(state.slot)]
+            layer.kv[self.ring_rows(child.held_slot)] = layer.kv[self.ring_rows(state.slot)]
             for cache in (layer.compressor, layer.indexer):
                 for t in cache.tensors() if cache is not None else ():
-                    t[child.slot] = t[state.slot]
+                    t[child.held_slot] = t[state.slot]
             if layer.ratio:
                 src, dst = self.page_rows(state, layer.ratio), self.page_rows(child, layer.ratio)
                 layer.kv[self.entry_base + dst] = layer.kv[self.entry_base + src]
@@ -320,7 +320,7 @@ class StatePool:
             raise ValueError("this state holds no tokens yet")
         ring = layer.kv[self.ring_rows(state.slot)].clone()
         entries = pending = keys = None
-        if layer.ratio:
+        if layer.compressor is not None:  # a compressed layer
             count = state.num_tokens // layer.ratio
             rows = self.page_rows(state, layer.ratio)[:count]
             entries = layer.kv[self.entry_base + rows].clone()
@@ -355,12 +355,13 @@ class StatePool:
         for i, old in enumerate(self.layers):
             new = LayerCache(self.spec, i, self.slots, self.pages, self.dtype, self.device)
             new.kv[: old_slots * window] = old.kv[: old_slots * window]
-            if old.ratio:
+            if old.compressor is not None and new.compressor is not None:  # a compressed layer
                 n = old_pages[old.ratio] * page
                 new.kv[self.entry_base : self.entry_base + n] = old.kv[old_base : old_base + n]
                 for a, b in zip(old.compressor.tensors(), new.compressor.tensors(), strict=True):
                     b[:old_slots] = a
-            if old.indexer is not None:
+            if old.indexer is not None and new.indexer is not None:  # CSA: its indexer's too
+                assert old.index_keys is not None and new.index_keys is not None  # held with the indexer
                 new.index_keys[: old.index_keys.shape[0]] = old.index_keys
                 for a, b in zip(old.indexer.tensors(), new.indexer.tensors(), strict=True):
                     b[:old_slots] = a
