@@ -1,7 +1,7 @@
 """The op table: every registered op resolved, once, to a backend's override or core's reference.
 
-Models, the runner and the sampler take the table as ``ops: Ops`` (:mod:`deepinfer.ops.protocol`) and call
-``ops.rms_norm(x, weight, eps)``: a plain attribute of the table, no lookup on the hot path.
+Models, the runner and the sampler take the table as ``ops: Ops`` (:mod:`deepinfer.ops.protocol`; for mypy the
+table is one) and call ``ops.rms_norm(x, weight, eps)``: a plain attribute of the table, no lookup on the hot path.
 
 Building a table checks what the backend hands in: every override and coverage predicate takes exactly its
 reference's parameters (:mod:`deepinfer.ops.signature`), or the build fails naming the op and both signatures.
@@ -24,11 +24,16 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from deepinfer import envs
+from deepinfer.ops.protocol import Ops
 from deepinfer.ops.registry import OpDef, op_defs
 from deepinfer.ops.signature import check_call_shape
 
 if TYPE_CHECKING:
     from deepinfer.backends.backend import Backend
+
+    _Typed = Ops  # mypy sees the table as an Ops: ``table.rms_norm(...)`` is checked, ``table.rms_nrom`` an error
+else:
+    _Typed = object  # at run time the ops are instance attributes (see OpTable.__init__)
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +77,12 @@ def kernel_or_reference(
     return functools.update_wrapper(op, kernel)
 
 
-class OpTable:
+class OpTable(_Typed):
     """Resolved ops for one backend: ``table.rms_norm(x, w, eps)`` calls the override or the reference.
 
     ``batch_invariant`` (default: ``DEEPINFER_BATCH_INVARIANT``, read once here) selects each op's
     batch-invariant reference where the backend does not override it.  ``coverage`` maps overridden ops to
-    predicates (see the module docstring).
-
-    mypy sees ops through :class:`~deepinfer.ops.protocol.Ops` (which this table satisfies: ``__getattr__`` is its
-    type-level stand-in); annotate parameters ``ops: Ops`` to have every call checked.
+    predicates (see the module docstring).  For mypy the table derives from :class:`~deepinfer.ops.protocol.Ops`.
     """
 
     _impls: dict[str, Callable[..., Any]]
@@ -113,9 +115,11 @@ class OpTable:
             return overrides[d.name]
         return kernel_or_reference(d.name, overrides[d.name], coverage[d.name], reference, self.backend_name)
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        """Only reached for names that are no op (ops are instance attributes): say so."""
-        raise AttributeError(f"no op named {name!r}")
+    if not TYPE_CHECKING:  # hidden from mypy, which then reports a misspelt op instead of typing it as Any
+
+        def __getattr__(self, name: str) -> Callable[..., Any]:
+            """Only reached for names that are no op (ops are instance attributes): say so."""
+            raise AttributeError(f"no op named {name!r}")
 
     def source(self, name: str) -> str:
         """Who implements op ``name`` in this table: the backend's name or ``"reference"``."""
