@@ -5,6 +5,10 @@ Each predicate takes its op's arguments (the reference's signature, checked when
 shapes and plain arguments only: it runs before every call.  The kernels' ``prepare`` raise a ValueError for what
 these refuse (tools and tests call ``prepare`` directly).  No Triton import here: the declarations load and test
 without a GPU.
+
+The kernels' other ValueErrors are real errors and stay so: an unknown router scoring function (the reference
+refuses it too), windows whose shapes do not match (bad input), a split that is no multiple of its tile (a bug in
+``arch.py``).
 """
 
 from __future__ import annotations
