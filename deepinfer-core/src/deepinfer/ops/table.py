@@ -12,8 +12,8 @@ The backend declares that with a predicate per op (:meth:`Backend.op_coverage
 refuses, so an unsupported shape costs speed, never a failure.  A predicate rather than an exception the kernel
 raises: it is a declaration the conformance suite can read (it runs the uncovered samples and checks they got the
 reference), a real error inside a kernel still raises instead of being mistaken for "not covered", and the kernel
-is never entered for inputs it cannot take (no half-done launches).  Its price is one extra Python call per call
-of a partially covered op; ops without a predicate are bound to the kernel directly.
+is never entered for inputs it cannot take (no half-done launches).  Its price is two Python calls (the dispatcher
+and the predicate) per call of a partially covered op; ops without a predicate are bound to the kernel directly.
 """
 
 from __future__ import annotations
