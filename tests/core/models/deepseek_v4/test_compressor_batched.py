@@ -34,7 +34,7 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
     layout.entry_rows = {ratio: (pages[:, :, None] * PAGE + torch.arange(PAGE)).flatten(1)}
     positions = torch.cat([torch.arange(s, s + n) for s, n in CHUNKS])
     layout.plans = {ratio: PrefillPlan.build(layout, slots, positions, WINDOW, ratio, BASE, lambda t: t)}
-    states = [SimpleNamespace(slot=s) for s in slots]
+    states = [SimpleNamespace(slot=s, held_slot=s) for s in slots]  # as reserved states
     start_cache = CompressorCache(SLOTS, ratio, dim, overlap, torch.float32, torch.device("cpu"))
     start_cache.pending.normal_(generator=gen)
     if overlap:

@@ -16,7 +16,7 @@ from deepinfer.models.deepseek_v4.prefill_plan import WindowAssembly
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import CompressorCache
 from deepinfer.models.deepseek_v4.step import RatioPlan
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 #: A ragged step with more sequences than this assembles its windows in one batch (:meth:`_batched_windows`);
 #: below it the per-sequence path launches fewer kernels (~2-5 per sequence against ~10).
@@ -26,7 +26,7 @@ BATCHED_FROM = 3
 class Compressor:
     def __init__(
         self,
-        ops: OpTable,
+        ops: Ops,
         position_bias: torch.Tensor,
         norm_weight: torch.Tensor,
         *,
@@ -69,8 +69,9 @@ class Compressor:
         previous = None
         if self.overlap:  # series a (kv | gate) of each window's predecessor
             series_a = torch.cat([windows[..., :d], windows[..., w : w + d]], dim=-1)
-            previous = torch.cat([cache.overlap[slot][None], series_a[:-1]])
-            cache.overlap[slot] = series_a[-1]
+            overlap = _overlap(cache)
+            previous = torch.cat([overlap[slot][None], series_a[:-1]])
+            overlap[slot] = series_a[-1]
         return windows, previous
 
     def _batched_windows(self, proj: torch.Tensor, rows: WindowAssembly, cache: CompressorCache):
@@ -88,8 +89,9 @@ class Compressor:
         if self.overlap and windows.shape[0]:
             series_a = torch.cat([windows[..., :d], windows[..., w : w + d]], dim=-1)
             previous = series_a[rows.predecessor]
-            previous.index_copy_(0, rows.first, cache.overlap[rows.slots])
-            cache.overlap.index_copy_(0, rows.slots, series_a[rows.last])
+            overlap = _overlap(cache)
+            previous.index_copy_(0, rows.first, overlap[rows.slots])
+            overlap.index_copy_(0, rows.slots, series_a[rows.last])
         return windows, previous
 
     def __call__(self, proj: torch.Tensor, layout: RaggedLayout, states: list[DeepseekV4State],
@@ -98,18 +100,23 @@ class Compressor:
         their page rows of ``out`` (``kv_rows``: ``out`` is a layer's kv tensor, whose page 0 follows the rings).
         Where they go, their positions and predecessors come from the step's plan for the ratio."""
         plan = layout.plans[self.ratio]
+        # A compressed ratio's plan (the only kind a compressor gets) has its closed windows' tables.
+        assert plan.assembly is not None and plan.closed_positions is not None
+        windows: torch.Tensor | None
         if len(states) > BATCHED_FROM:
             windows, previous = self._batched_windows(proj, plan.assembly, cache)
         else:  # a few sequences (a prefill): fewer launches one by one
-            closed = [self._windows(proj[layout.rows(i)], cache, state.slot, layout.starts[i])
+            opened = [self._windows(proj[layout.rows(i)], cache, state.held_slot, layout.starts[i])
                       for i, state in enumerate(states)]
-            closed = [c for c in closed if c is not None]
+            closed = [c for c in opened if c is not None]
             windows = cat([w for w, _ in closed]) if closed else None
-            previous = cat([p for _, p in closed]) if closed and self.overlap else None
+            previous = cat([p for _, p in closed if p is not None]) if closed and self.overlap else None
         if plan.closed_positions.shape[0]:  # the step closes a window (the carry-over is updated either way)
+            rows = plan.closed_kv_rows if kv_rows else plan.closed_rows
+            assert windows is not None and rows is not None  # windows closed: the plan has their rows
             has_previous = plan.closed_has_previous if self.overlap else None
             entries = self._entries(windows, previous, has_previous, plan.closed_positions)
-            out.index_copy_(0, plan.closed_kv_rows if kv_rows else plan.closed_rows, entries)
+            out.index_copy_(0, rows, entries)
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
     def decode(self, proj: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, cache: CompressorCache,
@@ -122,11 +129,13 @@ class Compressor:
         window = cache.pending[slots]  # [B, r, 2 * width]
         previous = has_previous = None
         if self.overlap:
-            previous, has_previous = cache.overlap[slots], plan.has_previous  # [B, r, 2 * dim], [B]
+            overlap = _overlap(cache)
+            assert plan.overlap_slots is not None  # a CSA ratio's plan
+            previous, has_previous = overlap[slots], plan.has_previous  # [B, r, 2 * dim], [B]
             # a closing window's series a (kv | gate: a view of kv a|b, gate a|b) replaces its slot's; the
             # others write to the null slot 0 (``previous`` was read before)
             series_a = window.unflatten(-1, (2, 2, d))[..., 0, :]
-            cache.overlap.unflatten(-1, (2, d)).index_copy_(0, plan.overlap_slots, series_a)
+            overlap.unflatten(-1, (2, d)).index_copy_(0, plan.overlap_slots, series_a)
         # only closing windows become entries: the others are skipped (zeros, written to the unread page 0)
         entries = self._entries(window, previous, has_previous, plan.entry_positions, plan.closing)
         out.index_copy_(0, plan.entry_write, entries)
@@ -135,3 +144,9 @@ class Compressor:
 def cat(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat`` without the copy when there is one part (a one-sequence step: one kernel launch less)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _overlap(cache: CompressorCache) -> torch.Tensor:
+    """Series a of the last closed windows: an overlapping compressor's cache always holds it."""
+    assert cache.overlap is not None, "an overlapping compressor needs a cache with overlap"
+    return cache.overlap

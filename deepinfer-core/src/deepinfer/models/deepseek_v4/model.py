@@ -25,14 +25,14 @@ from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.state_pool import StatePool, StateSpec, entry_rows, padded_pages, pool_bytes_for
 from deepinfer.models.deepseek_v4.step import DecodePlan, DecodeStep
 from deepinfer.models.deepseek_v4.weights import V4Weights
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
 
 
 class HyperConnection:
     """One mHC site (``<prefix>_fn`` [(2+N)N, N*D], ``_base``, ``_scale`` [3], all fp32): weights and collapse."""
 
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, get: Callable[[str], torch.Tensor], prefix: str):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, get: Callable[[str], torch.Tensor], prefix: str):
         self.ops, self.cfg = ops, cfg
         self.fn, self.base, self.scale = get(prefix + "_fn"), get(prefix + "_base"), get(prefix + "_scale")
 
@@ -44,7 +44,7 @@ class HyperConnection:
 
 
 class DecoderLayer:
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
         self.attn_hc = HyperConnection(ops, cfg, get, p + "hc_attn")
@@ -73,7 +73,7 @@ class DeepseekV4ForCausalLM:
     """
 
     def __init__(
-        self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: OpTable, dtype: torch.dtype, device: torch.device
+        self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: Ops, dtype: torch.dtype, device: torch.device
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
@@ -119,6 +119,7 @@ class DeepseekV4ForCausalLM:
     # --- compute --------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm; every state advances by its sequence's tokens."""
+        # The engine passes back the states this model's new_state made (the contract types them as SequenceState).
         states: list[DeepseekV4State] = batch.states  # type: ignore[assignment]
         pool = states[0].pool
         if any(s.pool is not pool for s in states):
@@ -135,7 +136,7 @@ class DeepseekV4ForCausalLM:
             layout = RaggedLayout.build(batch.seq_lens, starts, batch.upload)
             layout.entry_rows = BuiltOnUse(lambda r: self._entry_rows(states, pool, r, batch.upload))
             positions = batch.positions
-            slots = [s.slot for s in states]
+            slots = [s.held_slot for s in states]
             layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, positions, pool.spec.window, r,
                                                                   pool.entry_base, batch.upload))
 
@@ -158,7 +159,7 @@ class DeepseekV4ForCausalLM:
                       max_tokens: int) -> dict[str, torch.Tensor]:
         """Host tensors of a decode step padded to ``bucket`` rows (page tables wide enough for ``max_tokens``
         tokens), for :meth:`decode_forward` on static buffers.  Reserves the states' pages and advances them."""
-        pool = self.pool
+        pool = self._configured_pool()
         for state in states:
             if state.pool is not pool:
                 raise ValueError("decode_inputs: a state is not from the model's configured pool")
@@ -171,7 +172,13 @@ class DeepseekV4ForCausalLM:
     def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """Hidden states [B, hidden] of a decode step from :meth:`decode_inputs`'s tensors on the device:
         fixed shapes and no host data, so it can be captured and replayed."""
-        return self._decode(DecodeStep.from_tensors(tensors), self.pool)
+        return self._decode(DecodeStep.from_tensors(tensors), self._configured_pool())
+
+    def _configured_pool(self) -> StatePool:
+        """The pool :meth:`configure_state` allocated: decode graphs run on its fixed tensors."""
+        if self.pool is None:
+            raise RuntimeError("decode_inputs / decode_forward need a state pool: call configure_state first")
+        return self.pool
 
     def _decode_step(self, states: list[DeepseekV4State], pool: StatePool, max_tokens: int | None, rows: int,
                      input_ids: list[int] | None = None) -> DecodeStep:
@@ -180,7 +187,7 @@ class DeepseekV4ForCausalLM:
         n, pad = len(states), rows - len(states)
         values = (list(input_ids) if input_ids is not None else [0] * n) + [0] * pad
         values += [s.num_tokens for s in states] + [0] * pad
-        values += [s.slot for s in states] + [0] * pad
+        values += [s.held_slot for s in states] + [0] * pad
         widths = {}
         for r in pool.ratios:
             width = pool.spec.pages_for(max_tokens, r) if max_tokens is not None else \

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import torch
 
 from deepinfer.models.deepseek_v4.config import HASH_MOE, DeepseekV4Config
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 class MoE:
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}.ffn."
         self.ops, self.cfg = ops, cfg
         self.is_hash = cfg.mlp_layer_types[layer] == HASH_MOE
@@ -40,7 +40,8 @@ class MoE:
                                 torch.ones((1, 1), dtype=torch.float32, device=shared_w2.device))
         self.w13 = torch.stack(w13)  # [E (+1), 2I, H]
         self.w2 = torch.stack(w2)  # [E (+1), H, I]
-        self.shared_w13, self.shared_w2 = (None, None) if self.shared_id is not None else (shared_w13, shared_w2)
+        #: (w13, w2) of a shared expert shaped unlike the routed ones, run as its own MLP; None: it is one of them
+        self.shared = None if self.shared_id is not None else (shared_w13, shared_w2)
 
     @staticmethod
     def _w13(get: Callable[[str], torch.Tensor], p: str) -> torch.Tensor:
@@ -48,16 +49,16 @@ class MoE:
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg
-        if self.is_hash:
+        if self.tid2eid is not None:  # hash routing
             ids = self.tid2eid[input_ids]
             weights = ops.moe_hash_router(x, self.gate, ids, cfg.routed_scaling_factor, cfg.scoring_func)
         else:
             weights, ids = ops.moe_router(
                 x, self.gate, self.bias, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func
             )
-        if self.shared_id is None:
+        if self.shared is not None:
             routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, cfg.swiglu_limit)
-            return routed + ops.swiglu_mlp(x, self.shared_w13, self.shared_w2, cfg.swiglu_limit)
+            return routed + ops.swiglu_mlp(x, *self.shared, cfg.swiglu_limit)
         shared_id, shared_weight = self.shared_slot
         ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
         weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)

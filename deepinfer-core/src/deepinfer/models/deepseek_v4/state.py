@@ -49,6 +49,13 @@ class DeepseekV4State:
     pages: dict[int, list[int]] = field(default_factory=dict)
     num_tokens: int = 0
 
+    @property
+    def held_slot(self) -> int:
+        """``slot`` of a state the pool has reserved (every state a forward or decode step sees)."""
+        if self.slot is None:
+            raise RuntimeError("this state holds no slot yet (StatePool.reserve gives it one)")
+        return self.slot
+
     def nbytes(self) -> int:
         return self.pool.nbytes_of(self)
 
