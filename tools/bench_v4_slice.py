@@ -395,7 +395,10 @@ def _profiled(step, name: str, directory: str) -> str:
     by_cpu = averages.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
     with open(os.path.join(directory, f"{name}.txt"), "w") as f:
         f.write("# sorted by self CUDA time\n" + by_cuda + "\n# sorted by total CPU time\n" + by_cpu)
-    count = lambda pred: sum(e.count for e in averages if pred(e.key))  # noqa: E731
+
+    def count(pred: Callable[[str], bool]) -> int:
+        return sum(e.count for e in averages if pred(e.key))
+
     launches = count(lambda k: k in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
     syncs = count(lambda k: k in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"))
     to_host = count(lambda k: k.startswith("Memcpy DtoH"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 
-from tests.support import v4_fixtures  # noqa: E402
+from tests.support import v4_fixtures  # noqa: E402 - importable only after the sys.path line above
 
 CONFIGS = {"small": v4_fixtures.SMALL, "released-rates": v4_fixtures.RELEASED_RATES}
 

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 kernel = moe.UP_KERNEL if c.kernel == "up" else moe.DOWN_KERNEL
                 launch = next(step for kk, step in plan.steps if kk is kernel)
                 us = _graph_time(lambda: launch.run(kernel, index), calls=3) * 1e6
-            except Exception as ex:  # noqa: BLE001
+            except Exception as ex:  # noqa: BLE001 - a candidate that fails is reported, not fatal
                 print(f"  {c.label()}: FAILED {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}")
                 continue
             row = {"tokens": tokens, **asdict(c), "default": idx < 2, "us": us,

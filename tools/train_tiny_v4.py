@@ -35,9 +35,9 @@ from pathlib import Path
 # On a shared 2-core machine, spinning OpenMP workers starve each other (3x slower); must precede torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
-from transformers import (  # noqa: E402
+import torch  # noqa: E402 - after OMP_WAIT_POLICY is set (see above)
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402 - as torch
+from transformers import (  # noqa: E402 - as torch
     DeepseekV4Config,
     DeepseekV4ForCausalLM,
     GenerationConfig,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.testing import check_op, conformance_params
+from deepinfer.testing import check_coverage, check_op, conformance_params, coverage_params
 from deepinfer_cuda.plugin import CudaBackend
 
 HAS_CUDA = torch.cuda.is_available()
@@ -29,6 +29,14 @@ def _conformance_cases():
 @pytest.mark.parametrize("op_name, dtype", _conformance_cases())
 def test_conformance(op_name, dtype):
     assert check_op(BACKEND, op_name, dtype) > 0
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("op_name, dtype", coverage_params(BACKEND) if HAS_CUDA else [])
+def test_shapes_a_kernel_does_not_cover_run_the_reference(op_name, dtype):
+    covered, uncovered = check_coverage(BACKEND, op_name, dtype)
+    assert covered > 0 and uncovered > 0
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """Kernels that override core's reference ops, by op name.  Imported only once the backend is chosen.
 
-Each value takes exactly the reference op's arguments (see deepinfer/ops/) and returns the same shapes
-and dtypes; ``tests/backend_cuda`` runs core's conformance suite on every entry.
+Each value takes exactly the reference op's arguments (see deepinfer/ops/; the op table checks names, kinds and
+defaults when it is built) and returns the same shapes and dtypes; ``tests/backend_cuda`` runs core's conformance
+suite on every entry.  Some kernels cover only some shapes: ``deepinfer_cuda.coverage`` declares which.
 """
 
 from __future__ import annotations

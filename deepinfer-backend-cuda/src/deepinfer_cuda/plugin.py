@@ -43,6 +43,11 @@ class CudaBackend(Backend):
 
         return OVERRIDES
 
+    def op_coverage(self) -> Mapping[str, Callable[..., bool]]:
+        from deepinfer_cuda.coverage import COVERAGE
+
+        return COVERAGE
+
     def memory_info(self, device: torch.device) -> tuple[int, int]:
         return torch.cuda.mem_get_info(device)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,17 +15,32 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "third_party_backend"
 
 
-@pytest.fixture(scope="module")
-def installed_example(tmp_path_factory) -> Path:
-    """pip-install the example into a private target dir (its entry point lands in a real .dist-info)."""
-    target = tmp_path_factory.mktemp("site")
+def _install(source: Path, target: Path) -> Path:
+    """pip-install ``source`` into a private target dir (its entry point lands in a real .dist-info)."""
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(EXAMPLE)],
+         "--target", str(target), str(source)],
         check=True, capture_output=True,
     )
     assert any(p.name.startswith("deepinfer_backend_example-") for p in target.iterdir())
     return target
+
+
+@pytest.fixture(scope="module")
+def installed_example(tmp_path_factory) -> Path:
+    return _install(EXAMPLE, tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(scope="module")
+def installed_wrong_signature(tmp_path_factory) -> Path:
+    """The example with one slip: its ``rms_norm`` names the reference's ``eps`` parameter ``epsilon``."""
+    source = tmp_path_factory.mktemp("wrong_example") / "example"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    plugin = source / "src" / "deepinfer_example_backend" / "plugin.py"
+    text = plugin.read_text()
+    assert "weight: torch.Tensor | None, eps: float)" in text, "the example's rms_norm changed: update this test"
+    plugin.write_text(re.sub(r"\beps\b", "epsilon", text))
+    return _install(source, tmp_path_factory.mktemp("wrong_site"))
 
 
 def _run(site: Path, accelerator: str, code: str) -> subprocess.CompletedProcess:
@@ -69,3 +86,14 @@ def test_not_picked_implicitly(installed_example):
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() != "example"
+
+
+def test_a_wrong_override_signature_is_rejected_with_both_signatures(installed_wrong_signature):
+    """Selecting the backend and building an LLM fails before any weight loads, naming the op and both signatures."""
+    proc = _run(installed_wrong_signature, "example", """
+        from deepinfer import LLM
+        LLM()
+    """)
+    assert proc.returncode != 0
+    assert ("TypeError: backend 'example' overrides op 'rms_norm' with signature (x, weight, epsilon), but the "
+            "reference deepinfer.ops.norm.rms_norm takes (x, weight, eps)") in proc.stderr, proc.stderr[-3000:]

@@ -51,12 +51,12 @@ def test_batch_invariant_form_conforms_to_the_reference(name, monkeypatch):
         assert check_op(backend, name, dtype) > 0
 
 
-def _split_k_when_batched(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _split_k_when_batched(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """A plausible kernel bug: split-K (two partial sums) only when the batch is large enough."""
     if x.shape[0] < 4:
-        return F.linear(x, w)
+        return F.linear(x, weight)
     half = x.shape[-1] // 2
-    return F.linear(x[..., :half], w[:, :half]) + F.linear(x[..., half:], w[:, half:])
+    return F.linear(x[..., :half], weight[:, :half]) + F.linear(x[..., half:], weight[:, half:])
 
 
 class _SplitKBackend(CpuBackend):

@@ -91,3 +91,90 @@ def test_shipped_embedded_model_is_found_when_present(offline_hub):
     if not (model_source.EMBEDDED_MODEL_DIR / "config.json").is_file():
         pytest.skip("the tiny_v4 asset is not in this checkout yet")
     assert resolve_model(None).origin == "embedded"
+
+
+# --- provenance: the commit used is logged and kept; revision= pins it -----------------------------------------
+
+
+def _two_commits(cache, tmp_path, repo="some-org/pinned"):
+    """Snapshots ``old`` (also tag v1) and ``new`` (main) of ``repo``, each a checkpoint of its own model_type
+    marker, stored as the hub stores them: symlinks into the blob store."""
+    from tests.support.hf_cache import add_snapshot, commit_hash
+
+    commits = {}
+    for label, refs in (("old", ("v1",)), ("new", ("main",))):
+        source = _checkpoint(tmp_path / f"src_{label}")
+        (source / "generation_config.json").write_text(json.dumps({"label": label}))
+        commits[label] = commit_hash(label)
+        add_snapshot(cache, repo, commits[label], source, refs)
+    return repo, commits
+
+
+def test_hub_commit_is_logged_and_kept(offline_hub, tmp_path, caplog):
+    repo, commits = _two_commits(offline_hub, tmp_path)
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        src = resolve_model(repo)
+    assert src.commit == commits["new"] and src.path.name == commits["new"]
+    assert f"{repo}@{commits['new']}" in src.origin
+    assert any(f"{repo}: using commit {commits['new']}" in r.message for r in caplog.records)
+    assert json.loads((src.path / "generation_config.json").read_text())["label"] == "new"
+
+
+@pytest.mark.parametrize("pin", ["commit", "tag", "branch"])
+def test_revision_pins_the_snapshot(offline_hub, tmp_path, caplog, pin):
+    repo, commits = _two_commits(offline_hub, tmp_path)
+    revision = {"commit": commits["old"], "tag": "v1", "branch": "main"}[pin]
+    expected = commits["new"] if pin == "branch" else commits["old"]
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        src = resolve_model(repo, revision=revision)
+    assert src.commit == expected and src.path.name == expected
+    assert any(f"using commit {expected} (revision {revision!r})" in r.message for r in caplog.records)
+
+
+def test_revision_errors(offline_hub, tmp_path):
+    repo, _ = _two_commits(offline_hub, tmp_path)
+    with pytest.raises(ModelSourceError, match=f"could not fetch '{repo}' at revision 'v9'"):
+        resolve_model(repo, revision="v9")
+    local = _checkpoint(tmp_path / "local")
+    with pytest.raises(ValueError, match="revision='v1' pins a Hugging Face repo id, but model=.* is a local"):
+        resolve_model(local, revision="v1")
+    with pytest.raises(ValueError, match="revision='v1' needs a repo id"):
+        resolve_model(None, revision="v1")
+    with pytest.raises(ValueError, match="revision must be a branch, tag or commit hash, got an empty string"):
+        resolve_model(repo, revision="")
+    with pytest.raises(TypeError, match=r"revision must be a branch, tag or commit hash \(a string\), got int"):
+        resolve_model(repo, revision=3)
+
+
+# --- the checkpoint's JSON files are checked before anything reads them -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("config.json", '{"model_type": "deepseek_v4"', "invalid JSON: Expecting ',' delimiter at line 1 column 29"),
+        ("config.json", "[]", "expected a JSON object at the top level, found an array"),
+        ("generation_config.json", "{'eos_token_id': 1}", "invalid JSON"),
+        ("tokenizer_config.json", "null", "expected a JSON object at the top level, found null"),
+        ("model.safetensors.index.json", "", "invalid JSON: Expecting value at line 1 column 1"),
+        ("tokenizer.json", '{"model": ', "invalid JSON"),
+        ("generation_config.json", '{"eos_token_id": "x"}', 'eos_token_id must be an integer >= 0, found "x"'),
+        ("generation_config.json", '{"eos_token_id": [1, -1]}', "eos_token_id[1] must be an integer >= 0, found -1"),
+    ],
+    ids=["config", "config-array", "generation-config", "tokenizer-config", "index", "tokenizer", "eos-text",
+         "eos-negative"],
+)
+def test_bad_json_files_are_named_at_resolution(tmp_path, offline_hub, name, text, message):
+    from deepinfer.models import CheckpointError
+
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    (ckpt / name).write_text(text)
+    with pytest.raises(CheckpointError) as err:
+        resolve_model(ckpt)
+    assert str(err.value).startswith(f"{ckpt / name}: {message}"), str(err.value)
+    # the same holds for a snapshot found in the HF cache
+    from tests.support.hf_cache import add_snapshot, commit_hash
+
+    add_snapshot(offline_hub, "some-org/broken", commit_hash("x"), ckpt, ("main",))
+    with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
+        resolve_model("some-org/broken")

@@ -39,16 +39,16 @@ class _WrongNorm(CpuBackend):
     name = "wrong"
 
     def load_ops(self):
-        return {"rms_norm": lambda x, w, eps: x}  # forgets to normalise
+        return {"rms_norm": lambda x, weight, eps: x}  # forgets to normalise
 
 
 class _RightNorm(CpuBackend):
     name = "right"
 
     def load_ops(self):
-        def rms_norm(x, w, eps):
+        def rms_norm(x, weight, eps):
             y = x.double() / x.double().pow(2).mean(-1, keepdim=True).add(eps).sqrt()
-            return (y if w is None else y * w.double()).to(x.dtype)
+            return (y if weight is None else y * weight.double()).to(x.dtype)
 
         return {"rms_norm": rms_norm}
 

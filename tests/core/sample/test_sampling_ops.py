@@ -170,7 +170,7 @@ def test_temperature_only_rows_skip_truncation_and_ignore_their_neighbours():
         calls.append(logits.shape[0])
         return real(logits, *args)
 
-    table._impls["filter_logits"] = counting_filter
+    table.filter_logits = counting_filter  # ops are instance attributes of the table
     sampler = Sampler(table)
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 300, generator=gen) * 3

@@ -146,9 +146,6 @@ def cuda_target(t: Any) -> tuple[int, CudaArch]:
     return index, arch
 
 
-_UNRESOLVED = object()
-
-
 def _value_spec(v: Any) -> Any:
     """What of a runtime argument Triton's specialization can depend on (tensor: dtype and 16-byte alignment;
     int: 1, divisibility by 16, width), as a hashable value."""
@@ -223,8 +220,9 @@ class TritonKernel:
                 return self.launch(grid, config, args, device_index)
         num_warps, num_stages = config.num_warps, config.num_stages
         slot = (self._fast_spec(args), num_warps, num_stages, device_index)
-        fn = self._resolved.get(slot, _UNRESOLVED)
-        if fn is _UNRESOLVED:
+        try:
+            fn = self._resolved[slot]
+        except KeyError:  # this specialization's first launch: its cubin, or None for the JIT
             arch = device_arch(device_index)
             signature, constexprs = signature_of(self.params, args)
             key = variant_key(self.name, arch.name if arch else "?", signature, constexprs, num_warps, num_stages)
@@ -239,7 +237,7 @@ class TritonKernel:
     def _fast_spec(self, args: dict[str, Any]) -> tuple[Any, ...]:
         """A hashable summary at least as fine as Triton's specialization (:func:`_value_spec` per argument),
         cheap enough for every launch: plain tensors and ints, nearly every argument, are summarised inline."""
-        spec = []
+        spec: list[Any] = []
         append = spec.append
         for name, constexpr in self._pairs:
             v = args[name]

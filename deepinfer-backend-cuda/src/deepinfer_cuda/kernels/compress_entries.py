@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, compress_entries_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.compress_pool import _rounded
-from deepinfer_cuda.kernels.rope import rope_pairs
 
 #: (ratio, dim, overlap) compiled ahead of time: V4's CSA (ratio 4, series a | b) at head dim 512, its indexer's
 #: compressor at 128, HCA (ratio 128); rope dim 64 throughout.
@@ -185,18 +185,21 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
     overlap = previous is not None
     width = position_bias.shape[-1]
     dim = width // 2 if overlap else width
-    half = rope_pairs("compress_entries", inv_freq, dim)
-    if dim % 2:  # the program splits the whole row into pairs
-        raise ValueError(f"compress_entries: an even entry width expected, got {dim}")
-    if window.shape[-1] != 2 * width or (overlap and previous.shape != (n, ratio, 2 * dim)):
+    if not coverage.compress_entries(window, previous, has_previous, position_bias, norm_weight, eps, positions,
+                                     inv_freq, rope_scaling, needed):  # each program splits its row into pairs
+        raise ValueError(f"compress_entries: an even entry width with a power-of-two count of rope pairs at most "
+                         f"half of it expected, got width {dim} and {inv_freq.numel()} pairs")
+    half = inv_freq.numel()
+    if window.shape[-1] != 2 * width or (previous is not None and previous.shape != (n, ratio, 2 * dim)):
         raise ValueError(f"compress_entries: window {tuple(window.shape)} / previous "
                          f"{None if previous is None else tuple(previous.shape)} do not match width {width}")
-    masked = overlap and has_previous is not None
+    has_previous = has_previous if overlap else None  # a mask of predecessors only matters with overlap
+    masked = has_previous is not None
     out = torch.empty((n, dim), dtype=window.dtype, device=window.device)
     cfg, const = _plan(arch, ratio, dim, overlap, masked, needed is not None, 2 * half)
     args = dict(window_ptr=window.contiguous(),
-                previous_ptr=previous.to(window.dtype).contiguous() if overlap else None,
-                has_prev_ptr=has_previous.to(torch.bool).contiguous() if masked else None,
+                previous_ptr=None if previous is None else previous.to(window.dtype).contiguous(),
+                has_prev_ptr=None if has_previous is None else has_previous.to(torch.bool).contiguous(),
                 needed_ptr=None if needed is None else needed.to(torch.bool).contiguous(),
                 bias_ptr=position_bias.to(torch.float32).contiguous(), weight_ptr=norm_weight.contiguous(),
                 pos_ptr=positions.to(device=window.device, dtype=torch.int64).contiguous(),

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_post_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
@@ -66,8 +67,9 @@ def prepare(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
             arch: CudaArch) -> Launch:
     """Plan ``hc_post(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     tokens, n, dim = streams.shape
-    if n & (n - 1):
-        raise ValueError(f"hc_post: {n} streams; the kernel needs a power of two")
+    if not coverage.hc_post(out, streams, post, comb):
+        raise ValueError(f"hc_post: {n} streams; the kernel needs a power of two (the op table runs core's "
+                         "reference for other counts)")
     out, streams = out.contiguous(), streams.contiguous()
     post = post.to(torch.float32).contiguous()
     comb = comb.to(torch.float32).contiguous()

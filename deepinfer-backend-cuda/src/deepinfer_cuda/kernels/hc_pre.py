@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, HcPreTier, HcPreTiles, hc_pre_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
@@ -284,7 +285,7 @@ def _pow2(v: int) -> int:
 
 @functools.cache
 def _plan(tiles: HcPreTiles, n: int, dim: int, tier: HcPreTier,
-          bf16: bool) -> tuple[dict[str, object], dict[str, object]]:
+          bf16: bool) -> tuple[dict[str, int], dict[str, int]]:
     """Constexprs of both kernels: functions of the model dims and the streams' dtype, and for the mix its tier."""
     slices = triton.cdiv(n * dim, tiles.slice)
     widths = {"GATE_W": _pow2(n + 1), "MIX_W": n + n * n}
@@ -315,7 +316,7 @@ def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
                        "hc_eps": "fp32", "sinkhorn_iters": "i32"}
                 variants.append(Variant(sig, dict(finish), tiles.finish.num_warps, tiles.finish.num_stages))
     # Two tiers of one shape may share a tile: compile each specialization once.
-    unique = {}
+    unique: dict[tuple[str, str, int, int], Variant] = {}
     for v in variants:
         unique.setdefault((repr(v.signature), repr(sorted(v.constexprs.items())), v.num_warps, v.num_stages), v)
     return list(unique.values())
@@ -331,8 +332,9 @@ def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
     """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched.
     ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep_hc_pre.py times candidates this way)."""
     tokens, n, dim = streams.shape
-    if n & (n - 1) or sinkhorn_iters < 1:
-        raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1")
+    if not coverage.hc_pre(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
+        raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1 (got "
+                         f"{sinkhorn_iters}); the op table runs core's reference for other inputs")
     streams = streams.contiguous()
     fn, base, scale = (t.to(torch.float32).contiguous() for t in (fn, base, scale))
     device = streams.device

@@ -170,7 +170,7 @@ def plan_routes(logits: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tens
     logits = logits.reshape(-1, experts).contiguous()
     n_rows = logits.shape[0]
     hash_ids = ids is not None
-    if hash_ids:
+    if ids is not None:
         ids = ids.reshape(n_rows, top_k).to(torch.int64).contiguous()
     else:
         ids = torch.empty((n_rows, top_k), dtype=torch.int64, device=logits.device)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rope_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
@@ -82,7 +83,7 @@ def rope_pairs(op: str, inv_freq: torch.Tensor, dim: int) -> int:
     """The number of rotated channel pairs, checked the way every kernel that rotates needs it: a power of two
     (one tile of pairs), at most half of the ``dim`` channels."""
     half = inv_freq.numel()
-    if half & (half - 1) or 2 * half > dim:
+    if not coverage.rope_fits(inv_freq, dim):
         raise ValueError(f"{op}: {half} frequency pairs (a power of two, at most half of {dim}) expected")
     return half
 

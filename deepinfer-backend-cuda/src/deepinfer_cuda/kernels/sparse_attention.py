@@ -293,6 +293,8 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     rope_half = 0
     if inv_freq is not None:
+        if positions is None:
+            raise ValueError("sparse_attention_inverse_rope: inv_freq needs the queries' positions")
         rope_half = rope_pairs("sparse_attention_inverse_rope", inv_freq, dim)
         positions = positions.to(device=q.device, dtype=torch.int64).contiguous()
         inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()

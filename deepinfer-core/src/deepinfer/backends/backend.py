@@ -36,7 +36,22 @@ class Backend:
 
     # --- ops ----------------------------------------------------------------------------------
     def load_ops(self) -> Mapping[str, Callable[..., Any]]:
-        """Return overrides of reference ops by op name.  Called once, after the availability check."""
+        """Return overrides of reference ops by op name.  Called once, after the availability check.
+
+        Each override takes exactly its reference's parameters (names, kinds, defaults; see
+        :mod:`deepinfer.ops.signature`): building the op table fails otherwise, naming the op and both signatures.
+        """
+        return {}
+
+    def op_coverage(self) -> Mapping[str, Callable[..., bool]]:
+        """``{op name: covers}`` for overrides that handle only some inputs (a power-of-two stream count, ...).
+
+        ``covers`` takes the op's arguments (the reference's signature) and returns whether the override handles
+        them; calls it refuses run core's reference, so a kernel never raises for a shape it does not support.
+        It runs before every call of its op: read shapes, dtypes and plain arguments only (no device sync, no
+        tensor math), and never the number of rows (under ``DEEPINFER_BATCH_INVARIANT=1`` a row's bits must not
+        depend on the batch).  Called once, after :meth:`load_ops`; ops not listed are covered in full.
+        """
         return {}
 
     # --- device services ----------------------------------------------------------------------

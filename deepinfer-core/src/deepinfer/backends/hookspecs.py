@@ -34,3 +34,4 @@ class BackendSpec:
         Must be cheap and must not import device libraries (CUDA, torch_npu): heavy work belongs in
         ``Backend.unavailable_reason`` and ``Backend.load_ops``, which run only when the backend is chosen.
         """
+        raise NotImplementedError  # a specification: each plugin's @hookimpl is what runs

@@ -92,18 +92,18 @@ def select_backend(name: str | None = None) -> Backend:
     clashes = {n: ibs for n, ibs in by_name.items() if len(ibs) > 1}
     if name is None:
         candidates = [
-            ib for ib in installed
+            (ib.backend.auto_priority, ib.backend) for ib in installed
             if ib.name not in clashes and ib.backend is not None and ib.backend.auto_priority is not None
             and ib.unusable_reason() is None
         ]
         if not candidates:
             raise BackendError(f"no usable backend found; installed: {_describe(installed)}")
-        best = max(candidates, key=lambda ib: ib.backend.auto_priority)
+        _, best = max(candidates, key=lambda c: c[0])  # the first of equals, in name order
         logger.info(
             "DEEPINFER_ACCELERATOR is unset; using backend %r, the highest-priority usable one (installed: %s)",
             best.name, _describe(installed),
         )
-        return best.backend
+        return best
     if name in clashes:
         dists = ", ".join(ib.distribution for ib in clashes[name])
         raise BackendError(f"backend name {name!r} is claimed by more than one distribution ({dists}); "
@@ -115,7 +115,7 @@ def select_backend(name: str | None = None) -> Backend:
         )
     (ib,) = by_name[name]
     reason = ib.unusable_reason()
-    if reason is not None:
+    if ib.backend is None or reason is not None:  # a plugin that failed to load has a reason too
         raise BackendError(f"backend {name!r} [{ib.distribution}] is installed but unusable here: {reason}")
     return ib.backend
 

@@ -23,6 +23,7 @@ from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
 from deepinfer.models.base import CausalLM, GraphDecodable
+from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.model_runner import ModelRunner, RunnerOutput, StepHandle
@@ -47,7 +48,7 @@ def fork_seed(seed: int, index: int) -> int:
 class Engine:
     """Continuous-batching generation over one model; see ``docs/engine.md``."""
 
-    def __init__(self, model: CausalLM, tokenizer: Any, ops: Any, config: EngineConfig,
+    def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig,
                  token_masks: TokenMaskProvider | None = None, backend: Backend | None = None):
         self.model = model
         self.tokenizer = tokenizer

@@ -22,6 +22,7 @@ from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.models import load_model, read_model_config
 from deepinfer.models.base import CausalLM
+from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
@@ -97,9 +98,9 @@ class LLM:
                     else "reference ops", config.state_cache_bytes / 2**20, config.max_num_seqs, config.max_model_len)
 
     @classmethod
-    def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Any = None, eos_token_ids: Seq[int] | None = None,
-                   token_masks: TokenMaskProvider | None = None, backend: Backend | None = None,
-                   **kwargs: Any) -> LLM:
+    def from_model(cls, model: CausalLM, tokenizer: Any, *, ops: Ops | None = None,
+                   eos_token_ids: Seq[int] | None = None, token_masks: TokenMaskProvider | None = None,
+                   backend: Backend | None = None, **kwargs: Any) -> LLM:
         """An LLM over an already-built model (tests, custom loaders).  ``kwargs``: the run-time fields of
         :class:`~deepinfer.engine.args.EngineArgs` (not ``model``, ``tokenizer``, ``revision``, ``dtype``).
         ``backend``: the device services (graph capture, copies); default: the selected backend when it drives
@@ -122,7 +123,7 @@ class LLM:
         self._setup(model, tokenizer, ops if ops is not None else OpTable(), eos, args, backend, token_masks)
         return self
 
-    def _setup(self, model: CausalLM, tokenizer: Any, ops: Any, eos: tuple[int, ...], args: EngineArgs,
+    def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], args: EngineArgs,
                backend: Backend, token_masks: TokenMaskProvider | None = None) -> None:
         budget = args.state_cache_bytes
         if budget is None:

@@ -4,10 +4,15 @@
 
 - a local directory (``config.json`` + ``*.safetensors`` + tokenizer files) is used as is;
 - a repo id (``org/name``) is fetched with ``huggingface_hub`` into the standard HF cache (or found
-  there when offline); if neither works, the error says how to point at local weights;
+  there when offline); if neither works, the error says how to point at local weights.  ``revision`` (a
+  branch, tag or commit) pins what is fetched; the commit actually used is logged and kept in
+  :attr:`ModelSource.commit`;
 - ``None``: ``DEEPINFER_HF_MODEL_DIR`` if set; else the default repo (``DEFAULT_MODEL``) if it is
   already in the HF cache; else the tiny DeepSeek-V4 checkpoint shipped in the package (logged).
   ``None`` never starts a download: the default model is hundreds of GB; ask for it by name.
+
+Whatever the source, the directory's JSON files are checked here (regular files, valid JSON, objects where
+one is expected), before anything else reads them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepinfer import envs
+from deepinfer.models.checkpoint_files import check_json_files, read_json_object
+from deepinfer.models.config_fields import Fields
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +48,40 @@ class ModelSourceError(RuntimeError):
 @dataclass(slots=True, frozen=True)
 class ModelSource:
     path: Path
-    #: How it was found, for logs: "local directory", "HF cache", "embedded", ...
+    #: How it was found, for logs: "local directory", "HF hub (org/name@commit)", "embedded", ...
     origin: str
+    #: The Hub commit the files are from (the snapshot's name in the HF cache); None when not from the Hub.
+    commit: str | None = None
 
 
 def _checked_dir(path: Path, what: str) -> Path:
     if not path.is_dir():
         raise ModelSourceError(f"{what} {str(path)!r} is not a directory; {_HOW_TO_POINT}")
-    if not (path / "config.json").is_file():
+    config = path / "config.json"
+    if not (config.exists() or config.is_symlink()):
         raise ModelSourceError(f"{what} {str(path)!r} has no config.json; is it a Hugging Face checkpoint directory?")
+    check_json_files(path)
+    _check_generation_config(path / "generation_config.json")
     return path
+
+
+def _check_generation_config(path: Path) -> None:
+    """The token ids the engine takes from generation_config.json (EOS first of all) are ids or null."""
+    if not path.is_file():
+        return
+    fields = Fields.of(read_json_object(path), str(path))
+    fields.optional_ids("eos_token_id")
+    fields.optional_integer("bos_token_id", lo=0)
+    fields.optional_integer("pad_token_id", lo=0)
+
+
+def _hub_source(repo_id: str, revision: str | None, path: Path, origin: str) -> ModelSource:
+    """The snapshot ``path`` of ``repo_id`` as a source; its directory name is the commit (HF cache layout)."""
+    commit = path.name
+    _checked_dir(path, f"snapshot of {repo_id}")
+    pinned = f" (revision {revision!r})" if revision is not None else ""
+    logger.info("%s: using commit %s%s from %s", repo_id, commit, pinned, path)
+    return ModelSource(path, f"{origin} ({repo_id}@{commit})", commit)
 
 
 def _from_hub(repo_id: str, revision: str | None, local_files_only: bool) -> Path:
@@ -61,49 +92,72 @@ def _from_hub(repo_id: str, revision: str | None, local_files_only: bool) -> Pat
 
 
 def _fetch(repo_id: str, revision: str | None) -> ModelSource:
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
+    at = f" at revision {revision!r}" if revision is not None else ""
     try:
-        return ModelSource(_checked_dir(_from_hub(repo_id, revision, False), f"snapshot of {repo_id}"), "HF hub")
+        path = _from_hub(repo_id, revision, False)
     except GatedRepoError as exc:
         raise ModelSourceError(f"{repo_id!r} is gated on the Hugging Face Hub; log in (`hf auth login`) after "
                                f"accepting its terms, or {_HOW_TO_POINT}") from exc
+    except RevisionNotFoundError as exc:
+        raise ModelSourceError(f"{repo_id!r} has no revision {revision!r} on the Hugging Face Hub "
+                               "(a branch, tag or commit hash)") from exc
     except RepositoryNotFoundError as exc:
         raise ModelSourceError(f"{repo_id!r} was not found on the Hugging Face Hub (or is private); "
                                f"check the name, or {_HOW_TO_POINT}") from exc
     except (LocalEntryNotFoundError, OSError) as exc:
-        raise ModelSourceError(f"could not fetch {repo_id!r} from the Hugging Face Hub and it is not in the local "
-                               f"HF cache (no network? {exc.__class__.__name__}); {_HOW_TO_POINT}") from exc
+        raise ModelSourceError(f"could not fetch {repo_id!r}{at} from the Hugging Face Hub and it is not in the "
+                               f"local HF cache (no network? {exc.__class__.__name__}); {_HOW_TO_POINT}") from exc
+    return _hub_source(repo_id, revision, path, "HF hub")
 
 
-def _cached(repo_id: str) -> Path | None:
+def _cached(repo_id: str) -> ModelSource | None:
     try:
         path = _from_hub(repo_id, None, True)
     except Exception:  # not cached (or an unusable cache entry): fall through
         return None
-    return path if (path / "config.json").is_file() else None
+    if not (path / "config.json").is_file():
+        return None
+    return _hub_source(repo_id, None, path, "HF cache")
 
 
 def resolve_model(model: str | os.PathLike | None, revision: str | None = None) -> ModelSource:
-    """Find the checkpoint directory for ``LLM(model=...)`` (see the module docstring)."""
+    """Find the checkpoint directory for ``LLM(model=...)`` (see the module docstring).  ``revision`` pins a
+    repo id's branch, tag or commit; with anything but a repo id it raises rather than being ignored."""
+    if revision is not None and not isinstance(revision, str):
+        raise TypeError(f"revision must be a branch, tag or commit hash (a string), got {type(revision).__name__}")
+    if revision is not None and not revision.strip():
+        raise ValueError("revision must be a branch, tag or commit hash, got an empty string")
     if model is not None:
         text = os.fspath(model)
         path = Path(text).expanduser()
         if path.exists():
+            if revision is not None:
+                raise ValueError(f"revision={revision!r} pins a Hugging Face repo id, but model={text!r} is a local "
+                                 "directory (its files are used as they are); drop revision=")
             return ModelSource(_checked_dir(path, "model directory"), "local directory")
         if _REPO_ID.match(text) and not text.startswith((".", "~")):
             return _fetch(text, revision)
         raise ModelSourceError(f"model={text!r} is neither an existing directory nor a Hugging Face repo id "
                                f"('org/name'); {_HOW_TO_POINT}")
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} needs a repo id: pass model='org/name' "
+                         f"(e.g. model='{DEFAULT_MODEL}') with it")
     env_dir = envs.hf_model_dir()
     if env_dir is not None:
         return ModelSource(_checked_dir(Path(env_dir).expanduser(), "DEEPINFER_HF_MODEL_DIR"), "DEEPINFER_HF_MODEL_DIR")
     cached = _cached(DEFAULT_MODEL)
     if cached is not None:
-        return ModelSource(cached, f"HF cache ({DEFAULT_MODEL})")
+        return cached
     if not (EMBEDDED_MODEL_DIR / "config.json").is_file():
         raise ModelSourceError(f"no model configured and the embedded tiny model is missing from {EMBEDDED_MODEL_DIR}; "
                                f"pass model='{DEFAULT_MODEL}' to download the default, or {_HOW_TO_POINT}")
     logger.info("no model configured and %s is not in the HF cache: using the embedded tiny DeepSeek-V4 checkpoint "
                 "(a toy for smoke tests); pass model=... or set DEEPINFER_HF_MODEL_DIR for real weights", DEFAULT_MODEL)
-    return ModelSource(EMBEDDED_MODEL_DIR, "embedded")
+    return ModelSource(_checked_dir(EMBEDDED_MODEL_DIR, "embedded model"), "embedded")

@@ -52,7 +52,7 @@ class StatePool:
         self.ratios = spec.paged_ratios  # compression ratios with pages, ascending
         self.slots = max(2, slots)
         self.pages = {r: max(2, pages.get(r, 0)) for r in spec.paged_ratios}
-        rings = {}
+        rings: dict[int, int] = {}
         for b in spec.of(KVBuffer):
             assert isinstance(b, KVBuffer)
             if b.ratio and rings.setdefault(b.ratio, b.rings) != b.rings:

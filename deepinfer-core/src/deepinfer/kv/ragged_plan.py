@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -75,12 +76,13 @@ class PrefillPlan:
         ring_rows = slot.repeat_interleave(keep) * window + _ranges(starts + lens - keep, keep) % window
         ring_src = _ranges(offsets + lens - keep, keep)
         counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
-        entries = layout.entry_rows[ratio] if ratio else None
+        # [seqs, entries] page rows of each sequence's entries (none for the sliding-only plan)
+        entries = layout.entry_rows[ratio] if ratio else torch.zeros((seqs, 0), dtype=torch.int64)
         entry_idx = _ranges(torch.arange(seqs) * entries.shape[1], counts) if ratio else counts[:0]
         first = starts // ratio if ratio else counts  # the first window each chunk closes, and how many it closes
         closing = counts - first
         closed_ids = _ranges(first, closing)
-        closed_idx = torch.arange(seqs).repeat_interleave(closing) * (entries.shape[1] if ratio else 0) + closed_ids
+        closed_idx = torch.arange(seqs).repeat_interleave(closing) * entries.shape[1] + closed_ids
         hist_off = torch.cumsum(held, 0) - held
         new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
         # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
@@ -92,7 +94,7 @@ class PrefillPlan:
         per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, *assembly = \
             _aligned_upload(parts, upload)
         per_row = per_seq.view(seqs, 5)[layout.seq_ids]  # [T, 5]
-        closed = {}
+        closed: dict[str, Any] = {}  # the closed windows' fields (compressed plans only)
         if ratio:
             gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
             closed_rows = entries.flatten()[closed_idx]

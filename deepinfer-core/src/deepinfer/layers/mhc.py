@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 @dataclass(slots=True, frozen=True)
@@ -23,7 +23,7 @@ class HyperConnection:
     """One mHC site: V4 collapses its sublayer input with the site's own ``pre`` (:meth:`pre`); V4.1 with the
     previous site's, returning its own for the next (:meth:`pre_single_pass`)."""
 
-    def __init__(self, ops: OpTable, spec: HcSpec, get: Callable[[str], torch.Tensor], prefix: str):
+    def __init__(self, ops: Ops, spec: HcSpec, get: Callable[[str], torch.Tensor], prefix: str):
         self.ops, self.spec = ops, spec
         self.fn, self.base, self.scale = get(prefix + "_fn"), get(prefix + "_base"), get(prefix + "_scale")
 

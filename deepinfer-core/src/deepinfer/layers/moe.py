@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,7 +30,7 @@ class MoESpec:
 
 
 class MoE:
-    def __init__(self, ops: OpTable, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor]):
         p = prefix
         self.ops, self.spec = ops, spec
         gate = get(p + "gate.weight")
@@ -55,7 +55,8 @@ class MoE:
                                 torch.ones((1, 1), dtype=torch.float32, device=shared_w2.device))
         self.w13 = torch.stack(w13)  # [E (+1), 2I, H]
         self.w2 = torch.stack(w2)  # [E (+1), H, I]
-        self.shared_w13, self.shared_w2 = (None, None) if self.shared_id is not None else (shared_w13, shared_w2)
+        #: (w13, w2) of a shared expert shaped unlike the routed ones, run as its own MLP; None: it is one of them
+        self.shared = None if self.shared_id is not None else (shared_w13, shared_w2)
 
     @staticmethod
     def _w13(get: Callable[[str], torch.Tensor], p: str) -> torch.Tensor:
@@ -69,9 +70,9 @@ class MoE:
         else:
             weights, ids = ops.moe_router(x, self.gate, self.bias, spec.top_k, spec.routed_scaling_factor,
                                           spec.score_func)
-        if self.shared_id is None:
+        if self.shared is not None:
             routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
-            return routed + ops.swiglu_mlp(x, self.shared_w13, self.shared_w2, spec.swiglu_limit)
+            return routed + ops.swiglu_mlp(x, *self.shared, spec.swiglu_limit)
         shared_id, shared_weight = self.shared_slot
         ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
         weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)

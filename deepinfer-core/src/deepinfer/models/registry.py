@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from deepinfer.models.checkpoint_files import read_json_object
+from deepinfer.models.config_fields import Fields
 
 
 class UnsupportedModelError(ValueError):
@@ -41,12 +43,12 @@ NOT_YET: dict[str, str] = {}
 def model_type_of(path: str | Path) -> str:
     path = Path(path)
     config = path / "config.json" if path.is_dir() else path
-    if not config.is_file():
+    if not (config.exists() or config.is_symlink()):
         raise FileNotFoundError(f"no config.json at {path}")
-    model_type = json.loads(config.read_text()).get("model_type")
-    if model_type is None:
+    fields = Fields.of(read_json_object(config), str(config))
+    if not fields.has("model_type"):
         raise UnsupportedModelError(f"{config} has no model_type")
-    return model_type
+    return fields.string("model_type")
 
 
 def entry_for(path: str | Path) -> ModelEntry:

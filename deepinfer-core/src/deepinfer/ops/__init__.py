@@ -1,5 +1,7 @@
-"""Ops: the unit of acceleration.  See :mod:`deepinfer.ops.registry`."""
+"""Ops: the unit of acceleration.  See :mod:`deepinfer.ops.registry` and :mod:`deepinfer.ops.table`."""
 
-from deepinfer.ops.registry import OpDef, OpSample, OpTable, op_defs, reference_op
+from deepinfer.ops.protocol import Ops
+from deepinfer.ops.registry import OpDef, OpSample, op_defs, reference_op
+from deepinfer.ops.table import OpTable
 
-__all__ = ["OpDef", "OpSample", "OpTable", "op_defs", "reference_op"]
+__all__ = ["OpDef", "OpSample", "OpTable", "Ops", "op_defs", "reference_op"]

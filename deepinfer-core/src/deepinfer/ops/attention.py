@@ -109,12 +109,14 @@ def sparse_attention_fixed_order(
 
 
 def _inverse_rope_samples(dtype: torch.dtype, gen: torch.Generator):
-    for sample in _sparse_attention_samples(dtype, gen):
-        q = sample.args[0]
-        rope_dim = min(64, q.shape[-1] // 4)
-        positions = torch.randint(0, 1 << 16, (q.shape[0],), generator=gen)
+    def rotated(sample: OpSample, rope_dim: int) -> OpSample:
+        positions = torch.randint(0, 1 << 16, (sample.args[0].shape[0],), generator=gen)
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
-        yield OpSample(sample.args + (positions, inv_freq, 1.0), label=sample.label + f" rope {rope_dim}")
+        return OpSample(sample.args + (positions, inv_freq, 1.0), label=sample.label + f" rope {rope_dim}")
+
+    for sample in _sparse_attention_samples(dtype, gen):
+        yield rotated(sample, min(64, sample.args[0].shape[-1] // 4))
+    yield rotated(sample, 24)  # 12 pairs: not a power of two
 
 
 def _inverse_rope_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:

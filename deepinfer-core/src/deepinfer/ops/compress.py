@@ -46,10 +46,12 @@ def _compress_entries_samples(dtype: torch.dtype, gen: torch.Generator):
     # (windows, ratio, dim, overlap, predecessors): V4's CSA (ratio 4, overlap) at head dim 512 and the indexer's
     # 128, HCA (ratio 128) at 512, a ratio-4 compressor without overlap; predecessors None (every window has one)
     # or a mask with missing ones (a sequence's first window).
-    cases = [(3, 4, 512, True, [False, True, True]), (5, 4, 128, True, None), (4, 4, 128, True, [True, False] * 2),
-             (2, 128, 512, False, None), (3, 4, 128, False, None)]
-    inv_freq = 1.0 / (160000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
-    for n, r, dim, overlap, predecessors in cases:
+    # Last, 12 rotated pairs (not a power of two).
+    cases = [(3, 4, 512, True, [False, True, True], 64), (5, 4, 128, True, None, 64),
+             (4, 4, 128, True, [True, False] * 2, 64), (2, 128, 512, False, None, 64), (3, 4, 128, False, None, 64),
+             (3, 4, 128, True, None, 24)]
+    for n, r, dim, overlap, predecessors, rope_dim in cases:
+        inv_freq = 1.0 / (160000.0 ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
         width = 2 * dim if overlap else dim
         window = torch.randn(n, r, 2 * width, generator=gen).to(dtype)
         previous = torch.randn(n, r, 2 * dim, generator=gen).to(dtype) if overlap else None
@@ -59,6 +61,7 @@ def _compress_entries_samples(dtype: torch.dtype, gen: torch.Generator):
         positions = r * torch.randint(0, 4096, (n,), generator=gen)
         scaling = 1.0 if r == 4 else 0.75
         label = f"{n}x{r}x{dim}{' overlap' if overlap else ''}{' first windows' if predecessors else ''}"
+        label += f" rope {rope_dim}"
         args = (window, previous, has_previous, bias, norm_weight, 1e-6, positions, inv_freq, scaling)
         yield OpSample(args, label=label)
         if n > 1:  # decode: only the windows that close at this token are needed

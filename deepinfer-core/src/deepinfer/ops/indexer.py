@@ -54,7 +54,10 @@ def _compare_selected_scores(actual, expected, sample: OpSample, dtype: torch.dt
     actual = actual.cpu()
     assert torch.equal(actual >= 0, expected >= 0), "indexer_topk: number of valid picks differs"
     scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
-    picked = lambda idx: torch.where(idx >= 0, scores.gather(1, idx.clamp(min=0)), 0.0).sort(dim=1).values  # noqa: E731
+
+    def picked(idx: torch.Tensor) -> torch.Tensor:
+        return torch.where(idx >= 0, scores.gather(1, idx.clamp(min=0)), 0.0).sort(dim=1).values
+
     atol = 1e-5 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(picked(actual), picked(expected), atol=atol, rtol=atol)
 

@@ -1,8 +1,9 @@
-"""The op table: core's reference ops by name, and a backend's overrides on top of them.
+"""The op registry: core's reference ops by name, with their samples, tolerances and batch rows.
 
 An op is a pure function on tensors.  Core registers a plain-PyTorch reference for every op with
 :func:`reference_op`; a backend's ``load_ops()`` returns replacements for any subset.  Models call ops
-only through an :class:`OpTable`, so hardware differences never reach model code.
+only through an :class:`~deepinfer.ops.table.OpTable` (typed as :class:`~deepinfer.ops.protocol.Ops`), so
+hardware differences never reach model code.
 
 Batch invariance (``DEEPINFER_BATCH_INVARIANT=1``): an op that declares :class:`Rows` promises that row ``i``
 of its output depends only on row ``i`` of its row arguments.  The plain reference keeps that promise only
@@ -14,17 +15,12 @@ uses those forms.  ``deepinfer.testing.check_batch_invariance`` proves the prope
 from __future__ import annotations
 
 import importlib
-import logging
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-
-from deepinfer import envs
-
-logger = logging.getLogger(__name__)
 
 #: Default (atol, rtol) per dtype for comparing an implementation against the reference.
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -148,77 +144,3 @@ def op_defs() -> dict[str, OpDef]:
     """All registered ops by name."""
     _load_reference_ops()
     return dict(_REGISTRY)
-
-
-class OpTable:
-    """Resolved ops for one backend: ``table.rms_norm(x, w, eps)`` calls the override or the reference.
-
-    ``batch_invariant`` (default: ``DEEPINFER_BATCH_INVARIANT``, read once here) selects each op's
-    batch-invariant reference where the backend does not override it.
-    """
-
-    __slots__ = ("_impls", "_overridden", "backend_name", "batch_invariant")
-
-    def __init__(
-        self,
-        overrides: Mapping[str, Callable[..., Any]] | None = None,
-        backend_name: str = "reference",
-        batch_invariant: bool | None = None,
-    ):
-        defs = op_defs()
-        overrides = dict(overrides or {})
-        unknown = sorted(set(overrides) - set(defs))
-        if unknown:
-            raise ValueError(f"backend {backend_name!r} overrides unknown ops {unknown}; known ops: {sorted(defs)}")
-        self.batch_invariant = envs.batch_invariant() if batch_invariant is None else batch_invariant
-
-        def fallback(d: OpDef) -> Callable[..., Any]:
-            return (d.batch_invariant or d.reference) if self.batch_invariant else d.reference
-
-        self._impls = {n: overrides.get(n, fallback(d)) for n, d in defs.items()}
-        self._overridden = frozenset(overrides)
-        self.backend_name = backend_name
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        try:
-            return self._impls[name]
-        except KeyError:
-            raise AttributeError(f"no op named {name!r}") from None
-
-    def source(self, name: str) -> str:
-        """Who implements op ``name`` in this table: the backend's name or ``"reference"``."""
-        if name not in self._impls:
-            raise KeyError(name)
-        return self.backend_name if name in self._overridden else "reference"
-
-    @property
-    def overridden(self) -> frozenset[str]:
-        """Names of ops the backend replaced."""
-        return self._overridden
-
-    @classmethod
-    def for_backend(cls, backend: Any) -> OpTable:
-        """The table of ``backend`` (a :class:`~deepinfer.backends.Backend`), built once per backend object
-        and value of ``DEEPINFER_BATCH_INVARIANT``.
-
-        With the flag on, a backend's override of an op that has rows is kept only if the backend lists the
-        op in ``batch_invariant_ops`` (proven by ``check_batch_invariance``); the others fall back to the
-        batch-invariant reference, so the flag's promise never rests on an unproven kernel.
-        """
-        flag = envs.batch_invariant()
-        tables = getattr(backend, "_deepinfer_op_tables", None)
-        if tables is None:
-            tables = backend._deepinfer_op_tables = {}
-        table = tables.get(flag)
-        if table is None:
-            overrides = dict(backend.load_ops())
-            if flag:
-                defs = op_defs()
-                claimed = set(backend.batch_invariant_ops)
-                dropped = sorted(n for n in overrides if n in defs and defs[n].rows is not None and n not in claimed)
-                if dropped:
-                    logger.info("DEEPINFER_BATCH_INVARIANT=1: backend %r does not declare %s batch-invariant; "
-                                "using core's batch-invariant reference for them", backend.name, dropped)
-                overrides = {n: f for n, f in overrides.items() if n not in dropped}
-            table = tables[flag] = cls(overrides, backend.name, flag)
-        return table

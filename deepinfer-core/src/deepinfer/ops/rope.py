@@ -9,7 +9,7 @@ from deepinfer.ops.registry import OpSample, reference_op
 
 
 def _rope_samples(dtype: torch.dtype, gen: torch.Generator):
-    for rows, heads, dim, rope_dim in [(5, 4, 64, 16), (17, 1, 512, 64), (9, 8, 128, 64)]:
+    for rows, heads, dim, rope_dim in [(5, 4, 64, 16), (17, 1, 512, 64), (9, 8, 128, 64), (4, 2, 64, 12)]:
         shape = (rows, heads, dim) if heads > 1 else (rows, dim)
         x = torch.randn(*shape, generator=gen).to(dtype)
         positions = torch.randint(0, 4096, (rows,), generator=gen)
@@ -52,7 +52,7 @@ def rope(
 
 def _rms_norm_rope_samples(dtype: torch.dtype, gen: torch.Generator):
     cases = [(5, 4, 64, 16, None), (17, 1, 512, 64, torch.float32), (9, 8, 128, 64, None),
-             (6, 1, 128, 64, torch.float32), (3, 64, 512, 64, None), (4, 1, 64, 16, dtype)]
+             (6, 1, 128, 64, torch.float32), (3, 64, 512, 64, None), (4, 1, 64, 16, dtype), (4, 2, 64, 12, None)]
     for rows, heads, dim, rope_dim, w_dtype in cases:
         shape = (rows, heads, dim) if heads > 1 else (rows, dim)
         x = (3 * torch.randn(*shape, generator=gen)).to(dtype)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from deepinfer.ops import Ops
 
 FP8_BLOCK = "fp8_block"  # e4m3 data, one scale per (block_n x block_k) block
 MXFP4 = "mxfp4"  # e2m1 packed two per byte, one e8m0 scale per 32 columns
@@ -24,7 +27,7 @@ class QuantizedTensor:
     shape: tuple[int, ...]  # the dequantized shape
     block: tuple[int, int]  # (rows, columns) one scale covers: (128, 128) for FP8, (1, 32) for MXFP4
 
-    def dequantize(self, ops: Any, dtype: torch.dtype) -> torch.Tensor:
+    def dequantize(self, ops: Ops, dtype: torch.dtype) -> torch.Tensor:
         """The dense tensor, through the op table so a backend may dequantize on its device."""
         if self.format == FP8_BLOCK:
             return ops.dequant_fp8_block(self.data, self.scale, self.block[0], self.block[1], dtype)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -18,6 +17,7 @@ from deepinfer.engine.request import Request, Sequence
 from deepinfer.engine.scheduler import PLACEHOLDER, SchedulerOutput
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.models.base import CausalLM, ForwardBatch
+from deepinfer.ops import Ops
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.sample.sampler import Sampler, SamplingRow, TokenMaskProvider
 
@@ -72,7 +72,7 @@ class _Plan:
 class ModelRunner:
     """Runs one scheduled step of the model and the sampler."""
 
-    def __init__(self, model: CausalLM, sampler: Sampler, ops: Any, token_masks: TokenMaskProvider | None = None,
+    def __init__(self, model: CausalLM, sampler: Sampler, ops: Ops, token_masks: TokenMaskProvider | None = None,
                  backend: Backend | None = None, decode_graphs: DecodeGraphs | None = None):
         self.model = model
         self.sampler = sampler

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from deepinfer.ops import Ops
 from deepinfer.sampling_params import SamplingParams
 
 _U64 = 1 << 64
@@ -69,7 +70,7 @@ def token_table(rows: list[list[int]], vocab_size: int, device: torch.device,
 class Sampler:
     """Draws one token per row of fp32 logits ``[N, V]``."""
 
-    def __init__(self, ops: Any, eos_token_ids: Seq[int] = (),
+    def __init__(self, ops: Ops, eos_token_ids: Seq[int] = (),
                  upload: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None):
         self.ops = ops
         self.eos_token_ids = tuple(eos_token_ids)

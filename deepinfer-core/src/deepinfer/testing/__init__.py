@@ -7,9 +7,11 @@ from deepinfer.testing.conformance import (
     batch_invariant_table,
     check_backend,
     check_batch_invariance,
+    check_coverage,
     check_impl_batch_invariance,
     check_op,
     conformance_params,
+    coverage_params,
     samples,
 )
 
@@ -20,8 +22,10 @@ __all__ = [
     "batch_invariant_table",
     "check_backend",
     "check_batch_invariance",
+    "check_coverage",
     "check_impl_batch_invariance",
     "check_op",
     "conformance_params",
+    "coverage_params",
     "samples",
 ]

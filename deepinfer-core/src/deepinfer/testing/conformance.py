@@ -9,6 +9,13 @@ Usable from any backend's tests::
     def test_conformance(op_name, dtype):
         check_op(my_backend, op_name, dtype)
 
+that a kernel declaring partial coverage (``Backend.op_coverage``) hands the inputs it does not cover to the
+reference, which gives the reference's exact result on the device::
+
+    @pytest.mark.parametrize("op_name, dtype", coverage_params(my_backend))
+    def test_coverage(op_name, dtype):
+        check_coverage(my_backend, op_name, dtype)
+
 and, for ``DEEPINFER_BATCH_INVARIANT=1``, that each op's rows are bitwise independent of the batch::
 
     @pytest.mark.parametrize("op_name, dtype", batch_invariance_params(my_backend))
@@ -21,11 +28,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from deepinfer.ops.registry import OpDef, OpSample, OpTable, op_defs
+from deepinfer.ops.registry import OpDef, OpSample, op_defs
+from deepinfer.ops.table import OpTable
+
+if TYPE_CHECKING:
+    from deepinfer.backends.backend import Backend
 
 
 def _to(value: Any, device: torch.device) -> Any:
@@ -67,14 +78,14 @@ def samples(op: OpDef, dtype: torch.dtype, seed: int = 0) -> list[OpSample]:
     return list(op.sample_inputs(dtype, gen))
 
 
-def conformance_params(backend: Any, ops: Sequence[str] | None = None) -> list[tuple[str, torch.dtype]]:
+def conformance_params(backend: Backend, ops: Sequence[str] | None = None) -> list[tuple[str, torch.dtype]]:
     """(op name, dtype) pairs to check for ``backend``: every op it overrides (or ``ops``) × the op's dtypes."""
     defs = op_defs()
     names = sorted(OpTable.for_backend(backend).overridden) if ops is None else list(ops)
     return [(n, dt) for n in names for dt in defs[n].dtypes]
 
 
-def check_op(backend: Any, name: str, dtype: torch.dtype, seed: int = 0) -> int:
+def check_op(backend: Backend, name: str, dtype: torch.dtype, seed: int = 0) -> int:
     """Run op ``name`` of ``backend`` and the reference on the same inputs; raise AssertionError on mismatch.
 
     Inputs are built on the CPU, the reference runs there, the backend runs on its device.
@@ -97,12 +108,42 @@ def check_op(backend: Any, name: str, dtype: torch.dtype, seed: int = 0) -> int:
     return len(cases)
 
 
-def check_backend(backend: Any, seed: int = 0) -> dict[str, int]:
-    """Check every op ``backend`` overrides at every dtype; return samples checked per op."""
+def check_backend(backend: Backend, seed: int = 0) -> dict[str, int]:
+    """Check every op ``backend`` overrides at every dtype, and its declared coverage; return samples checked
+    per op."""
     counts: dict[str, int] = {}
     for name, dtype in conformance_params(backend):
         counts[name] = counts.get(name, 0) + check_op(backend, name, dtype, seed)
+    for name, dtype in coverage_params(backend):
+        check_coverage(backend, name, dtype, seed)
     return counts
+
+
+def coverage_params(backend: Backend, ops: Sequence[str] | None = None) -> list[tuple[str, torch.dtype]]:
+    """(op name, dtype) pairs of the ops whose override declares what it covers (or ``ops``) × their dtypes."""
+    defs = op_defs()
+    names = sorted(OpTable.for_backend(backend).partially_covered) if ops is None else list(ops)
+    return [(n, dt) for n in names for dt in defs[n].dtypes]
+
+
+def check_coverage(backend: Backend, name: str, dtype: torch.dtype, seed: int = 0) -> tuple[int, int]:
+    """Run op ``name``'s samples through ``backend``'s table on its device: each sample its kernel does not cover
+    (by its ``op_coverage`` predicate) must give exactly what the reference gives there, not an error.  The
+    samples the kernel covers are :func:`check_op`'s.  Returns (covered, not covered) sample counts."""
+    table = OpTable.for_backend(backend)
+    reference = getattr(OpTable(batch_invariant=table.batch_invariant), name)
+    impl, device = getattr(table, name), backend.device()
+    cases = samples(op_defs()[name], dtype, seed)
+    assert cases, f"op {name!r} registers no sample inputs, so no backend can prove its coverage"
+    covered = 0
+    for i, case in enumerate(cases):
+        args, kwargs = _to(case.args, device), _to(case.kwargs, device)
+        if table.uses_override(name, *args, **kwargs):
+            covered += 1
+            continue
+        where = f"{backend.name}.{name}[{case.label or i}] (not covered: the reference must run)"
+        assert_same_bits(impl(*args, **kwargs), reference(*args, **kwargs), f"{where} ({dtype})")
+    return covered, len(cases) - covered
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,13 +222,15 @@ def _batch_invariant_env() -> Iterator[None]:
             os.environ["DEEPINFER_BATCH_INVARIANT"] = saved
 
 
-def batch_invariant_table(backend: Any) -> OpTable:
+def batch_invariant_table(backend: Backend) -> OpTable:
     """The op table the engine builds for ``backend`` under ``DEEPINFER_BATCH_INVARIANT=1``."""
     with _batch_invariant_env():
         return OpTable.for_backend(backend)
 
 
-def batch_invariance_params(backend: Any = None, ops: Sequence[str] | None = None) -> list[tuple[str, torch.dtype]]:
+def batch_invariance_params(
+    backend: Backend | None = None, ops: Sequence[str] | None = None
+) -> list[tuple[str, torch.dtype]]:
     """(op name, dtype) pairs to prove batch-invariant: every op with rows (or those of ``ops``) × its dtypes.
 
     All of them, not only a backend's overrides: the references run on the backend's device too."""
@@ -196,7 +239,7 @@ def batch_invariance_params(backend: Any = None, ops: Sequence[str] | None = Non
     return [(n, dt) for n in names for dt in defs[n].dtypes]
 
 
-def check_batch_invariance(backend: Any, name: str, dtype: torch.dtype, seed: int = 0) -> int:
+def check_batch_invariance(backend: Backend, name: str, dtype: torch.dtype, seed: int = 0) -> int:
     """Prove op ``name`` of ``backend``'s batch-invariant table on its device: each sample's rows, run in
     several sub-batches (single rows, a prefix, reversed, shuffled subsets), equal the whole batch's bitwise.
 

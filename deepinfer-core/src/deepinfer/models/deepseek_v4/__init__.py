@@ -11,12 +11,12 @@ from deepinfer.models.deepseek_v4.config import DeepseekV4Config
 from deepinfer.models.deepseek_v4.model import DeepseekV4ForCausalLM
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.weights import read_weights
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 __all__ = ["DeepseekV4Config", "DeepseekV4ForCausalLM", "DeepseekV4State", "load"]
 
 
-def load(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device) -> DeepseekV4ForCausalLM:
+def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device) -> DeepseekV4ForCausalLM:
     """Build the model from a checkpoint directory (config.json + safetensors)."""
     cfg = DeepseekV4Config.from_file(path)
     weights = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))

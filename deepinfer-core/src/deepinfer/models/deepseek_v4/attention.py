@@ -23,11 +23,11 @@ from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
 from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v4.state import DeepseekV4State, LayerCache
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 class Attention:
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}.attn."
         self.ops, self.layer, self.kind, self.ratio = ops, layer, cfg.layer_types[layer], cfg.compress_ratios[layer]
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
@@ -97,15 +97,18 @@ class Attention:
         ratio); then each SWA ring takes its newest latents."""
         q_residual, q, kv, inputs = self._project(x, positions)
         plan = layout.plans[self.ratio]
-        if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
-            self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, kv_rows=True)
         cols, picks = plan.window_cols, None
-        if self.indexer is not None:  # CSA: the indexer's picks (None: every causal entry, as HCA)
-            picks = self.indexer(inputs, q_residual, positions, layout, states, cache)
-        if picks is not None:
-            cols = torch.cat([cols, torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1)], dim=1)
-        elif self.compressor is not None:  # HCA: the window and every entry whose window is complete at the query
-            cols = plan.causal_cols
+        if self.compressor is not None:  # first: the step's closed windows are entries the pool gathers
+            # a compressed layer has its projections, its cache and its ratio's entry columns
+            assert inputs.compressor is not None and cache.compressor is not None
+            assert plan.entry_offsets is not None and plan.causal_cols is not None
+            self.compressor(inputs.compressor, layout, states, cache.compressor, cache.kv, kv_rows=True)
+            if self.indexer is not None:  # CSA: the indexer's picks (None: every causal entry, as HCA)
+                picks = self.indexer(inputs, q_residual, positions, layout, states, cache)
+            if picks is not None:
+                cols = torch.cat([cols, torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1)], dim=1)
+            else:  # HCA: the window and every entry whose window is complete at the query
+                cols = plan.causal_cols
         keys = torch.cat([cache.kv[plan.gather_rows], kv])
         cache.kv.index_copy_(0, plan.ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
         return self._output(q, keys, cols, positions)
@@ -120,14 +123,17 @@ class Attention:
         cols = plan.window_cols
         if self.compressor is not None:
             ratio = plan.ratios[self.ratio]
+            assert inputs.compressor is not None and cache.compressor is not None  # a compressed layer's
             self.compressor.decode(inputs.compressor, step.slots, ratio, cache.compressor,
                                    cache.kv[pool.entry_base(self.ratio) :])
             ids = None
             if self.indexer is not None:  # CSA: the indexer's top-k (None: every causal entry, as HCA)
                 ids = self.indexer.decode(inputs, q_residual, step, plan, cache)
             if ids is not None:  # the picks' KV pool rows (-1 where none: the last column of pick_cols)
+                assert ratio.pick_cols is not None  # the plan holds them whenever the indexer picks
                 cols = torch.cat([cols, ratio.pick_cols[plan.seq_ids[:, None], ids]], dim=1)
             else:  # HCA: the window and every entry whose window is complete at the query
+                assert ratio.causal_cols is not None  # the plan holds them whenever no indexer picks
                 cols = ratio.causal_cols
         return self._output(q, cache.kv, cols, step.positions)
 

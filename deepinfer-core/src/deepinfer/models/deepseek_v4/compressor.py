@@ -17,13 +17,13 @@ from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.compressor import CompressorWindows
 from deepinfer.models.deepseek_v4.state import CompressorCache
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 class Compressor:
     def __init__(
         self,
-        ops: OpTable,
+        ops: Ops,
         position_bias: torch.Tensor,
         norm_weight: torch.Tensor,
         *,
@@ -55,6 +55,9 @@ class Compressor:
         plan = layout.plans[self.ratio]
         closed = self.windows.ragged(proj, layout, states, cache.pending, cache.overlap)
         if closed is not None:  # the step closes a window (the carry-over is updated either way)
+            # a compressed ratio's plan has its closed windows' tables
+            assert plan.closed_positions is not None and plan.closed_kv_rows is not None
+            assert plan.closed_rows is not None
             has_previous = plan.closed_has_previous if self.overlap else None
             entries = self._entries(closed[0], closed[1], has_previous, plan.closed_positions)
             out.index_copy_(0, plan.closed_kv_rows if kv_rows else plan.closed_rows, entries)

@@ -8,11 +8,14 @@ Released checkpoints ship legacy fields (``compress_ratios``, ``num_hash_layers`
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from deepinfer.models.checkpoint_files import read_json_object
+from deepinfer.models.config_fields import ConfigError, Fields
+from deepinfer.models.deepseek_v4.rope_config import RopeSpec, rope_dim_of, rope_specs
+from deepinfer.ops.moe import SCORE_FUNCS
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
@@ -25,22 +28,7 @@ MLP_LAYER_TYPES = (HASH_MOE, MOE)
 _DEFAULT_RATES = {CSA: 4, HCA: 128}
 _LEGACY_RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
-
-class ConfigError(ValueError):
-    """config.json cannot describe a DeepSeek-V4 model we can build; the message names the field."""
-
-
-@dataclass(slots=True, frozen=True)
-class RopeSpec:
-    """One RoPE family: plain (``default``) or YaRN-scaled; ``attention_scaling`` multiplies cos and sin."""
-
-    rope_type: str
-    theta: float
-    factor: float = 1.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attention_scaling: float = 1.0
+__all__ = ["ConfigError", "DeepseekV4Config", "QuantSpec", "RopeSpec"]  # ConfigError: raised for a bad field
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,171 +86,125 @@ class DeepseekV4Config:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_json_object(path), source=str(path))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> DeepseekV4Config:
-        return _parse(raw)
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> DeepseekV4Config:
+        """``source`` names the file in errors (:class:`ConfigError`, naming the field)."""
+        return _parse(Fields.of(raw, source))
 
 
-def _layer_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> tuple[str, ...]:
-    types = raw.get("layer_types")
-    if types is None and raw.get("compress_ratios") is not None:
+def _stack_lengths(f: Fields, n: int) -> tuple[int, ...]:
+    """Allowed lengths of the per-layer lists: ``n``, or ``n`` plus the MTP layers (released configs list them)."""
+    return (n, n + f.integer("num_nextn_predict_layers", 1, lo=0))
+
+
+def _compress_rates(f: Fields) -> dict[str, int]:
+    rates = dict(_DEFAULT_RATES)
+    section = f.section("compress_rates")
+    if section is not None:
+        for kind in section.raw:
+            if kind not in _DEFAULT_RATES:
+                raise section.error(kind, f"a key from {sorted(_DEFAULT_RATES)}", kind)
+            rates[kind] = section.integer(kind, lo=1)
+    for legacy, kind in (("compress_rate_csa", CSA), ("compress_rate_hca", HCA)):
+        if f.has(legacy):
+            rates[kind] = f.integer(legacy, lo=1)
+    return rates
+
+
+def _layer_types(f: Fields, n: int, rates: dict[str, int]) -> tuple[str, ...]:
+    lengths = _stack_lengths(f, n)
+    types = f.optional_strings("layer_types", lengths=lengths, choices=LAYER_TYPES)
+    ratios = f.optional_integers("compress_ratios", lengths=lengths, lo=0)
+    if types is None and ratios is not None:
         by_ratio = {**_LEGACY_RATIO_TO_TYPE, rates[CSA]: CSA, rates[HCA]: HCA, 0: SLIDING}
-        try:
-            types = [by_ratio[int(r)] for r in raw["compress_ratios"]]
-        except KeyError as exc:
-            raise ConfigError(f"compress_ratios: unknown ratio {exc.args[0]}; known {sorted(by_ratio)}") from None
+        for i, ratio in enumerate(ratios):
+            if ratio not in by_ratio:
+                raise f.error(f"compress_ratios[{i}]", f"one of {sorted(by_ratio)}", ratio)
+        types = tuple(by_ratio[r] for r in ratios)
     if types is None:  # transformers' default: two HCA layers, then CSA / HCA alternating
-        types = [HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))]
-    types = list(types)[:n]  # released configs list the MTP layer's ratio too
-    if len(types) != n or any(t not in LAYER_TYPES for t in types):
-        raise ConfigError(f"layer_types must be {n} entries from {LAYER_TYPES}, got {types}")
-    return tuple(types)
+        types = tuple([HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))])
+    return types[:n]  # released configs list the MTP layer's ratio too
 
 
-def _mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
-    types = raw.get("mlp_layer_types")
+def _mlp_layer_types(f: Fields, n: int) -> tuple[str, ...]:
+    types = f.optional_strings("mlp_layer_types", lengths=_stack_lengths(f, n), choices=MLP_LAYER_TYPES)
     if types is None:
-        n_hash = raw.get("num_hash_layers")
-        n_hash = 3 if n_hash is None else int(n_hash)
-        types = [HASH_MOE] * min(n, n_hash) + [MOE] * max(0, n - n_hash)
-    types = list(types)[:n]
-    if len(types) != n or any(t not in MLP_LAYER_TYPES for t in types):
-        raise ConfigError(f"mlp_layer_types must be {n} entries from {MLP_LAYER_TYPES}, got {types}")
-    return tuple(types)
+        n_hash = f.integer("num_hash_layers", lo=0) if f.has("num_hash_layers") else 3
+        types = tuple([HASH_MOE] * min(n, n_hash) + [MOE] * max(0, n - n_hash))
+    return types[:n]
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _rope_spec(params: dict[str, Any], theta: float, max_pos: int, where: str) -> RopeSpec:
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return RopeSpec("default", float(theta))
-    if rope_type != "yarn":
-        raise ConfigError(f"{where}: rope type {rope_type!r} is not supported (default or yarn)")
-    if params.get("original_max_position_embeddings") is None:
-        raise ConfigError(f"{where}: yarn needs original_max_position_embeddings")
-    original = int(params["original_max_position_embeddings"])
-    factor = params.get("factor")
-    factor = float(max_pos / original if factor is None else factor)
-    scaling = params.get("attention_factor")
-    if scaling is None:  # transformers derives it; V4's own configs pin it to 1
-        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
-        if mscale and mscale_all_dim:
-            scaling = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-        else:
-            scaling = _yarn_mscale(factor)
-    return RopeSpec(
-        "yarn",
-        float(theta),
-        factor,
-        original,
-        float(params.get("beta_fast") or 32),
-        float(params.get("beta_slow") or 1),
-        float(scaling),
-    )
-
-
-def _rope_specs(raw: dict[str, Any], rope_dim: int, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec]:
-    rope_theta = raw.get("rope_theta", 10000.0)
-    compress_theta = raw.get("compress_rope_theta", 160000.0)
-    nested = raw.get("rope_parameters") or {}
-    if isinstance(nested.get("main"), dict) and isinstance(nested.get("compress"), dict):
-        specs = []
-        for label in ("main", "compress"):
-            params = nested[label]
-            factor = params.get("partial_rotary_factor")
-            if factor is not None and int(head_dim * factor) != rope_dim:
-                raise ConfigError(f"rope_parameters.{label}.partial_rotary_factor disagrees with the rope dim")
-            default_theta = rope_theta if label == "main" else compress_theta
-            specs.append(_rope_spec(params, params.get("rope_theta", default_theta), max_pos, f"rope {label}"))
-        return specs[0], specs[1]
-    # Legacy / flat: the scaling dict applies to the compressed branches only (plain rope on sliding layers),
-    # and a YaRN compress rope defaults to attention_factor 1 (V4 does not scale cos / sin).
-    flat = dict(raw.get("rope_scaling") or nested or {})
-    flat.pop("main", None), flat.pop("compress", None)
-    if flat.get("rope_type", flat.get("type", "default")) == "yarn":
-        flat.setdefault("attention_factor", 1.0)
-    return RopeSpec("default", float(rope_theta)), _rope_spec(flat, compress_theta, max_pos, "rope_scaling")
-
-
-def _quant_spec(raw: dict[str, Any]) -> QuantSpec | None:
-    qc = raw.get("quantization_config")
+def _quant_spec(f: Fields) -> QuantSpec | None:
+    qc = f.section("quantization_config")
     if qc is None:
         return None
-    block = tuple(int(b) for b in (qc.get("weight_block_size") or (128, 128)))
-    if len(block) != 2:
-        raise ConfigError(f"quantization_config.weight_block_size must have 2 entries, got {block}")
-    expert_dtype = qc.get("expert_dtype", raw.get("expert_dtype")) or "fp8"
-    if expert_dtype not in ("fp8", "fp4"):
-        raise ConfigError(f"expert_dtype must be 'fp8' or 'fp4', got {expert_dtype!r}")
-    return QuantSpec(block, qc.get("scale_fmt"), expert_dtype)  # type: ignore[arg-type]
+    rows, cols = qc.integers("weight_block_size", lengths=(2,), lo=1) if qc.has("weight_block_size") else (128, 128)
+    choices = ("fp8", "fp4")
+    where = qc if qc.has("expert_dtype") else f  # V4.1 moved it into the quantization config
+    expert_dtype = where.string("expert_dtype", choices=choices) if where.has("expert_dtype") else "fp8"
+    return QuantSpec((rows, cols), qc.optional_string("scale_fmt"), expert_dtype)
 
 
-def _parse(raw: dict[str, Any]) -> DeepseekV4Config:
-    model_type = raw.get("model_type", "deepseek_v4")
-    if model_type != "deepseek_v4":
-        raise ConfigError(f"model_type {model_type!r} is not deepseek_v4")
-    n = int(raw.get("num_hidden_layers", 43))
-    rates = dict(_DEFAULT_RATES)
-    rates.update(raw.get("compress_rates") or {})
-    for legacy, kind in (("compress_rate_csa", CSA), ("compress_rate_hca", HCA)):
-        if raw.get(legacy) is not None:
-            rates[kind] = int(raw[legacy])
-    layer_types = _layer_types(raw, n, rates)
-    head_dim = int(raw.get("head_dim", 512))
-    if raw.get("qk_rope_head_dim") is not None:
-        rope_dim = int(raw["qk_rope_head_dim"])
-    else:
-        rope_dim = int(head_dim * (raw.get("partial_rotary_factor") or 64 / 512))
-    if rope_dim % 2 or not 0 < rope_dim <= head_dim:
-        raise ConfigError(f"rope head dim {rope_dim} must be even and within head_dim {head_dim}")
-    max_pos = int(raw.get("max_position_embeddings", 1048576))
-    rope_main, rope_compress = _rope_specs(raw, rope_dim, head_dim, max_pos)
-    heads, groups = int(raw.get("num_attention_heads", 64)), int(raw.get("o_groups", 8))
+def _parse(f: Fields) -> DeepseekV4Config:
+    f.string("model_type", "deepseek_v4", choices=("deepseek_v4",))
+    n = f.integer("num_hidden_layers", 43, lo=1)
+    rates = _compress_rates(f)
+    layer_types = _layer_types(f, n, rates)
+    head_dim = f.integer("head_dim", 512, lo=1)
+    rope_dim = rope_dim_of(f, head_dim)
+    max_pos = f.integer("max_position_embeddings", 1048576, lo=2)  # a prompt token and one generated
+    rope_main, rope_compress = rope_specs(f, rope_dim, head_dim, max_pos)
+    heads, groups = f.integer("num_attention_heads", 64, lo=1), f.integer("o_groups", 8, lo=1)
     if heads % groups:
-        raise ConfigError(f"num_attention_heads {heads} is not a multiple of o_groups {groups}")
-    if int(raw.get("num_key_value_heads", 1)) != 1:
-        raise ConfigError("DeepSeek-V4 has one shared K=V head; num_key_value_heads must be 1")
-    limit = raw.get("swiglu_limit", 10.0)
+        raise f.error("num_attention_heads", f"a multiple of o_groups ({groups})")
+    if f.integer("num_key_value_heads", 1, lo=1) != 1:
+        raise f.error("num_key_value_heads", "1 (DeepSeek-V4 has one shared K=V head)")
+    experts = f.integer("n_routed_experts", 256, lo=1)
+    top_k = f.integer("num_experts_per_tok", 6, lo=1)
+    if top_k > experts:
+        raise f.error("num_experts_per_tok", f"at most n_routed_experts ({experts})")
+    index_head_dim = f.integer("index_head_dim", 128, lo=1)
+    if CSA in layer_types and index_head_dim < rope_dim:
+        raise f.error("index_head_dim", f"at least the rope head dim ({rope_dim}): the indexer's queries are rotated")
+    vocab = f.integer("vocab_size", 129280, lo=1)
+    no_limit = "swiglu_limit" in f.raw and f.raw["swiglu_limit"] is None
     return DeepseekV4Config(
-        vocab_size=int(raw.get("vocab_size", 129280)),
-        hidden_size=int(raw.get("hidden_size", 4096)),
+        vocab_size=vocab,
+        hidden_size=f.integer("hidden_size", 4096, lo=1),
         num_hidden_layers=n,
         num_attention_heads=heads,
         head_dim=head_dim,
         rope_head_dim=rope_dim,
-        q_lora_rank=int(raw.get("q_lora_rank", 1024)),
+        q_lora_rank=f.integer("q_lora_rank", 1024, lo=1),
         o_groups=groups,
-        o_lora_rank=int(raw.get("o_lora_rank", 1024)),
-        n_routed_experts=int(raw.get("n_routed_experts", 256)),
-        n_shared_experts=int(raw.get("n_shared_experts", 1)),
-        num_experts_per_tok=int(raw.get("num_experts_per_tok", 6)),
-        moe_intermediate_size=int(raw.get("moe_intermediate_size", 2048)),
-        scoring_func=str(raw.get("scoring_func", "sqrtsoftplus")),
-        routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.5)),
-        swiglu_limit=None if limit is None else float(limit),
-        sliding_window=int(raw.get("sliding_window", 128)),
+        o_lora_rank=f.integer("o_lora_rank", 1024, lo=1),
+        n_routed_experts=experts,
+        n_shared_experts=f.integer("n_shared_experts", 1, lo=1),
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=f.integer("moe_intermediate_size", 2048, lo=1),
+        scoring_func=f.string("scoring_func", "sqrtsoftplus", choices=SCORE_FUNCS),
+        routed_scaling_factor=f.number("routed_scaling_factor", 1.5, lo=0, lo_open=True),
+        swiglu_limit=None if no_limit else f.number("swiglu_limit", 10.0, lo=0, lo_open=True),
+        sliding_window=f.integer("sliding_window", 128, lo=1),
         layer_types=layer_types,
-        compress_ratios=tuple(0 if t == SLIDING else int(rates[t]) for t in layer_types),
-        mlp_layer_types=_mlp_layer_types(raw, n),
-        index_n_heads=int(raw.get("index_n_heads", 64)),
-        index_head_dim=int(raw.get("index_head_dim", 128)),
-        index_topk=int(raw.get("index_topk", 512)),
-        hc_mult=int(raw.get("hc_mult", 4)),
-        hc_sinkhorn_iters=int(raw.get("hc_sinkhorn_iters", 20)),
-        hc_eps=float(raw.get("hc_eps", 1e-6)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        compress_ratios=tuple(0 if t == SLIDING else rates[t] for t in layer_types),
+        mlp_layer_types=_mlp_layer_types(f, n),
+        index_n_heads=f.integer("index_n_heads", 64, lo=1),
+        index_head_dim=index_head_dim,
+        index_topk=f.integer("index_topk", 512, lo=1),
+        hc_mult=f.integer("hc_mult", 4, lo=1),
+        hc_sinkhorn_iters=f.integer("hc_sinkhorn_iters", 20, lo=1),
+        hc_eps=f.number("hc_eps", 1e-6, lo=0, lo_open=True),
+        rms_norm_eps=f.number("rms_norm_eps", 1e-6, lo=0, lo_open=True),
         rope_main=rope_main,
         rope_compress=rope_compress,
         max_position_embeddings=max_pos,
-        bos_token_id=raw.get("bos_token_id", 0),
-        eos_token_id=raw.get("eos_token_id", 1),
-        pad_token_id=raw.get("pad_token_id"),
-        num_nextn_predict_layers=int(raw.get("num_nextn_predict_layers", 1)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        quant=_quant_spec(raw),
+        bos_token_id=f.optional_integer("bos_token_id", lo=0, hi=vocab - 1) if "bos_token_id" in f.raw else 0,
+        eos_token_id=f.optional_ids("eos_token_id", 1, hi=vocab - 1),
+        pad_token_id=f.optional_integer("pad_token_id", lo=0),
+        num_nextn_predict_layers=f.integer("num_nextn_predict_layers", 1, lo=0),
+        tie_word_embeddings=f.boolean("tie_word_embeddings", False),
+        quant=_quant_spec(f),
     )

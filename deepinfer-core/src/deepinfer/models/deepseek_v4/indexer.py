@@ -13,13 +13,13 @@ from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.state import DeepseekV4State, LayerCache
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 class Indexer:
     def __init__(
         self,
-        ops: OpTable,
+        ops: Ops,
         wq_b: torch.Tensor,
         compressor: Compressor,
         *,
@@ -53,6 +53,7 @@ class Indexer:
         """Picked entry ids [T, index_topk] per query (``-1`` where fewer entries are causal); ``inputs``: the
         token's projections for the indexer's compressor and head weights.  None while no sequence has more
         than ``index_topk`` entries: then every causal entry is picked, without scoring (as HCA attends)."""
+        assert cache.indexer is not None and cache.index_keys is not None  # a CSA layer's caches
         self.compressor(inputs.indexer_compressor, layout, states, cache.indexer, cache.index_keys, kv_rows=False)
         ratio = self.compressor.ratio
         longest = max((start + n) // ratio for start, n in zip(layout.starts, layout.lens, strict=True))
@@ -68,6 +69,7 @@ class Indexer:
         through its whole page table (entries past its count are masked by the causal limit).  None while the
         length bucket holds no more entries than are picked."""
         ratio = plan.ratios[self.compressor.ratio]
+        assert cache.indexer is not None and cache.index_keys is not None  # a CSA layer's caches
         self.compressor.decode(inputs.indexer_compressor, step.slots, ratio, cache.indexer, cache.index_keys)
         if ratio.picks is None:  # the plan's bucket holds no more entries than are picked
             return None

@@ -27,12 +27,12 @@ from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, HCA, SLIDING, Dee
 from deepinfer.models.deepseek_v4.state import layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.models.pooled import PooledCausalLM
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
 
 
 class DecoderLayer:
-    def __init__(self, ops: OpTable, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
@@ -64,7 +64,7 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
     """
 
     def __init__(
-        self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: OpTable, dtype: torch.dtype, device: torch.device
+        self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: Ops, dtype: torch.dtype, device: torch.device
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size

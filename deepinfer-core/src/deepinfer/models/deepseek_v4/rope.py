@@ -25,7 +25,7 @@ def inv_freq(spec: RopeSpec, rope_dim: int) -> torch.Tensor:
 
     # transformers always truncates the correction range for V4 (it reads `truncate` from the outer dict)
     low = max(math.floor(correction_dim(spec.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(spec.beta_slow)), rope_dim - 1)
+    high: float = min(math.ceil(correction_dim(spec.beta_slow)), rope_dim - 1)
     if low == high:
         high += 0.001
     ramp = torch.clamp((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)

@@ -16,6 +16,19 @@ import torch
 
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, SLIDING, DeepseekV4Config
+from deepinfer.models.tensor_checks import (
+    FLOAT_DTYPES,
+    FP4_DTYPES,
+    FP8_DTYPES,
+    FP8_SCALE_DTYPES,
+    INT_DTYPES,
+    MXFP4_SCALE_DTYPES,
+    check_finite,
+    check_ids,
+    dtype_problem,
+    problems_error,
+)
+from deepinfer.ops.quant import scale_values
 from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor
 
 _ALIASES = {
@@ -27,8 +40,6 @@ _ALIASES = {
 }
 #: Kept in fp32 whatever the model dtype (mHC, sinks, position biases, router bias, norms), as the reference does.
 _FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias|\w*norm\.weight)$")
-_FP8_DTYPES = ("F8_E4M3",)
-_FP4_DTYPES = ("I8", "U8")
 
 
 def canonical_name(name: str) -> str:
@@ -119,8 +130,14 @@ def _mismatch(name: str, expected: tuple[int, ...], actual: tuple[int, ...]) -> 
     return f"{name}: expected shape {tuple(expected)}, checkpoint has {tuple(actual)}"
 
 
+def is_id_table(name: str) -> bool:
+    """Hash-routing tables hold expert ids (integers); every other tensor holds real numbers."""
+    return name.endswith(".tid2eid")
+
+
 class _Reader:
-    """Pairs ``X.weight`` with ``X.scale``, checks shapes against the config, loads and converts tensors."""
+    """Pairs ``X.weight`` with ``X.scale``, checks shapes and dtypes against the config, loads and converts
+    tensors, checking their values (finite; expert ids in range) as they arrive."""
 
     def __init__(
         self, ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device
@@ -134,73 +151,110 @@ class _Reader:
                 raise CheckpointError(f"{name}: stored twice, as {self.on_disk[name]!r} and {raw!r}")
             self.on_disk[name] = raw
 
+    def where(self, name: str, full: bool = False) -> str:
+        """``<file>: <name>`` for messages (the shard's name, or its whole path when ``full``)."""
+        raw = self.on_disk[name]
+        path = self.ckpt.file_of(raw)
+        stored = f" (stored as {raw!r})" if full and raw != name else ""
+        return f"{path if full else path.name}: {name}{stored}"
+
     def quant_format(self, weight: str) -> str | None:
         scale = weight.removesuffix(".weight") + ".scale"
-        if not weight.endswith(".weight") or scale not in self.on_disk:
+        if not weight.endswith(".weight") or scale not in self.on_disk or weight not in self.on_disk:
             return None
         dtype = self.ckpt.dtype_name(self.on_disk[weight])
-        if dtype in _FP8_DTYPES:
+        if dtype in FP8_DTYPES:
             return FP8_BLOCK
-        if dtype in _FP4_DTYPES:
+        if dtype in FP4_DTYPES:
             return MXFP4
-        raise CheckpointError(f"{weight}: has a .scale but dtype {dtype} is neither FP8 e4m3 nor packed FP4")
+        raise CheckpointError(f"{self.where(weight, full=True)}: has a .scale but dtype {dtype} is neither "
+                              f"FP8 e4m3 ({'/'.join(FP8_DTYPES)}) nor packed FP4 ({'/'.join(FP4_DTYPES)})")
+
+    def dtype_problems(self, name: str) -> list[str]:
+        """The stored dtype against the tensor's role: float weight, id table, quantized data and scale."""
+        found = self.ckpt.dtype_name(self.on_disk[name])
+        fmt = self.quant_format(name)
+        if is_id_table(name):
+            problem = dtype_problem(found, INT_DTYPES, "expert ids")
+        elif fmt is None and found in FP8_DTYPES:
+            problem = f"expected dtype {'/'.join(FLOAT_DTYPES)}, found {found} without a .scale beside it"
+        elif fmt is None:
+            problem = dtype_problem(found, FLOAT_DTYPES, "a floating-point tensor")
+        else:
+            scale = name.removesuffix(".weight") + ".scale"
+            allowed = FP8_SCALE_DTYPES if fmt == FP8_BLOCK else MXFP4_SCALE_DTYPES
+            problem = dtype_problem(self.ckpt.dtype_name(self.on_disk[scale]), allowed, f"{fmt} scales")
+            return [] if problem is None else [f"{self.where(scale)}: {problem}"]
+        return [] if problem is None else [f"{self.where(name)}: {problem}"]
 
     def block_of(self, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
         """The FP8 block of weight ``name``: the config's (V4 uses one block size throughout)."""
         return self.block
 
     def check(self, name: str, shape: tuple[int, ...]) -> list[str]:
-        """Problems with tensor ``name`` (and its scale) against its dense ``shape``."""
+        """Problems with tensor ``name`` (and its scale) against its dense ``shape``, and their dtypes."""
+        problems = self.dtype_problems(name)
         actual = self.ckpt.shape(self.on_disk[name])
         fmt = self.quant_format(name)
         if fmt is None:
-            return [] if actual == shape else [_mismatch(name, shape, actual)]
+            return problems + ([] if actual == shape else [_mismatch(self.where(name), shape, actual)])
         scale = name.removesuffix(".weight") + ".scale"
         actual_scale = self.ckpt.shape(self.on_disk[scale])
         if len(shape) != 2:
-            return [f"{name}: only 2-D weights can be quantized, expected dense shape {shape}"]
+            return [f"{self.where(name)}: only 2-D weights can be quantized, expected dense shape {shape}"]
         rows, cols = shape
         if fmt == FP8_BLOCK:
             bn, bk = self.block_of(name, shape)
             data_shape, scale_shape = shape, (-(-rows // bn), -(-cols // bk))
         else:
             data_shape, scale_shape = (rows, cols // 2), (rows, cols // 32)
-        problems = [] if actual == data_shape else [_mismatch(f"{name} ({fmt} data)", data_shape, actual)]
+        if actual != data_shape:
+            problems.append(_mismatch(f"{self.where(name)} ({fmt} data)", data_shape, actual))
         if actual_scale != scale_shape:
-            problems.append(_mismatch(f"{scale} ({fmt} scales)", scale_shape, actual_scale))
+            problems.append(_mismatch(f"{self.where(scale)} ({fmt} scales)", scale_shape, actual_scale))
         return problems
 
     def load(self, name: str, shape: tuple[int, ...] | None) -> Stored:
         fmt = self.quant_format(name)
-        tensor = self.ckpt.get(self.on_disk[name]).to(self.device)
+        stored = self.ckpt.get(self.on_disk[name]).to(self.device)
         if fmt is not None:
-            scale = self.ckpt.get(self.on_disk[name.removesuffix(".weight") + ".scale"]).to(self.device)
-            logical = shape or (tensor.shape[0], tensor.shape[1] * (2 if fmt == MXFP4 else 1))
+            scale_name = name.removesuffix(".weight") + ".scale"
+            scale = self.ckpt.get(self.on_disk[scale_name]).to(self.device)
+            check_finite(self.where(scale_name, full=True), scale_values(scale))
+            logical = shape or (stored.shape[0], stored.shape[1] * (2 if fmt == MXFP4 else 1))
             block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)
-            return QuantizedTensor(fmt, tensor, scale, tuple(logical), tuple(block))
-        if not tensor.is_floating_point():
-            return tensor.long()
-        return tensor.to(torch.float32 if keeps_fp32(name) else self.dtype)
+            return QuantizedTensor(fmt, stored, scale, tuple(logical), block)
+        if is_id_table(name):
+            ids = stored.long()
+            check_ids(self.where(name, full=True), ids, self.cfg.n_routed_experts, "n_routed_experts")
+            return ids
+        tensor = stored.to(torch.float32 if keeps_fp32(name) else self.dtype)
+        check_finite(self.where(name, full=True), tensor, stored)
+        return tensor
 
 
 def read_weights(
     ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device
 ) -> V4Weights:
-    """Check every name and shape from the headers, then load.  Raises :class:`CheckpointError` listing
-    each missing, unexpected or mis-shaped tensor with its name and both shapes."""
+    """Check every name, shape and dtype from the headers, then load, checking values.  Raises
+    :class:`CheckpointError` listing each missing, unexpected, mis-shaped or mis-typed tensor with its file,
+    name, and what was expected and found; or naming the first tensor with a NaN / inf or an id out of range."""
     reader = _Reader(ckpt, cfg, dtype, device)
     expected = expected_shapes(cfg)
     scales = {n.removesuffix(".weight") + ".scale" for n in expected if reader.quant_format(n)}
     mtp = sorted(n for n in reader.on_disk if n.startswith("mtp."))
+    mtp_weights = [n for n in mtp if not n.endswith(".scale")]
     problems = [f"{n}: missing (expected shape {expected[n]})" for n in expected if n not in reader.on_disk]
     unexpected = set(reader.on_disk) - set(expected) - scales - set(mtp)
-    problems += [f"{n}: unexpected tensor of shape {ckpt.shape(reader.on_disk[n])}" for n in sorted(unexpected)]
+    problems += [f"{reader.where(n)}: unexpected tensor of shape {ckpt.shape(reader.on_disk[n])}"
+                 for n in sorted(unexpected)]
     for name, shape in expected.items():
         if name in reader.on_disk:
             problems += reader.check(name, shape)
+    for name in mtp_weights:
+        problems += reader.dtype_problems(name)
     if problems:
-        head = f"checkpoint {ckpt.directory} does not match its config ({len(problems)} problems):\n  "
-        raise CheckpointError(head + "\n  ".join(problems))
+        raise problems_error(f"checkpoint {ckpt.directory} does not match its config", problems)
     tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
-    mtp_tensors = {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    mtp_tensors = {n: reader.load(n, None) for n in mtp_weights}
     return V4Weights(tensors, mtp_tensors)

@@ -14,13 +14,13 @@ from deepinfer.models.deepseek_v41.roles import FULL, REINDEX, REUSE, SWA, Layer
 from deepinfer.models.deepseek_v41.token_map import CompressedTokenMap
 from deepinfer.models.deepseek_v41.truncation import cut_layer
 from deepinfer.models.deepseek_v41.weights import read_weights
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 __all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config", "DeepseekV41ForCausalLM",
            "LayerRole", "load"]
 
 
-def load(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device) -> DeepseekV41ForCausalLM:
+def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device) -> DeepseekV41ForCausalLM:
     """Build the model from a checkpoint directory (config.json, safetensors, and tokenizer.json, from which
     Engram's compressed token map is derived).  ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact`` turns on
     decoder prefill truncation with ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS`` kept rows (checked here)."""

@@ -25,10 +25,11 @@ from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.indexer import Indexer, IndexerSpec, Published
 from deepinfer.models.deepseek_v41.roles import FULL, REUSE, LayerRole
 from deepinfer.models.deepseek_v41.state import LayerCache
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
+from deepinfer.ops.fake_quant import ScaleFormat
 
 #: The compressed latent's FP4 format (block, scale format) and the sliding window's FP8 block.
-LATENT_FORMAT = (16, "e4m3")
+LATENT_FORMAT: tuple[int, ScaleFormat] = (16, "e4m3")
 WINDOW_BLOCK = 32
 
 
@@ -57,7 +58,7 @@ class GraphStep:
 
 
 class Attention:
-    def __init__(self, ops: OpTable, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor]):
         p = f"layers.{role.layer_id}.attn."
         self.ops, self.role, self.ratio = ops, role, role.ratio
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
@@ -109,8 +110,10 @@ class Attention:
     def _picks(self, q_residual, weights, positions, keys, seq_ids, causal: CausalPicks | None,
                published: Published, longest: int) -> torch.Tensor | None:
         """This layer's picks (its own or its index source's); None: every causal entry."""
+        group = self.role.kv_source
+        assert group is not None  # a layer with a ratio belongs to a group
         if self.role.mode == REUSE:
-            return published.picks[self.role.kv_source]
+            return published.picks[group]
         assert self.indexer is not None
         if longest <= self.indexer.spec.topk:  # no sequence has more entries than are picked
             ids = None
@@ -119,7 +122,7 @@ class Attention:
                 counting = torch.arange(self.indexer.spec.topk, device=positions.device)
                 causal = CausalPicks.build((positions + 1) // self.ratio, counting)
             ids = self.indexer.picks(q_residual, weights, positions, keys, seq_ids, causal, published)
-        published.picks[self.role.kv_source] = ids
+        published.picks[group] = ids
         return ids
 
     # --- any chunk lengths ----------------------------------------------------------------------------
@@ -131,6 +134,7 @@ class Attention:
         if latents is not None:
             plan = step.layout.plans[self.ratio]
             closed = plan.closed_positions
+            assert closed is not None and plan.closed_kv_rows is not None and plan.closed_rows is not None
             cache.kv.index_copy_(0, plan.closed_kv_rows, self._entries(latents, closed))
             assert self.indexer is not None and cache.index_keys is not None
             cache.index_keys.index_copy_(0, plan.closed_rows, self.indexer.keys(latents, closed))
@@ -150,6 +154,7 @@ class Attention:
             if self.indexer is not None and longest > self.indexer.spec.topk:
                 keys = cache.index_keys[layout.entry_rows[self.ratio][:, :longest]]  # type: ignore[index]
             picks = self._picks(q_residual, weights, positions, keys, layout.seq_ids, None, step.published, longest)
+            assert plan.causal_cols is not None and plan.entry_offsets is not None  # a compressed ratio's plan
             if picks is None:
                 cols = plan.causal_cols
             else:

@@ -17,11 +17,11 @@ from deepinfer.kv.decode_plan import RatioPlan
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.compressor import CompressorWindows
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 
 
 class Compressor:
-    def __init__(self, ops: OpTable, get: Callable[[str], torch.Tensor], prefix: str, *, ratio: int, eps: float):
+    def __init__(self, ops: Ops, get: Callable[[str], torch.Tensor], prefix: str, *, ratio: int, eps: float):
         self.ops, self.ratio, self.eps = ops, ratio, eps
         self.norm = get(prefix + "norm.weight")
         wkv = get(prefix + "wkv.weight")

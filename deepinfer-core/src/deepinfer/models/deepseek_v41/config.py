@@ -15,13 +15,14 @@ transformers reads but V4.1 ignores are not kept (``n_shared_experts``: always o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepinfer.models.deepseek_v4.config import QuantSpec, RopeSpec, _quant_spec, _rope_spec
-from deepinfer.models.deepseek_v41.fields import ConfigError, Fields
+from deepinfer.models.checkpoint_files import read_json_object
+from deepinfer.models.config_fields import ConfigError, Fields
+from deepinfer.models.deepseek_v4.config import QuantSpec, _quant_spec
+from deepinfer.models.deepseek_v4.rope_config import RopeSpec, _rope_spec
 from deepinfer.models.deepseek_v41.roles import LayerRole, derive_schedule
 from deepinfer.ops.moe import SCORE_FUNCS
 
@@ -95,25 +96,22 @@ class DeepseekV41Config:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_json_object(path), source=str(path))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> DeepseekV41Config:
-        return _parse(raw)
+    def from_dict(cls, raw: Any, source: str = "config") -> DeepseekV41Config:
+        """``source`` names the file in errors."""
+        return _parse(raw, source)
 
 
-def _text_fields(raw: dict[str, Any]) -> tuple[Fields, Fields]:
+def _text_fields(raw: Any, source: str) -> tuple[Fields, Fields]:
     """(the text model's fields, the composite's top-level fields: empty for the flat form)."""
-    model_type = raw.get("model_type")
-    if model_type == "deepseek_v41_text":
-        return Fields(raw), Fields({})
-    if model_type != "deepseek_v41":
-        raise ConfigError(f"model_type must be one of {list(MODEL_TYPES)}, got {model_type!r}")
-    outer = Fields(raw)
-    text = outer.mapping("text_config") or {}
-    if text.get("model_type", "deepseek_v41_text") != "deepseek_v41_text":
-        raise ConfigError(f"text_config.model_type must be 'deepseek_v41_text', got {text['model_type']!r}")
-    return Fields(text, "text_config."), outer
+    outer = Fields.of(raw, source)
+    if outer.string("model_type", choices=MODEL_TYPES) == "deepseek_v41_text":
+        return outer, Fields.of({}, source)
+    text = outer.section("text_config") or Fields.of({}, source, "text_config.")
+    text.string("model_type", "deepseek_v41_text", choices=("deepseek_v41_text",))
+    return text, outer
 
 
 def _rope(f: Fields, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec, int]:
@@ -128,21 +126,23 @@ def _rope(f: Fields, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec, i
     transformers (which sets ``rope_type`` to "default" before it would look at ``type``); YaRN there needs
     ``original_max_position_embeddings``.
     """
-    theta = f.number("rope_theta", 10000.0, positive=True)
-    nested = f.mapping("rope_parameters") or {}
+    theta = f.number("rope_theta", 10000.0, lo=0, lo_open=True)
+    section = f.section("rope_parameters")
+    nested = dict(section.raw) if section is not None else {}
     is_nested = isinstance(nested.get("main"), dict) and isinstance(nested.get("compress"), dict)
     if is_nested:
         families = {label: dict(nested[label]) for label in ("main", "compress")}
         for params in families.values():
             params["rope_type"] = params.get("rope_type", params.get("type", "default"))
             params.setdefault("rope_theta", theta)
-            params.setdefault("partial_rotary_factor", f.get("partial_rotary_factor", 1.0))
+            params.setdefault("partial_rotary_factor", f.number("partial_rotary_factor", 1.0, lo=0, lo_open=True))
             if params["rope_type"] == "yarn":  # transformers' standardisation of nested parameters
                 params.setdefault("original_max_position_embeddings", max_pos)
     else:
-        partial = f.integer("qk_rope_head_dim", 64, low=1) / head_dim
-        scaling = {k: v for k, v in (f.mapping("rope_scaling") or {}).items() if k not in ("main", "compress")}
-        compress = {**scaling, "rope_theta": f.number("compress_rope_theta", 160000.0, positive=True),
+        partial = f.integer("qk_rope_head_dim", 64, lo=1) / head_dim
+        flat = f.section("rope_scaling")
+        scaling = {k: v for k, v in (flat.raw if flat is not None else {}).items() if k not in ("main", "compress")}
+        compress = {**scaling, "rope_theta": f.number("compress_rope_theta", 160000.0, lo=0, lo_open=True),
                     "partial_rotary_factor": partial}
         compress.setdefault("rope_type", "default")
         if compress["rope_type"] == "yarn":
@@ -151,8 +151,9 @@ def _rope(f: Fields, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec, i
                     "compress": compress}
     specs, dims = [], []
     for label, params in families.items():
-        where = f"rope_parameters.{label}" if is_nested else "rope_scaling"
-        specs.append(_rope_spec(params, params["rope_theta"], max_pos, where))
+        where = f"{f.prefix}rope_parameters.{label}." if is_nested else f"{f.prefix}rope_scaling."
+        family = Fields.of(params, f.source, where)
+        specs.append(_rope_spec(family, family.number("rope_theta", lo=0, lo_open=True), max_pos))
         dims.append(int(head_dim * params["partial_rotary_factor"]))
     if dims[0] != dims[1] or dims[0] % 2 or not 0 < dims[0] <= head_dim:
         raise ConfigError(f"rope dims (head_dim * partial_rotary_factor) of main / compress are {dims}: they must "
@@ -160,89 +161,95 @@ def _rope(f: Fields, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec, i
     return specs[0], specs[1], dims[0]
 
 
-def _token_id(text: Fields, outer: Fields, name: str, default: Any) -> Any:
-    return text.get(name, outer.get(name, default))
+def _token_id(text: Fields, outer: Fields, name: str, default: int | None) -> int | list[int] | None:
+    """A token id (or a list: ``eos_token_id``) of the text config, else of the composite's top level."""
+    return text.optional_ids(name, outer.optional_ids(name, default))
 
 
-def _parse(raw: dict[str, Any]) -> DeepseekV41Config:
-    f, outer = _text_fields(raw)
-    n = f.integer("num_hidden_layers", 40, low=1)
-    n_nextn = f.integer("num_nextn_predict_layers", 3, low=0)
-    vocab = f.integer("vocab_size", 129280, low=1)
-    head_dim = f.integer("head_dim", 512, low=1)
-    heads, groups = f.integer("num_attention_heads", 64, low=1), f.integer("o_groups", 8, low=1)
+def _ints(f: Fields, name: str) -> list[int] | None:
+    """A list of integers, or None when absent or null (transformers then derives it)."""
+    value = f.optional_integers(name)
+    return None if value is None else list(value)
+
+
+def _parse(raw: Any, source: str) -> DeepseekV41Config:
+    f, outer = _text_fields(raw, source)
+    n = f.integer("num_hidden_layers", 40, lo=1)
+    n_nextn = f.integer("num_nextn_predict_layers", 3, lo=0)
+    vocab = f.integer("vocab_size", 129280, lo=1)
+    head_dim = f.integer("head_dim", 512, lo=1)
+    heads, groups = f.integer("num_attention_heads", 64, lo=1), f.integer("o_groups", 8, lo=1)
     if heads % groups:
         raise ConfigError(f"num_attention_heads {heads} must be a multiple of o_groups {groups}")
-    max_pos = f.integer("max_position_embeddings", 1048576, low=1)
+    max_pos = f.integer("max_position_embeddings", 1048576, lo=1)
     rope_main, rope_compress, rope_dim = _rope(f, head_dim, max_pos)
-    index_head_dim = f.integer("index_head_dim", 128, low=1)
+    index_head_dim = f.integer("index_head_dim", 128, lo=1)
     if rope_dim > index_head_dim:
         raise ConfigError(f"the rope dim {rope_dim} must fit index_head_dim {index_head_dim} (the indexer rotates it)")
-    engram_ids = f.integers("engram_layer_ids", [], low=0) or []
+    engram_ids = list(f.optional_integers("engram_layer_ids", (), lo=0) or ())
     schedule = derive_schedule(
-        n, n_nextn, f.integers("compress_ratios"), f.integers("kv_source_layer_ids"),
-        f.integers("index_source_layer_ids"), f.optional_integer("candidate_source_layer_id"),
-        f.integers("dspark_target_layer_ids"), tuple(engram_ids))
-    experts = f.integer("n_routed_experts", 384, low=1)
-    draft_experts = f.integer("dspark_n_routed_experts", 128, low=1)
-    f.choice("hidden_act", "silu", ("silu",))
+        n, n_nextn, _ints(f, "compress_ratios"), _ints(f, "kv_source_layer_ids"), _ints(f, "index_source_layer_ids"),
+        f.optional_integer("candidate_source_layer_id"), _ints(f, "dspark_target_layer_ids"), tuple(engram_ids))
+    experts = f.integer("n_routed_experts", 384, lo=1)
+    draft_experts = f.integer("dspark_n_routed_experts", 128, lo=1)
+    f.string("hidden_act", "silu", choices=("silu",))
     return DeepseekV41Config(
         vocab_size=vocab,
-        hidden_size=f.integer("hidden_size", 5120, low=1),
+        hidden_size=f.integer("hidden_size", 5120, lo=1),
         num_hidden_layers=n,
         num_attention_heads=heads,
         head_dim=head_dim,
         rope_dim=rope_dim,
-        q_lora_rank=f.integer("q_lora_rank", 1280, low=1),
+        q_lora_rank=f.integer("q_lora_rank", 1280, lo=1),
         o_groups=groups,
-        o_lora_rank=f.integer("o_lora_rank", 1024, low=1),
-        sliding_window=f.integer("sliding_window", 128, low=1),
+        o_lora_rank=f.integer("o_lora_rank", 1024, lo=1),
+        sliding_window=f.integer("sliding_window", 128, lo=1),
         compress_ratios=schedule.compress_ratios,
         kv_source_layer_ids=schedule.kv_source_layer_ids,
         index_source_layer_ids=schedule.index_source_layer_ids,
         candidate_source_layer_id=schedule.candidate_source_layer_id,
-        candidate_topk_blocks=f.integer("candidate_topk_blocks", 2048, low=1),
-        candidate_block_size=f.integer("candidate_block_size", 8, low=1),
-        index_n_heads=f.integer("index_n_heads", 32, low=1),
+        candidate_topk_blocks=f.integer("candidate_topk_blocks", 2048, lo=1),
+        candidate_block_size=f.integer("candidate_block_size", 8, lo=1),
+        index_n_heads=f.integer("index_n_heads", 32, lo=1),
         index_head_dim=index_head_dim,
-        index_topk=f.integer("index_topk", 512, low=1),
+        index_topk=f.integer("index_topk", 512, lo=1),
         layers=schedule.layers,
-        moe_intermediate_size=f.integer("moe_intermediate_size", 2304, low=1),
+        moe_intermediate_size=f.integer("moe_intermediate_size", 2304, lo=1),
         n_routed_experts=experts,
-        num_experts_per_tok=f.integer("num_experts_per_tok", 6, low=1, high=experts),
-        scoring_func=f.choice("scoring_func", "sqrtsoftplus", SCORE_FUNCS),
-        gate_temp=f.number("gate_temp", 1.0, positive=True),
+        num_experts_per_tok=f.integer("num_experts_per_tok", 6, lo=1, hi=experts),
+        scoring_func=f.string("scoring_func", "sqrtsoftplus", choices=SCORE_FUNCS),
+        gate_temp=f.number("gate_temp", 1.0, lo=0, lo_open=True),
         norm_topk_prob=f.boolean("norm_topk_prob", True),
         routed_scaling_factor=f.number("routed_scaling_factor", 1.5),
         swiglu_limit=f.number("swiglu_limit", 10.0),
-        hc_mult=f.integer("hc_mult", 4, low=1),
-        hc_sinkhorn_iters=f.integer("hc_sinkhorn_iters", 20, low=1),
-        hc_eps=f.number("hc_eps", 1e-6, low=0.0),
-        rms_norm_eps=f.number("rms_norm_eps", 1e-20, low=0.0),
+        hc_mult=f.integer("hc_mult", 4, lo=1),
+        hc_sinkhorn_iters=f.integer("hc_sinkhorn_iters", 20, lo=1),
+        hc_eps=f.number("hc_eps", 1e-6, lo=0.0),
+        rms_norm_eps=f.number("rms_norm_eps", 1e-20, lo=0.0),
         rope_main=rope_main,
         rope_compress=rope_compress,
         max_position_embeddings=max_pos,
         **_engram_fields(f, n, vocab, engram_ids),
         num_nextn_predict_layers=n_nextn,
-        dspark_block_size=f.integer("dspark_block_size", 5, low=1),
-        dspark_noise_token_id=f.integer("dspark_noise_token_id", 128799, low=0, high=vocab - 1),
+        dspark_block_size=f.integer("dspark_block_size", 5, lo=1),
+        dspark_noise_token_id=f.integer("dspark_noise_token_id", 128799, lo=0, hi=vocab - 1),
         dspark_target_layer_ids=schedule.dspark_target_layer_ids,
-        dspark_markov_rank=f.integer("dspark_markov_rank", 256, low=1),
+        dspark_markov_rank=f.integer("dspark_markov_rank", 256, lo=1),
         dspark_n_routed_experts=draft_experts,
-        dspark_num_experts_per_tok=f.integer("dspark_num_experts_per_tok", 3, low=1, high=draft_experts),
-        bos_token_id=_token_id(f, outer, "bos_token_id", None),
+        dspark_num_experts_per_tok=f.integer("dspark_num_experts_per_tok", 3, lo=1, hi=draft_experts),
+        bos_token_id=_token_id(f, outer, "bos_token_id", None),  # type: ignore[arg-type]  # one id, not a list
         eos_token_id=_token_id(f, outer, "eos_token_id", 1),
-        pad_token_id=_token_id(f, outer, "pad_token_id", None),
+        pad_token_id=_token_id(f, outer, "pad_token_id", None),  # type: ignore[arg-type]  # one id, not a list
         tie_word_embeddings=f.boolean("tie_word_embeddings", False),
         # top level in the released composite config (transformers' text config alone would miss it)
-        quant=_quant_spec(raw if raw.get("quantization_config") is not None else raw.get("text_config") or {}),
+        quant=_quant_spec(outer if outer.has("quantization_config") else f),
     )
 
 
 def _engram_fields(f: Fields, n: int, vocab: int, layer_ids: list[int]) -> dict[str, Any]:
     if len(set(layer_ids)) != len(layer_ids) or any(i >= n for i in layer_ids):
         raise ConfigError(f"engram_layer_ids must be distinct layer ids in [0, {n}), got {layer_ids}")
-    rows = f.integers("engram_num_embeddings", [0] * len(layer_ids), low=0) or []
+    rows = list(f.optional_integers("engram_num_embeddings", (0,) * len(layer_ids), lo=0) or ())
     if len(rows) != len(layer_ids):
         raise ConfigError(f"engram_num_embeddings has {len(rows)} entries but engram_layer_ids has "
                           f"{len(layer_ids)}: one table size per engram layer")
@@ -250,11 +257,11 @@ def _engram_fields(f: Fields, n: int, vocab: int, layer_ids: list[int]) -> dict[
     pad_name = "engram_pad_id" if f.has("engram_pad_id") or not f.has("engram_pad_token_id") else "engram_pad_token_id"
     return dict(
         engram_layer_ids=tuple(layer_ids),
-        engram_vocab_size=f.integer("engram_vocab_size", 16000000, low=2),
+        engram_vocab_size=f.integer("engram_vocab_size", 16000000, lo=2),
         engram_num_embeddings=tuple(rows),
-        engram_max_ngram_size=f.integer("engram_max_ngram_size", 4, low=2),
-        engram_n_heads=f.integer("engram_n_heads", 8, low=1),
-        engram_head_dim=f.integer("engram_head_dim", 256, low=1),
-        engram_pad_id=f.integer(pad_name, 2, low=0, high=vocab - 1),
-        engram_compressed_vocab_size=f.integer("engram_compressed_vocab_size", 99092, low=1),
+        engram_max_ngram_size=f.integer("engram_max_ngram_size", 4, lo=2),
+        engram_n_heads=f.integer("engram_n_heads", 8, lo=1),
+        engram_head_dim=f.integer("engram_head_dim", 256, lo=1),
+        engram_pad_id=f.integer(pad_name, 2, lo=0, hi=vocab - 1),
+        engram_compressed_vocab_size=f.integer("engram_compressed_vocab_size", 99092, lo=1),
     )

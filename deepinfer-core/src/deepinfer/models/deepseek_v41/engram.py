@@ -66,9 +66,8 @@ class Engram:
                  stored: Callable[[str], torch.Tensor | QuantizedTensor], eps: float):
         p = f"layers.{layout.layer_ids[index]}.engram."
         table = stored(p + "embed.weight")  # an FP8 table stays FP8: rows are dequantized as they are gathered
-        quantized = isinstance(table, QuantizedTensor)
-        self.weights = EngramWeights(table.data if quantized else table, table.scale if quantized else None,
-                                     get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight"))
+        rows, scale = (table.data, table.scale) if isinstance(table, QuantizedTensor) else (table, None)
+        self.weights = EngramWeights(rows, scale, get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight"))
         self.ops, self.eps = ops, eps
         self.hash = layout.hash_tensors(index, self.weights.wkv.device)
 

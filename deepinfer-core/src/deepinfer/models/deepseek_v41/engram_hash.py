@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from deepinfer.models.deepseek_v41.fields import ConfigError
+from deepinfer.models.config_fields import ConfigError
 
 if TYPE_CHECKING:
     from deepinfer.models.deepseek_v41.config import DeepseekV41Config

@@ -17,10 +17,11 @@ import torch
 
 from deepinfer.kv.decode_plan import CausalPicks
 from deepinfer.models.deepseek_v41.roles import FULL, LayerRole
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
+from deepinfer.ops.fake_quant import ScaleFormat
 
 #: The indexer keys' and queries' FP4 format (block, scale format).
-KEY_FORMAT = (32, "ue8m0")
+KEY_FORMAT: tuple[int, ScaleFormat] = (32, "ue8m0")
 
 
 @dataclass(slots=True)
@@ -43,7 +44,7 @@ class IndexerSpec:
 
 
 class Indexer:
-    def __init__(self, ops: OpTable, spec: IndexerSpec, role: LayerRole, get: Callable[[str], torch.Tensor],
+    def __init__(self, ops: Ops, spec: IndexerSpec, role: LayerRole, get: Callable[[str], torch.Tensor],
                  prefix: str, inv_freq: torch.Tensor, rope_scaling: float):
         self.ops, self.spec, self.role = ops, spec, role
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling

@@ -34,7 +34,7 @@ from deepinfer.models.deepseek_v41.indexer import Published
 from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.pooled import PooledCausalLM
-from deepinfer.ops import OpTable
+from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
 
 Stored = torch.Tensor | QuantizedTensor
@@ -43,7 +43,7 @@ Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
 
 
 class DecoderLayer:
-    def __init__(self, ops: OpTable, cfg: DeepseekV41Config, layer: int, get: Callable[[str], torch.Tensor],
+    def __init__(self, ops: Ops, cfg: DeepseekV41Config, layer: int, get: Callable[[str], torch.Tensor],
                  engram: Engram | None):
         p = f"layers.{layer}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
@@ -106,7 +106,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
-                 token_map: torch.Tensor | None, *, ops: OpTable, dtype: torch.dtype, device: torch.device,
+                 token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
                  decoder_keep: int | None = None):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size

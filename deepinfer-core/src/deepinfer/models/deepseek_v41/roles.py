@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from deepinfer.models.deepseek_v41.fields import ConfigError
+from deepinfer.models.config_fields import ConfigError
 
 Mode = Literal["swa", "full", "reindex", "reuse"]
 SWA: Final = "swa"

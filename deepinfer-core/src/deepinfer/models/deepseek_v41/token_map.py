@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from deepinfer.models.deepseek_v41.fields import ConfigError
+from deepinfer.models.config_fields import ConfigError
 
 _SENTINEL = "\ue000"  # a private-use character: a token that is exactly one space survives Strip()
 

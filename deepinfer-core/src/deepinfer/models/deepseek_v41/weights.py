@@ -62,13 +62,13 @@ def expected_shapes(cfg: DeepseekV41Config) -> dict[str, tuple[int, ...]]:
         _mlp(shapes, f + "shared_experts.", d, inter)
         if role.engram:
             index = cfg.engram_layer_ids.index(role.layer_id)
-            e = p + "engram."
+            g = p + "engram."
             columns = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
             shapes.update({
-                e + "embed.weight": (cfg.engram_num_embeddings[index], cfg.engram_head_dim),
-                e + "wkv.weight": ((n_hc + 1) * d, columns * cfg.engram_head_dim),
-                e + "q_weight": (n_hc, d),
-                e + "k_weight": (n_hc, d),
+                g + "embed.weight": (cfg.engram_num_embeddings[index], cfg.engram_head_dim),
+                g + "wkv.weight": ((n_hc + 1) * d, columns * cfg.engram_head_dim),
+                g + "q_weight": (n_hc, d),
+                g + "k_weight": (n_hc, d),
             })
     return shapes
 

@@ -1,0 +1,76 @@
+"""What each CUDA kernel covers, declared per op (``CudaBackend.op_coverage``); the op table runs core's reference
+for everything else, so a checkpoint with, say, 3 hyper-connection streams runs on this backend (slower there).
+
+Each predicate takes its op's arguments (the reference's signature, checked when the table is built) and reads
+shapes and plain arguments only: it runs before every call.  The kernels' ``prepare`` raise a ValueError for what
+these refuse (tools and tests call ``prepare`` directly).  No Triton import here: the declarations load and test
+without a GPU.
+
+The kernels' other ValueErrors are real errors and stay so: an unknown router scoring function (the reference
+refuses it too), windows whose shapes do not match (bad input), a split that is no multiple of its tile (a bug in
+``arch.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def rope_fits(inv_freq: torch.Tensor, dim: int) -> bool:
+    """Every kernel that rotates takes its rope channels as one tile of pairs: a power-of-two count (or none), at most
+    half of the row's ``dim`` channels."""
+    half = inv_freq.numel()
+    return half & (half - 1) == 0 and 2 * half <= dim
+
+
+def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+           hc_eps: float, sinkhorn_iters: int) -> bool:
+    """The streams are one tile (a power-of-two count; 1, 2, 4 and 8 ran on an H200); one Sinkhorn round or more."""
+    return is_pow2(streams.shape[1]) and sinkhorn_iters >= 1
+
+
+def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> bool:
+    """The streams are one tile: a power-of-two count."""
+    return is_pow2(streams.shape[1])
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+         inverse: bool = False) -> bool:
+    return rope_fits(inv_freq, x.shape[-1])
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
+                  inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> bool:
+    return rope_fits(inv_freq, x.shape[-1])
+
+
+def sparse_attention_inverse_rope(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor,
+                                  scale: float, positions: torch.Tensor, inv_freq: torch.Tensor,
+                                  attention_scaling: float = 1.0) -> bool:
+    return rope_fits(inv_freq, q.shape[-1])
+
+
+def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
+                     position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
+                     inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None) -> bool:
+    """An even entry width (each program splits its row into pairs) whose rope channels fit one tile."""
+    width = position_bias.shape[-1]
+    dim = width // 2 if previous is not None else width
+    return dim % 2 == 0 and rope_fits(inv_freq, dim)
+
+
+#: Ops whose kernel covers only some inputs; the other overrides take everything their reference does.
+COVERAGE: dict[str, Callable[..., bool]] = {
+    "hc_pre": hc_pre,
+    "hc_post": hc_post,
+    "rope": rope,
+    "rms_norm_rope": rms_norm_rope,
+    "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
+    "compress_entries": compress_entries,
+}
