@@ -20,12 +20,12 @@ from deepinfer.models import CheckpointError, load_model
 from deepinfer.models.checkpoint import SafetensorsCheckpoint
 from deepinfer.ops import OpTable
 from tests.support.hf_cache import add_snapshot, commit_hash
+from tests.support.model_runs import run_chunked
 from tests.support.v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)
     SMALL,
     build_checkpoint,
     random_tokens,
     read_tensors,
-    run_chunked,
     single_thread,
     write_checkpoint,
 )
