@@ -154,8 +154,12 @@ class Engine:
             done += self._land()
         sched = self.schedule()
         if sched.empty:
+            # Nothing to run now is progress still when a step was in flight (reading it appends tokens and
+            # retires sequences, which frees budget, even when no request finishes: a sibling of an ``n > 1``
+            # request may be waiting) or when this step preempted.  Otherwise nothing can ever change.
+            stalled = self._inflight is None and not sched.preempted
             done += self._land()
-            if not done and self._inflight is None and self.has_unfinished():
+            if stalled and self.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (state budget too small?)")
             return done
         previous, self._inflight = self._inflight, (sched, self.launch(sched))
