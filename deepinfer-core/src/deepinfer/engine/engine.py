@@ -19,15 +19,17 @@ from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
-from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine.state_cache import StateCache
+from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
 from deepinfer.models.base import CausalLM, GraphDecodable
 from deepinfer.outputs import RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
-from deepinfer.runner.model_runner import ModelRunner, RunnerOutput, StepHandle
+from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +179,7 @@ class Engine:
     def launch(self, sched: SchedulerOutput) -> StepHandle:
         """Queue ``sched`` on the device (tokens in flight come from the step before); nothing is read back."""
         previous = self._inflight[1] if self._inflight is not None else None
-        handle = self.runner.launch(sched, self.seqs, self.state_cache, previous)
+        handle = self.runner.launch(build_step_input(sched, self.seqs, self.state_cache), previous)
         for chunk in sched.chunks:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)
@@ -204,7 +206,7 @@ class Engine:
 
     def _may_overlap(self) -> bool:
         """Whether the next step may be scheduled before the host reads the tokens in flight."""
-        if not self.config.async_scheduling:
+        if not self.config.async_scheduling or self._inflight is None:
             return False
         for seq_id in self._inflight[1].seq_ids:
             seq = self.seqs.get(seq_id)
@@ -225,8 +227,10 @@ class Engine:
         return self.process(sched, result)
 
     def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
-        for request, position, tl in result.prompt_logprobs:
-            self.outputs.record_prompt_logprobs(request, position, tl)
+        for seq_id, position, tl in result.prompt_logprobs:
+            seq = self.seqs.get(seq_id)
+            if seq is not None:
+                self.outputs.record_prompt_logprobs(seq.request, position, tl)
         done: list[RequestOutput] = []
         for seq_id, tl in result.sampled:
             seq = self.seqs.get(seq_id)

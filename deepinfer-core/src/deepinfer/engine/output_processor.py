@@ -16,7 +16,7 @@ from typing import Any
 from deepinfer.engine.detokenizer import IncrementalDetokenizer, find_stop
 from deepinfer.engine.request import Request, Sequence
 from deepinfer.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from deepinfer.runner.model_runner import TokenLogprobs
+from deepinfer.step import TokenLogprobs
 
 
 class OutputProcessor:
