@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import threading
 from typing import Any
 
 from deepinfer.backends import Backend
@@ -47,7 +48,11 @@ def fork_seed(seed: int, index: int) -> int:
 
 
 class Engine:
-    """Continuous-batching generation over one model; see ``docs/engine.md``."""
+    """Continuous-batching generation over one model; see ``docs/engine.md``.
+
+    Not thread-safe by itself: ``lock`` is held by ``LLM.generate`` for a whole call, so calls from several
+    threads run one after the other.
+    """
 
     def __init__(self, model: CausalLM, tokenizer: Any, ops: Any, config: EngineConfig,
                  token_masks: TokenMaskProvider | None = None, backend: Backend | None = None):
@@ -72,16 +77,21 @@ class Engine:
         self.num_generated_tokens = 0
         #: The step queued on the device whose results the host has not read yet (async scheduling).
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
+        #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it).
+        self.lock = threading.Lock()
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
         self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
     ) -> RequestOutput | None:
-        """Queue one prompt.  A bad request is not queued: its error output is returned instead."""
+        """Queue one prompt.  A bad request is not queued: its error output is returned instead.
+
+        Anything that goes wrong while checking one request (an invalid prompt or parameters, a prompt the
+        tokenizer cannot encode, a grammar that does not compile) is that request's error; the engine is left
+        as it was."""
         params = params if params is not None else SamplingParams()
         arrival = next(self._arrivals)
         request_id = request_id if request_id is not None else str(arrival)
-        text = prompt if isinstance(prompt, str) else None
         try:
             if not isinstance(params, SamplingParams):
                 raise RequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -89,10 +99,13 @@ class Engine:
             check_request(token_ids, params, self.config, self.model.vocab_size, self.model.state_bytes,
                           self.tokenizer is not None)
             grammars = self._grammars(params)
-        except RequestError as exc:
-            logger.warning("request %s rejected: %s", request_id, exc)
-            return RequestOutput(request_id, text, [] if text is not None else _ids_or_empty(prompt), None,
-                                 outputs=[], finished=True, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever fails while checking one request fails it alone
+            message = str(exc) if isinstance(exc, RequestError) else f"could not prepare the request: " \
+                f"{type(exc).__name__}: {exc}"
+            logger.warning("request %s rejected: %s", request_id, message,
+                           exc_info=not isinstance(exc, RequestError))
+            return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, _ids_or_empty(prompt),
+                                 None, outputs=[], finished=True, error=message)
 
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
         request = Request(
@@ -132,6 +145,24 @@ class Engine:
     def abort_request(self, request: Request) -> None:
         for seq in request.sequences:
             self._retire(seq)
+
+    def abort_all(self) -> None:
+        """Drop every request, the step in flight and all sequence state: the engine is empty, as new.
+
+        Called when a ``generate`` call ends in an exception or an interrupt, which may come at any point of a
+        step, so this resets every structure wholesale instead of retiring sequences one by one."""
+        if self._inflight is not None:
+            self._inflight = None
+            try:  # the step's device work may still be queued: let it finish before its memory is reused
+                self.runner.backend.synchronize(self.model.device)
+            except Exception:  # noqa: BLE001 - the device error that ended the call; nothing left to wait for
+                logger.debug("synchronize after an aborted step failed", exc_info=True)
+        for seq in self.seqs.values():
+            seq.status = SequenceStatus.FINISHED
+            seq.num_inflight = 0
+        self.seqs.clear()
+        self.scheduler.clear()
+        self.state_cache.clear()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -191,12 +222,6 @@ class Engine:
         """Read the step still in flight, if any."""
         return self._land()
 
-    def abandon_inflight(self) -> None:
-        """Forget the step in flight without reading it (after an error)."""
-        if self._inflight is not None:
-            self._settle(self._inflight[1])
-            self._inflight = None
-
     def _settle(self, handle: StepHandle) -> None:
         """The tokens ``handle`` sampled are no longer in flight (read, or abandoned)."""
         for seq_id in handle.seq_ids:
@@ -251,5 +276,8 @@ class Engine:
 
 
 def _ids_or_empty(prompt: Any) -> list[int]:
+    """The token ids a rejected prompt was given as, when they are a list of ints; else ``[]``."""
     ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
-    return list(ids) if isinstance(ids, (list, tuple)) else []
+    if isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return list(ids)
+    return []
