@@ -140,6 +140,9 @@ class Engine:
             first = self.token_masks.matcher(params.so_args)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
+        if first.dead_end():
+            raise RequestError(f"{first.label} admits no output: no token of this vocabulary can start it (it "
+                               "matches no string, or only strings this tokenizer cannot spell)")
         return [first] + [first.fork() for _ in range(params.n - 1)]
 
     def abort_request(self, request: Request) -> None:
@@ -263,7 +266,11 @@ class Engine:
                 continue
             self.num_generated_tokens += 1
             if self.outputs.append_token(seq, tl):
-                self._retire(seq)
+                if seq.request.error is not None:  # it failed while running: so does the whole request
+                    logger.warning("request %s failed: %s", seq.request.request_id, seq.request.error)
+                    self.abort_request(seq.request)
+                else:
+                    self._retire(seq)
                 if seq.request.finished:
                     done.append(self.outputs.request_output(seq.request))
         return done
