@@ -161,6 +161,22 @@ def test_unencodable_prompt_is_that_requests_error(model, tokenizer):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
 
 
+def test_unexpected_failure_while_checking_a_request_fails_it_alone(model, tokenizer, monkeypatch):
+    """Whatever raises while one request is checked (here: a grammar service that breaks) fails that request."""
+    llm = LLM.from_model(model, tokenizer)
+
+    def broken(params):
+        raise RuntimeError("grammar service down")
+
+    monkeypatch.setattr(llm.engine, "_grammars", broken)
+    outs = llm.generate(["Once upon a time", "The quick"], GREEDY, use_tqdm=False)
+    assert all(o.outputs == [] and o.error == "could not prepare the request (RuntimeError: grammar service down)"
+               for o in outs)
+    monkeypatch.undo()
+    assert_empty(llm)
+    assert all(o.error is None for o in llm.generate(["Once upon a time"], GREEDY, use_tqdm=False))
+
+
 # --------------------------------------------------------------------------------------------------
 # Two threads
 # --------------------------------------------------------------------------------------------------

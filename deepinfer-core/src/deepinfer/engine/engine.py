@@ -99,13 +99,12 @@ class Engine:
             check_request(token_ids, params, self.config, self.model.vocab_size, self.model.state_bytes,
                           self.tokenizer is not None)
             grammars = self._grammars(params)
+        except RequestError as exc:
+            logger.warning("request %s rejected: %s", request_id, exc)
+            return _rejected(request_id, prompt, str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever fails while checking one request fails it alone
-            message = str(exc) if isinstance(exc, RequestError) else f"could not prepare the request: " \
-                f"{type(exc).__name__}: {exc}"
-            logger.warning("request %s rejected: %s", request_id, message,
-                           exc_info=not isinstance(exc, RequestError))
-            return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, _ids_or_empty(prompt),
-                                 None, outputs=[], finished=True, error=message)
+            logger.warning("request %s rejected", request_id, exc_info=True)
+            return _rejected(request_id, prompt, f"could not prepare the request ({type(exc).__name__}: {exc})")
 
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
         request = Request(
@@ -154,12 +153,11 @@ class Engine:
 
         Called when a ``generate`` call ends in an exception or an interrupt, which may come at any point of a
         step, so this resets every structure wholesale instead of retiring sequences one by one."""
-        if self._inflight is not None:
-            self._inflight = None
-            try:  # the step's device work may still be queued: let it finish before its memory is reused
-                self.runner.backend.synchronize(self.model.device)
-            except Exception:  # noqa: BLE001 - the device error that ended the call; nothing left to wait for
-                logger.debug("synchronize after an aborted step failed", exc_info=True)
+        self._inflight = None
+        try:  # device work of the interrupted step may still be queued: let it finish before its memory is reused
+            self.runner.backend.synchronize(self.model.device)
+        except Exception:  # noqa: BLE001 - the device error that ended the call; nothing left to wait for
+            logger.debug("synchronize after an aborted call failed", exc_info=True)
         for seq in self.seqs.values():
             seq.status = SequenceStatus.FINISHED
             seq.num_inflight = 0
@@ -282,9 +280,9 @@ class Engine:
         self.seqs.pop(seq.seq_id, None)
 
 
-def _ids_or_empty(prompt: Any) -> list[int]:
-    """The token ids a rejected prompt was given as, when they are a list of ints; else ``[]``."""
+def _rejected(request_id: str, prompt: Any, error: str) -> RequestOutput:
+    """The output of a request that was not run: its prompt as given (text, or ids when they are ints)."""
     ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
-    if isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        return list(ids)
-    return []
+    valid_ids = isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+    return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, list(ids) if valid_ids else [],
+                         None, outputs=[], finished=True, error=error)
