@@ -282,7 +282,7 @@ class Engine:
 
 def _rejected(request_id: str, prompt: Any, error: str) -> RequestOutput:
     """The output of a request that was not run: its prompt as given (text, or ids when they are ints)."""
-    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+    ids: Any = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
     valid_ids = isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
     return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, list(ids) if valid_ids else [],
                          None, outputs=[], finished=True, error=error)
