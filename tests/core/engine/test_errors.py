@@ -49,6 +49,21 @@ CASES = {
     "n above max_num_seqs": ("hello", SamplingParams(n=5), "max_num_seqs=4"),
     "invalid grammar": ("hello", SamplingParams(so_args={"regex": "a("}), "so_args['regex']: invalid regular"),
     "not a SamplingParams": ("hello", {"temperature": 0}, "must be a SamplingParams"),
+    "unencodable text": ("lone \ud800 surrogate", None, "could not be encoded by the tokenizer"),
+    "None prompt": (None, None, "a prompt must be"),
+    "bool token": ([5, True], None, "not an integer token id"),
+    "float token": ([5, 6.0], None, "not an integer token id"),
+    "nested token list": ([5, [6, 7]], None, "not an integer token id"),
+    "dict: token ids as text": ({"prompt_token_ids": "abc"}, None, "'prompt_token_ids' must be a list"),
+    "dict: text as token ids": ({"prompt": [35, 36]}, None, "'prompt' must be a string"),
+    "dict: None text": ({"prompt": None}, None, "'prompt' must be a string"),
+    "dict: None token ids": ({"prompt_token_ids": None}, None, "'prompt_token_ids' must be a list"),
+    "dict: bool token": ({"prompt_token_ids": [5, False]}, None, "not an integer token id"),
+    "dict: nested token ids": ({"prompt_token_ids": [[5, 6]]}, None, "not an integer token id"),
+    "dict: unknown key": ({"prompt": "hello", "multi_modal_data": {}}, None, "unknown key(s) ['multi_modal_data']"),
+    "dict: misspelt key": ({"promt": "hello"}, None, "unknown key(s) ['promt']"),
+    "dict: no key": ({}, None, "needs a 'prompt' (text) or 'prompt_token_ids' key"),
+    "dict: text of wrong type": ({"prompt_token_ids": [5, 6], "prompt": 3}, None, "'prompt' must be a string"),
 }
 
 
@@ -76,10 +91,14 @@ def test_sampling_params_list_of_wrong_length_raises(llm):
 
 def test_prompt_forms(llm, tokenizer, reference):
     ids = tokenizer.encode(GOOD[0])
-    for form in (GOOD[0], ids, {"prompt": GOOD[0]}, {"prompt_token_ids": ids}, [ids]):
+    forms = (GOOD[0], ids, tuple(ids), {"prompt": GOOD[0]}, {"prompt_token_ids": ids}, [ids],
+             {"prompt_token_ids": ids, "prompt": GOOD[0]})  # vLLM's TokensPrompt may carry its text
+    for form in forms:
         (out,) = llm.generate(form, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+        assert out.error is None, out.error
         assert out.prompt_token_ids == ids
         assert out.outputs[0].token_ids == reference[0].outputs[0].token_ids
+    assert llm.generate({"prompt_token_ids": ids, "prompt": GOOD[0]}, use_tqdm=False)[0].prompt == GOOD[0]
     assert llm.generate([], use_tqdm=False) == []
 
 

@@ -13,22 +13,25 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import threading
 from typing import Any
 
 from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
-from deepinfer.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer.engine.scheduler import Scheduler
 from deepinfer.engine.state_cache import StateCache
+from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
 from deepinfer.models.base import CausalLM, GraphDecodable
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
-from deepinfer.runner.model_runner import ModelRunner, RunnerOutput, StepHandle
+from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,11 @@ def fork_seed(seed: int, index: int) -> int:
 
 
 class Engine:
-    """Continuous-batching generation over one model; see ``docs/engine.md``."""
+    """Continuous-batching generation over one model; see ``docs/engine.md``.
+
+    Not thread-safe by itself: ``lock`` is held by ``LLM.generate`` for a whole call, so calls from several
+    threads run one after the other.
+    """
 
     def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig,
                  token_masks: TokenMaskProvider | None = None, backend: Backend | None = None):
@@ -71,16 +78,21 @@ class Engine:
         self.num_generated_tokens = 0
         #: The step queued on the device whose results the host has not read yet (async scheduling).
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
+        #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it).
+        self.lock = threading.Lock()
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
         self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
     ) -> RequestOutput | None:
-        """Queue one prompt.  A bad request is not queued: its error output is returned instead."""
+        """Queue one prompt.  A bad request is not queued: its error output is returned instead.
+
+        Anything that goes wrong while checking one request (an invalid prompt or parameters, a prompt the
+        tokenizer cannot encode, a grammar that does not compile) is that request's error; the engine is left
+        as it was."""
         params = params if params is not None else SamplingParams()
         arrival = next(self._arrivals)
         request_id = request_id if request_id is not None else str(arrival)
-        text = prompt if isinstance(prompt, str) else None
         try:
             if not isinstance(params, SamplingParams):
                 raise RequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -90,8 +102,10 @@ class Engine:
             grammars = self._grammars(params)
         except RequestError as exc:
             logger.warning("request %s rejected: %s", request_id, exc)
-            return RequestOutput(request_id, text, [] if text is not None else _ids_or_empty(prompt), None,
-                                 outputs=[], finished=True, error=str(exc))
+            return _rejected(request_id, prompt, str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever fails while checking one request fails it alone
+            logger.warning("request %s rejected", request_id, exc_info=True)
+            return _rejected(request_id, prompt, f"could not prepare the request ({type(exc).__name__}: {exc})")
 
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
         request = Request(
@@ -126,11 +140,31 @@ class Engine:
             first = self.token_masks.matcher(params.so_args)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
+        if first.dead_end():
+            raise RequestError(f"{first.label} admits no output: no token of this vocabulary can start it (it "
+                               "matches no string, or only strings this tokenizer cannot spell)")
         return [first] + [first.fork() for _ in range(params.n - 1)]
 
     def abort_request(self, request: Request) -> None:
         for seq in request.sequences:
             self._retire(seq)
+
+    def abort_all(self) -> None:
+        """Drop every request, the step in flight and all sequence state: the engine is empty, as new.
+
+        Called when a ``generate`` call ends in an exception or an interrupt, which may come at any point of a
+        step, so this resets every structure wholesale instead of retiring sequences one by one."""
+        self._inflight = None
+        try:  # device work of the interrupted step may still be queued: let it finish before its memory is reused
+            self.runner.backend.synchronize(self.model.device)
+        except Exception:  # noqa: BLE001 - the device error that ended the call; nothing left to wait for
+            logger.debug("synchronize after an aborted call failed", exc_info=True)
+        for seq in self.seqs.values():
+            seq.status = SequenceStatus.FINISHED
+            seq.num_inflight = 0
+        self.seqs.clear()
+        self.scheduler.clear()
+        self.state_cache.clear()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -155,8 +189,12 @@ class Engine:
             done += self._land()
         sched = self.schedule()
         if sched.empty:
+            # Nothing to run now is progress still when a step was in flight (reading it appends tokens and
+            # retires sequences, which frees budget, even when no request finishes: a sibling of an ``n > 1``
+            # request may be waiting) or when this step preempted.  Otherwise nothing can ever change.
+            stalled = self._inflight is None and not sched.preempted
             done += self._land()
-            if not done and self._inflight is None and self.has_unfinished():
+            if stalled and self.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (state budget too small?)")
             return done
         previous, self._inflight = self._inflight, (sched, self.launch(sched))
@@ -174,7 +212,7 @@ class Engine:
     def launch(self, sched: SchedulerOutput) -> StepHandle:
         """Queue ``sched`` on the device (tokens in flight come from the step before); nothing is read back."""
         previous = self._inflight[1] if self._inflight is not None else None
-        handle = self.runner.launch(sched, self.seqs, self.state_cache, previous)
+        handle = self.runner.launch(build_step_input(sched, self.seqs, self.state_cache), previous)
         for chunk in sched.chunks:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)
@@ -186,12 +224,6 @@ class Engine:
         """Read the step still in flight, if any."""
         return self._land()
 
-    def abandon_inflight(self) -> None:
-        """Forget the step in flight without reading it (after an error)."""
-        if self._inflight is not None:
-            self._settle(self._inflight[1])
-            self._inflight = None
-
     def _settle(self, handle: StepHandle) -> None:
         """The tokens ``handle`` sampled are no longer in flight (read, or abandoned)."""
         for seq_id in handle.seq_ids:
@@ -201,7 +233,7 @@ class Engine:
 
     def _may_overlap(self) -> bool:
         """Whether the next step may be scheduled before the host reads the tokens in flight."""
-        if not self.config.async_scheduling:
+        if not self.config.async_scheduling or self._inflight is None:
             return False
         for seq_id in self._inflight[1].seq_ids:
             seq = self.seqs.get(seq_id)
@@ -222,8 +254,10 @@ class Engine:
         return self.process(sched, result)
 
     def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
-        for request, position, tl in result.prompt_logprobs:
-            self.outputs.record_prompt_logprobs(request, position, tl)
+        for seq_id, position, tl in result.prompt_logprobs:
+            seq = self.seqs.get(seq_id)
+            if seq is not None:
+                self.outputs.record_prompt_logprobs(seq.request, position, tl)
         done: list[RequestOutput] = []
         for seq_id, tl in result.sampled:
             seq = self.seqs.get(seq_id)
@@ -231,7 +265,11 @@ class Engine:
                 continue
             self.num_generated_tokens += 1
             if self.outputs.append_token(seq, tl):
-                self._retire(seq)
+                if seq.request.error is not None:  # it failed while running: so does the whole request
+                    logger.warning("request %s failed: %s", seq.request.request_id, seq.request.error)
+                    self.abort_request(seq.request)
+                else:
+                    self._retire(seq)
                 if seq.request.finished:
                     done.append(self.outputs.request_output(seq.request))
         return done
@@ -243,6 +281,9 @@ class Engine:
         self.seqs.pop(seq.seq_id, None)
 
 
-def _ids_or_empty(prompt: Any) -> list[int]:
-    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
-    return list(ids) if isinstance(ids, (list, tuple)) else []
+def _rejected(request_id: str, prompt: Any, error: str) -> RequestOutput:
+    """The output of a request that was not run: its prompt as given (text, or ids when they are ints)."""
+    ids: Any = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+    valid_ids = isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+    return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, list(ids) if valid_ids else [],
+                         None, outputs=[], finished=True, error=error)

@@ -153,61 +153,67 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate completions for ``prompts``; one ``RequestOutput`` per prompt, in input order.
 
-        ``prompts``: a string, a list of token ids, a ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``
-        dict, or a list of those.  ``sampling_params``: one for all prompts, or one per prompt (a list of
-        another length raises ``ValueError``).
+        ``prompts``: a string, a list of token ids, a ``{"prompt": str}`` / ``{"prompt_token_ids": list[int]}``
+        dict (vLLM's ``TextPrompt`` / ``TokensPrompt``; a tokens prompt may also carry its ``"prompt"`` text),
+        or a list of those.  ``sampling_params``: one for all prompts, or one per prompt (a list of another
+        length raises ``ValueError``).
 
-        Errors are reported per request: a bad request (empty prompt, longer than ``max_model_len``,
-        a token id outside the vocabulary, sampling parameters invalid for this engine) is not run;
-        its ``RequestOutput`` has ``error`` set to a message naming the problem, ``outputs == []`` and
-        ``finished == True``, and a warning is logged.  All other requests of the call complete
-        normally.  (Invalid values given to ``SamplingParams(...)`` itself raise ``ValueError`` at
-        construction, before ``generate`` is called.)
+        Errors are reported per request: a bad request (empty prompt, longer than ``max_model_len``, a token
+        id outside the vocabulary, a prompt dict of the wrong shape, text the tokenizer cannot encode,
+        sampling parameters invalid for this engine, a grammar no output can satisfy) is not run; its
+        ``RequestOutput`` has ``error`` set to a message naming the problem, ``outputs == []`` and
+        ``finished == True``, and a warning is logged.  All other requests of the call complete normally.
+        (Invalid values given to ``SamplingParams(...)`` itself raise ``ValueError`` at construction.)
+
+        If the call itself fails (an exception or ``KeyboardInterrupt`` inside a step), it raises and the
+        engine drops every request of the call: the next call runs on an empty engine.  Calls from several
+        threads are served one after the other (each waits for the one running).
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompt_list)
+            params_list: list[SamplingParams | None] = [sampling_params] * len(prompt_list)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"sampling_params has {len(params_list)} entries for {len(prompt_list)} prompts; "
                                  "pass one SamplingParams or one per prompt")
-        results: list[RequestOutput | None] = [None] * len(prompt_list)
-        baseline = (time.perf_counter(), self.engine.num_prompt_tokens, self.engine.num_generated_tokens)
-        index: dict[str, int] = {}
-        for i, (prompt, params) in enumerate(zip(prompt_list, params_list, strict=True)):
-            request_id = str(next(self._request_ids))
-            index[request_id] = i
-            results[i] = self.engine.add_request(prompt, params, request_id)
-        pending = [i for i, r in enumerate(results) if r is None]
-        self._run(results, index, len(prompt_list) - len(pending), len(prompt_list), use_tqdm, baseline)
-        return results  # type: ignore[return-value]
+        with self.engine.lock:
+            try:
+                return self._run(prompt_list, params_list, use_tqdm)
+            except BaseException:
+                self.engine.abort_all()  # whatever was interrupted, the next call starts from an empty engine
+                raise
 
-    def _run(self, results: list[RequestOutput | None], index: dict[str, int], done: int, total: int,
-             use_tqdm: bool, baseline: tuple[float, int, int]) -> None:
+    def _run(self, prompts: list[Any], params: list[SamplingParams | None], use_tqdm: bool) -> list[RequestOutput]:
+        """Queue every prompt, then step until all are done; the caller holds the engine's lock."""
         from tqdm.auto import tqdm
 
         engine = self.engine
-        start, prompt0, gen0 = baseline
-        with tqdm(total=total, initial=done, desc="Processed prompts", unit="req", disable=not use_tqdm,
+        start, prompt0, gen0 = time.perf_counter(), engine.num_prompt_tokens, engine.num_generated_tokens
+        results: list[RequestOutput | None] = []
+        index: dict[str, int] = {}
+        for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
+            request_id = str(next(self._request_ids))
+            index[request_id] = i
+            results.append(engine.add_request(prompt, sp, request_id))
+        rejected = sum(r is not None for r in results)
+        with tqdm(total=len(prompts), initial=rejected, desc="Processed prompts", unit="req", disable=not use_tqdm,
                   dynamic_ncols=True) as bar:
-            try:
-                while engine.has_unfinished():
-                    finished = engine.step()
-                    if not engine.has_unfinished():
-                        finished += engine.drain()
-                    for out in finished:
-                        results[index[out.request_id]] = out
-                    if finished:
-                        elapsed = max(time.perf_counter() - start, 1e-9)
-                        bar.set_postfix_str(f"in: {(engine.num_prompt_tokens - prompt0) / elapsed:.1f} tok/s, "
-                                            f"out: {(engine.num_generated_tokens - gen0) / elapsed:.1f} tok/s")
-                        bar.update(len(finished))
-            except BaseException:
-                engine.abandon_inflight()
-                for seq in list(engine.seqs.values()):  # leave the engine empty for the next call
-                    engine.abort_request(seq.request)
-                raise
+            while engine.has_unfinished():
+                finished = engine.step()
+                if not engine.has_unfinished():
+                    finished += engine.drain()
+                for out in finished:
+                    results[index[out.request_id]] = out
+                if finished:
+                    elapsed = max(time.perf_counter() - start, 1e-9)
+                    bar.set_postfix_str(f"in: {(engine.num_prompt_tokens - prompt0) / elapsed:.1f} tok/s, "
+                                        f"out: {(engine.num_generated_tokens - gen0) / elapsed:.1f} tok/s")
+                    bar.update(len(finished))
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:  # cannot happen: every queued request finishes before the engine is empty
+            raise RuntimeError(f"requests {missing} of this call finished without an output")
+        return [r for r in results if r is not None]
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

@@ -11,12 +11,15 @@ finishes with ``"length"``.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepinfer.engine.detokenizer import IncrementalDetokenizer, find_stop
 from deepinfer.engine.request import Request, Sequence
 from deepinfer.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from deepinfer.runner.model_runner import TokenLogprobs
+from deepinfer.step import TokenLogprobs
+
+if TYPE_CHECKING:
+    from deepinfer.structured.matcher import GrammarMatcher
 
 
 class OutputProcessor:
@@ -38,11 +41,13 @@ class OutputProcessor:
     # --- per step -----------------------------------------------------------------------------
     def record_prompt_logprobs(self, request: Request, position: int, tl: TokenLogprobs) -> None:
         """Store the logprobs of prompt token ``position`` (steps deliver positions in order, once)."""
-        if position == len(request.prompt_logprobs):
-            request.prompt_logprobs.append(self._position_logprobs(tl))
+        recorded = request.prompt_logprobs
+        if recorded is not None and position == len(recorded):
+            recorded.append(self._position_logprobs(tl))
 
     def append_token(self, seq: Sequence, tl: TokenLogprobs) -> bool:
-        """Add one sampled token to ``seq``; return whether the sequence is now finished."""
+        """Add one sampled token to ``seq``; return whether the sequence is now finished.  A sequence that
+        fails (its grammar can go no further, or its output breaks its JSON schema) sets ``request.error``."""
         params = seq.request.params
         out = seq.output
         if out is None:
@@ -50,20 +55,19 @@ class OutputProcessor:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids,
                                                      params.skip_special_tokens) if self.tokenizer else None
         token = tl.token_id
+        grammar = seq.grammar
+        if grammar is not None and not grammar.accept(token):  # drawn under an empty mask: nothing was allowed
+            seq.request.error = self._grammar_failure(seq, grammar, token)
+            out.finish_reason = "stop"
+            return True
         seq.token_ids.append(token)
         out.token_ids.append(token)
-        out.cumulative_logprob += tl.logprob
+        out.cumulative_logprob = (out.cumulative_logprob or 0.0) + tl.logprob
         if out.logprobs is not None:
             out.logprobs.append(self._position_logprobs(tl))
 
-        grammar_done = False
-        if seq.grammar is not None:
-            if not seq.grammar.accept(token):  # cannot happen for a token drawn under the grammar's mask
-                seq.request.error = f"internal error: the grammar rejected sampled token {token}"
-                out.finish_reason = "stop"
-                return True
-            grammar_done = seq.grammar.is_terminated()  # it accepted a stop token; nothing more is allowed
-
+        # A grammar that accepted a stop token is complete; nothing more is allowed.
+        grammar_done = grammar is not None and grammar.is_terminated()
         may_stop = seq.num_output >= params.min_tokens
         if grammar_done or (may_stop and not params.ignore_eos and token in self.eos_token_ids):
             out.finish_reason = "stop"
@@ -77,7 +81,21 @@ class OutputProcessor:
         if out.finish_reason is not None and not isinstance(out.stop_reason, str) and seq.detokenizer is not None:
             seq.detokenizer.flush()  # no more tokens will complete a held-back partial character
             out.text = seq.detokenizer.text
+        if grammar_done and grammar is not None:
+            problem = grammar.output_problem(out.text)
+            if problem is not None:
+                seq.request.error = (f"the output does not satisfy {grammar.label} ({problem}); the grammar "
+                                     "xgrammar built from it does not enforce that part of the schema")
         return out.finish_reason is not None
+
+    @staticmethod
+    def _grammar_failure(seq: Sequence, grammar: GrammarMatcher, token: int) -> str:
+        if grammar.dead_end():
+            text = seq.output.text if seq.output is not None else ""
+            return (f"{grammar.label} admits no output here: no token can continue it after {seq.num_output} "
+                    f"output tokens ({text!r}); it matches no string that starts so, or only strings this "
+                    "tokenizer cannot spell")
+        return f"internal error: {grammar.label} rejected sampled token {token}"
 
     def _add_text(self, seq: Sequence, out: CompletionOutput, token: int, may_stop: bool) -> None:
         if seq.detokenizer is None:
@@ -96,8 +114,10 @@ class OutputProcessor:
     # --- results --------------------------------------------------------------------------------
     @staticmethod
     def request_output(request: Request) -> RequestOutput:
+        """The request's result; a request that failed while running has ``error`` and no outputs, like one
+        rejected before it ran (no partial output passes for a result)."""
         outputs = []
-        for seq in request.sequences:
+        for seq in request.sequences if request.error is None else ():
             out = seq.output or CompletionOutput(seq.index, "", [], 0.0, None)
             outputs.append(out)
         return RequestOutput(

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from deepinfer.outputs import CompletionOutput, PositionLogprobs
 from deepinfer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer.engine.detokenizer import IncrementalDetokenizer
+    from deepinfer.structured.matcher import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -36,9 +41,9 @@ class Sequence:
     #: Forks still to receive this sequence's state when its prompt completes (sequence 0 only).
     pending_forks: list[Sequence] = field(default_factory=list)
     output: CompletionOutput | None = None
-    detokenizer: object | None = None  # an IncrementalDetokenizer, set by the output processor
+    detokenizer: IncrementalDetokenizer | None = None  # set by the output processor
     #: Structured output: this completion's ``GrammarMatcher`` (``None`` for free requests).
-    grammar: object | None = None
+    grammar: GrammarMatcher | None = None
     #: Tokens sampled on the device whose values the host has not read yet (async scheduling: 0 or 1).  The
     #: scheduler counts them as known tokens; the runner feeds them to the next step from the device.
     num_inflight: int = 0

@@ -16,41 +16,12 @@ scheduled tokens), so the next step could be scheduled while this one runs.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.state_cache import StateBudget
+from deepinfer.step import PLACEHOLDER, ScheduledChunk, SchedulerOutput
 
-#: A token the device sampled and the host has not read yet; the runner takes it from the previous step.
-PLACEHOLDER = -1
-
-
-@dataclass(slots=True)
-class ScheduledChunk:
-    """Run ``token_ids`` at positions ``start..`` of sequence ``seq_id``."""
-
-    seq_id: int
-    start: int
-    token_ids: list[int]
-    #: The chunk reaches the sequence's last known token: sample the next one from its last row.
-    sample: bool
-    #: Sequences that get a copy of this sequence's state after the chunk and sample from the same row.
-    fork_to: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    #: Sequences whose state must be dropped before this step runs.
-    preempted: list[int] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
-
-    @property
-    def empty(self) -> bool:
-        return not self.chunks
+__all__ = ["PLACEHOLDER", "ScheduledChunk", "Scheduler", "SchedulerOutput"]
 
 
 class Scheduler:
@@ -85,6 +56,14 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def clear(self) -> None:
+        """Forget every sequence and release the whole state budget (the engine drops all its requests)."""
+        for seq in (*self.waiting, *self.running):
+            seq.status = SequenceStatus.FINISHED
+        self.waiting.clear()
+        self.running.clear()
+        self.budget.clear()
 
     def _num_slots(self) -> int:
         """Sequences counted against ``max_num_seqs``: running ones and the forks they will spawn."""

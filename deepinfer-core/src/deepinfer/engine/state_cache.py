@@ -55,6 +55,11 @@ class StateBudget:
     def release(self, seq_id: int) -> None:
         self._used -= self._reserved.pop(seq_id, 0)
 
+    def clear(self) -> None:
+        """Release every reservation."""
+        self._reserved.clear()
+        self._used = 0
+
 
 class StateCache:
     """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly."""
@@ -81,6 +86,12 @@ class StateCache:
         """Drop the state of ``seq_id`` (finished or preempted); a later ``get`` starts from empty."""
         state = self._states.pop(seq_id, None)
         if state is not None:
+            state.release()
+
+    def clear(self) -> None:
+        """Drop every state (the engine dropped all its sequences)."""
+        states, self._states = list(self._states.values()), {}
+        for state in states:
             state.release()
 
     def __contains__(self, seq_id: int) -> bool:

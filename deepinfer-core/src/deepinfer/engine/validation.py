@@ -12,27 +12,67 @@ class RequestError(ValueError):
     """A request that cannot run; the message names the field and the allowed range."""
 
 
+#: The keys a prompt dict may have (vLLM's ``TextPrompt`` / ``TokensPrompt``); a tokens prompt may carry its text.
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+
 def normalize_prompt(prompt: Any, tokenizer: Any) -> tuple[str | None, list[int]]:
-    """``(text, token ids)`` of a prompt given as text, token ids, or a ``{"prompt"|"prompt_token_ids": ...}`` dict."""
+    """``(text, token ids)`` of a prompt given as text, token ids, or a ``{"prompt": str}`` /
+    ``{"prompt_token_ids": list[int]}`` dict.  ``RequestError`` for anything else, naming what is wrong."""
     if isinstance(prompt, dict):
-        if "prompt_token_ids" in prompt:
-            prompt = prompt["prompt_token_ids"]
-        elif "prompt" in prompt:
-            prompt = prompt["prompt"]
-        else:
-            raise RequestError("a prompt dict needs a 'prompt' (text) or 'prompt_token_ids' key")
+        return _prompt_dict(prompt, tokenizer)
     if isinstance(prompt, str):
-        if not prompt:
-            raise RequestError("prompt is empty")
-        if tokenizer is None:
-            raise RequestError("text prompts need a tokenizer; pass token ids")
-        return prompt, list(tokenizer.encode(prompt))
+        return prompt, _encode(prompt, tokenizer)
     if isinstance(prompt, (list, tuple)):
-        bad = next((i for i, t in enumerate(prompt) if not isinstance(t, int) or isinstance(t, bool)), None)
-        if bad is not None:
-            raise RequestError(f"prompt token at index {bad} is {prompt[bad]!r}, not an integer token id")
-        return None, list(prompt)
+        return None, token_ids(prompt, "prompt")
     raise RequestError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
+def _prompt_dict(prompt: dict[Any, Any], tokenizer: Any) -> tuple[str | None, list[int]]:
+    unknown = sorted(repr(k) if not isinstance(k, str) else k for k in prompt if k not in PROMPT_KEYS)
+    if unknown:
+        raise RequestError(f"prompt dict has unknown key(s) {unknown}; it takes 'prompt' (text) or "
+                           "'prompt_token_ids' (a list of token ids)")
+    if not prompt:
+        raise RequestError("a prompt dict needs a 'prompt' (text) or 'prompt_token_ids' key")
+    text = prompt.get("prompt")
+    if "prompt" in prompt and not isinstance(text, str):
+        raise RequestError(f"prompt dict: 'prompt' must be a string (the text), got {_describe(text)}; "
+                           "token ids go in 'prompt_token_ids'")
+    if "prompt_token_ids" in prompt:
+        ids = prompt["prompt_token_ids"]
+        if not isinstance(ids, (list, tuple)):
+            raise RequestError(f"prompt dict: 'prompt_token_ids' must be a list of token ids, got {_describe(ids)}; "
+                               "text goes in 'prompt'")
+        return text, token_ids(ids, "prompt_token_ids")
+    assert text is not None
+    return text, _encode(text, tokenizer)
+
+
+def token_ids(values: list[Any] | tuple[Any, ...], name: str) -> list[int]:
+    """``values`` as a list of ints: each must be an integer (``bool`` is not a token id)."""
+    bad = next((i for i, t in enumerate(values) if not isinstance(t, int) or isinstance(t, bool)), None)
+    if bad is not None:
+        raise RequestError(f"{name} token at index {bad} is {_describe(values[bad])}, not an integer token id")
+    return [int(t) for t in values]
+
+
+def _encode(text: str, tokenizer: Any) -> list[int]:
+    if not text:
+        raise RequestError("prompt is empty")
+    if tokenizer is None:
+        raise RequestError("text prompts need a tokenizer; pass token ids")
+    try:
+        ids = tokenizer.encode(text)
+    except Exception as exc:  # noqa: BLE001 - the tokenizer's own error (e.g. TypeError on a lone surrogate)
+        raise RequestError(f"the prompt text could not be encoded by the tokenizer ({type(exc).__name__}: {exc})"
+                           ) from None
+    return token_ids(list(ids), "encoded prompt")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
 
 
 def check_request(

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -21,6 +22,10 @@ from deepinfer.backends import Backend
 from deepinfer.models.base import CausalLM, GraphDecodable, SequenceState
 
 logger = logging.getLogger(__name__)
+
+class DecodableModel(CausalLM, GraphDecodable, Protocol):
+    """A model whose decode steps the runner captures: the engine contract plus fixed-shape decode steps."""
+
 
 #: int64 elements per 16 bytes: each static input starts at a multiple of this in the packed buffer.
 _ALIGN = 2
@@ -62,7 +67,7 @@ class DecodeGraphs:
     #: Length buckets start here (index tensors for at least this many tokens per sequence).
     MIN_TOKENS = 256
 
-    def __init__(self, model: GraphDecodable | CausalLM, backend: Backend, device: torch.device, max_seqs: int,
+    def __init__(self, model: DecodableModel, backend: Backend, device: torch.device, max_seqs: int,
                  max_tokens: int):
         self.model, self.backend, self.device = model, backend, device
         self.max_seqs, self.max_tokens = max_seqs, max_tokens
@@ -113,7 +118,8 @@ class DecodeGraphs:
         def step() -> None:
             out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
 
-        staging = tuple(self.backend.host_buffer(flat.numel(), torch.int64) for _ in range(2))
+        staging = (self.backend.host_buffer(flat.numel(), torch.int64),
+                   self.backend.host_buffer(flat.numel(), torch.int64))
         replay: Callable[[], object] = step
         if self.eager_reason is None:
             try:

@@ -1,43 +1,27 @@
-"""The model runner: a ``SchedulerOutput`` in, sampled tokens and logprobs out.
+"""The model runner: a ``StepInput`` in, sampled tokens and logprobs out.
 
 It flattens the scheduled chunks into one ``ForwardBatch``, runs the model, computes logits only for
 the rows that need them (each sampling sequence's last row, and prompt rows whose logprobs were asked
-for), samples, and returns plain Python data.  Device-agnostic: the device is the model's.
+for), samples, and returns plain Python data.  Device-agnostic: the device is the model's.  It knows the
+engine only through the plain step types of ``deepinfer.step``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from deepinfer.backends import Backend
-from deepinfer.engine.request import Request, Sequence
-from deepinfer.engine.scheduler import PLACEHOLDER, SchedulerOutput
-from deepinfer.engine.state_cache import StateCache
-from deepinfer.models.base import CausalLM, ForwardBatch
+from deepinfer.models.base import CausalLM, ForwardBatch, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.runner.decode_graphs import DecodeGraphs
-from deepinfer.sample.sampler import Sampler, SamplingRow, TokenMaskProvider
+from deepinfer.sample.sampler import Sampler, TokenMaskProvider
+from deepinfer.step import PLACEHOLDER, PromptScoring, RunnerOutput, ScheduledSample, StepInput, TokenLogprobs
 
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """A chosen token with its raw logprob and rank, and the top alternatives ``(token_id, logprob)``."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class RunnerOutput:
-    #: One per sampled row, in chunk order (a forking chunk samples its parent, then each fork).
-    sampled: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
-    #: Prompt logprobs computed this step: (request, position of the scored token, its logprobs).
-    prompt_logprobs: list[tuple[Request, int, TokenLogprobs]] = field(default_factory=list)
+#: (rows of the flat batch, a device tensor of tokens, the rows of it to write there).
+Feed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -63,9 +47,8 @@ class _Plan:
     positions: list[int] = field(default_factory=list)
     seq_lens: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
-    sample_seqs: list[Sequence] = field(default_factory=list)
     prompt_rows: list[int] = field(default_factory=list)
-    prompt_targets: list[tuple[Request, int, int]] = field(default_factory=list)  # request, position, token
+    prompt_targets: list[tuple[PromptScoring, int, int]] = field(default_factory=list)  # scoring, position, token
     needed_from: list[int] = field(default_factory=list)  # per chunk: ForwardBatch.needed_from
 
 
@@ -87,52 +70,46 @@ class ModelRunner:
         (non-blocking on CUDA); the host tensor is built here and never touched again."""
         return self.backend.to_device(torch.tensor(values, dtype=torch.int64), self.model.device)
 
-    def _plan(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence]) -> _Plan:
-        plan = _Plan()
+    def _plan(self, step: StepInput) -> _Plan:
+        plan = _Plan(needed_from=list(step.needed_from))
         row = 0
-        for chunk in sched.chunks:
-            seq = seqs[chunk.seq_id]
+        samples = iter(step.samples)
+        for chunk, scoring in zip(step.chunks, step.prompt_scoring or [None] * len(step.chunks), strict=True):
             n = len(chunk.token_ids)
             plan.input_ids += chunk.token_ids
             plan.positions += range(chunk.start, chunk.start + n)
             plan.seq_lens.append(n)
-            req = seq.request
-            plan.needed_from.append(seq.num_tokens - 1)  # the last known token's row gives the next token
-            if seq.index == 0 and req.wants_prompt_logprobs:
-                # Row at position p scores prompt token p + 1; resume where earlier steps stopped.
-                first = max(chunk.start, len(req.prompt_logprobs) - 1)
-                plan.needed_from[-1] = max(len(req.prompt_logprobs) - 1, 0)
-                for p in range(first, min(chunk.start + n, req.prompt_len - 1)):
-                    plan.prompt_rows.append(row + p - chunk.start)
-                    plan.prompt_targets.append((req, p + 1, req.prompt_token_ids[p + 1]))
+            if scoring is not None:  # row at position p scores prompt token p + 1
+                for i, token in enumerate(scoring.token_ids):
+                    plan.prompt_rows.append(row + scoring.first - chunk.start + i)
+                    plan.prompt_targets.append((scoring, scoring.first + 1 + i, token))
             if chunk.sample:
                 for sid in (chunk.seq_id, *chunk.fork_to):
+                    sample = next(samples)
+                    if sample.seq_id != sid:
+                        raise ValueError(f"step samples are out of chunk order: {sample.seq_id} where {sid} samples")
                     plan.sample_rows.append(row + n - 1)
-                    plan.sample_seqs.append(seqs[sid])
             row += n
+        if next(samples, None) is not None:
+            raise ValueError("step has more samples than its chunks sample")
         return plan
 
-    def launch(self, sched: SchedulerOutput, seqs: Mapping[int, Sequence], states: StateCache,
-               previous: StepHandle | None = None) -> StepHandle:
+    def launch(self, step: StepInput, previous: StepHandle | None = None) -> StepHandle:
         """Queue one step on the device without waiting for it.  Tokens scheduled as ``PLACEHOLDER`` (sampled
         by ``previous``, not yet read by the host) are taken from ``previous``'s device tensor."""
-        plan = self._plan(sched, seqs)
+        plan = self._plan(step)
         device = self.model.device
-        batch_states = []
-        for chunk in sched.chunks:
-            state = states.get(chunk.seq_id)
+        for chunk, state in zip(step.chunks, step.states, strict=True):
             if state.num_tokens != chunk.start:
                 raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
                                    f"chunk starts at {chunk.start}")
-            batch_states.append(state)
-        logits_of = self._forward(plan, batch_states, self._feed(plan, sched, previous))
+        logits_of = self._forward(plan, step.states, self._feed(plan, step, previous))
         prompt_results = sampled_results = None
         tokens = None
         if plan.prompt_rows:
             logits = logits_of(plan.prompt_rows)
             targets = self._upload([t for _, _, t in plan.prompt_targets])
-            ks = [req.params.prompt_logprobs for req, _, _ in plan.prompt_targets]
-            prompt_results = self._logprobs(logits, targets, ks)
+            prompt_results = self._logprobs(logits, targets, [sc.num_logprobs for sc, _, _ in plan.prompt_targets])
         if plan.sample_rows:
             # Forks share their parent's row: compute its logits once and index them per sample.
             unique = sorted(set(plan.sample_rows))
@@ -140,25 +117,25 @@ class ModelRunner:
             if plan.sample_rows != unique:
                 where = {r: i for i, r in enumerate(unique)}
                 logits = logits[self._upload([where[r] for r in plan.sample_rows])]
-            rows = [self._sampling_row(s) for s in plan.sample_seqs]
+            rows = [s.row for s in step.samples]
             bitmask = self.token_masks.token_bitmask(rows, logits.shape[-1], device) if self.token_masks else None
-            tokens = self.sampler(logits, rows, bitmask, self._inflight_tokens(plan.sample_seqs, previous))
-            ks = [s.request.params.logprobs or 0 for s in plan.sample_seqs]
-            sampled_results = self._logprobs(logits, tokens, ks)
+            tokens = self.sampler(logits, rows, bitmask, self._inflight_tokens(step.samples, previous))
+            sampled_results = self._logprobs(logits, tokens, [r.params.logprobs or 0 for r in rows])
 
         def collect() -> RunnerOutput:
             out = RunnerOutput()
             if prompt_results is not None:
-                for (req, pos, _), tl in zip(plan.prompt_targets, prompt_results(), strict=True):
-                    out.prompt_logprobs.append((req, pos, tl))
+                for (scoring, pos, _), tl in zip(plan.prompt_targets, prompt_results(), strict=True):
+                    out.prompt_logprobs.append((scoring.seq_id, pos, tl))
             if sampled_results is not None:
-                for seq, tl in zip(plan.sample_seqs, sampled_results(), strict=True):
-                    out.sampled.append((seq.seq_id, tl))
+                for sample, tl in zip(step.samples, sampled_results(), strict=True):
+                    out.sampled.append((sample.seq_id, tl))
             return out
 
-        return StepHandle(tokens, [s.seq_id for s in plan.sample_seqs], collect)
+        return StepHandle(tokens, [s.seq_id for s in step.samples], collect)
 
-    def _forward(self, plan: _Plan, batch_states: list, feed) -> Callable[[list[int]], torch.Tensor]:
+    def _forward(self, plan: _Plan, batch_states: list[SequenceState],
+                 feed: Feed | None) -> Callable[[list[int]], torch.Tensor]:
         """Run the model on the step; returns ``logits_of(rows)`` (fp32 logits of those flat-batch rows).  A
         step whose chunks are all one token replays a decode graph, whose logits cover every row."""
         input_ids = [max(t, 0) for t in plan.input_ids] if feed is not None else plan.input_ids
@@ -180,35 +157,33 @@ class ModelRunner:
             seq_lens=plan.seq_lens,
             states=batch_states,
             to_device=self.backend.to_device,
-            needed_from=plan.needed_from,
+            needed_from=plan.needed_from or None,
         ))
         return lambda rows: self.model.compute_logits(hidden[self._upload(rows)])
 
-    def _inflight_tokens(self, seqs: list[Sequence], previous: StepHandle | None):
+    def _inflight_tokens(self, samples: list[ScheduledSample],
+                         previous: StepHandle | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(sample rows, their in-flight token on the device) for sequences whose last token is not read yet."""
-        rows = [i for i, seq in enumerate(seqs) if seq.num_inflight]
+        rows = [i for i, sample in enumerate(samples) if sample.inflight]
         if not rows:
             return None
-        return self._upload(rows), previous.tokens[self._upload(previous.rows_of([seqs[i].seq_id for i in rows]))]
+        if previous is None or previous.tokens is None:
+            raise RuntimeError("a sampled row has an in-flight token but no previous step to take it from")
+        owners = previous.rows_of([samples[i].seq_id for i in rows])
+        return self._upload(rows), previous.tokens[self._upload(owners)]
 
-    def _feed(self, plan: _Plan, sched: SchedulerOutput, previous: StepHandle | None):
+    def _feed(self, plan: _Plan, step: StepInput, previous: StepHandle | None) -> Feed | None:
         """(rows of the flat batch, the previous step's token tensor, its rows) for every placeholder token."""
         dst = [i for i, t in enumerate(plan.input_ids) if t == PLACEHOLDER]
         if not dst:
             return None
         if previous is None or previous.tokens is None:
             raise RuntimeError("a step has in-flight tokens but no previous step to take them from")
-        owners = [chunk.seq_id for chunk in sched.chunks for t in chunk.token_ids if t == PLACEHOLDER]
+        owners = [chunk.seq_id for chunk in step.chunks for t in chunk.token_ids if t == PLACEHOLDER]
         return self._upload(dst), previous.tokens, self._upload(previous.rows_of(owners))
 
-    @staticmethod
-    def _sampling_row(seq: Sequence) -> SamplingRow:
-        # The output position being sampled counts a token still in flight (async scheduling).
-        return SamplingRow(seq.request.params, seq.seed, seq.num_output + seq.num_inflight,
-                           seq.request.prompt_token_ids, seq.output_ids, seq.grammar)
-
     def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor,
-                  ks: list[int | None]) -> Callable[[], list[TokenLogprobs]]:
+                  ks: list[int]) -> Callable[[], list[TokenLogprobs]]:
         """Raw-distribution logprob and rank of each chosen token, plus each row's top-``k``: the device work is
         queued now; the returned function reads the results (waiting for this step's copies only)."""
         k_max = max((k or 0 for k in ks), default=0)

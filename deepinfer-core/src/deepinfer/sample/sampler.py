@@ -8,28 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from deepinfer.ops import Ops
-from deepinfer.sampling_params import SamplingParams
+from deepinfer.step import SamplingRow
+
+__all__ = ["Sampler", "SamplingRow", "TokenMaskProvider", "token_table"]
 
 _U64 = 1 << 64
-
-
-@dataclass(slots=True)
-class SamplingRow:
-    """What the sampler needs to know about one row: plain data, no tensors."""
-
-    params: SamplingParams
-    seed: int
-    step: int  # output position being sampled (0 for the first generated token)
-    prompt_ids: list[int]
-    output_ids: list[int]
-    #: The request's ``GrammarMatcher`` (structured output), read by the ``TokenMaskProvider``.
-    grammar: Any = None
 
 
 class TokenMaskProvider(Protocol):
@@ -40,7 +28,8 @@ class TokenMaskProvider(Protocol):
     """
 
     def matcher(self, so_args: Any) -> Any:
-        """A new grammar matcher with ``accept(token) -> bool``, ``is_terminated()`` and ``fork()``."""
+        """A new grammar matcher (a ``deepinfer.structured.GrammarMatcher``: the engine calls ``accept(token)``,
+        ``is_terminated()``, ``fork()``, ``dead_end()``, ``output_problem(text)`` and reads ``label``)."""
         ...
 
     def token_bitmask(self, rows: Seq[SamplingRow], vocab_size: int, device: torch.device) -> torch.Tensor | None:

@@ -10,6 +10,7 @@ request alone.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 import xgrammar as xgr
 
 from deepinfer.structured.matcher import GrammarMatcher
+from deepinfer.structured.schema import empty_schema_reason
 from deepinfer.structured.spec import GrammarSpec, parse_so_args
 
 #: JSON output is compact (no free whitespace between tokens): a free-whitespace grammar lets a weak
@@ -68,24 +70,24 @@ class GrammarCompiler:
             self.tokenizer_info, max_threads=max(1, min(8, os.cpu_count() or 1)), cache_enabled=False
         )
         self._lock = threading.Lock()
-        self._entries: OrderedDict[GrammarSpec, Future] = OrderedDict()
+        self._entries: OrderedDict[GrammarSpec, Future[xgr.CompiledGrammar]] = OrderedDict()
         self.num_compiled = 0  # compilations actually run (cache misses), for tests and metrics
 
     def compile(self, so_args: dict[str, Any] | GrammarSpec) -> xgr.CompiledGrammar:
         """The compiled grammar of ``so_args``, from the cache or compiled now.  Raises ``ValueError``."""
         spec = parse_so_args(so_args)
         with self._lock:
-            entry = self._entries.get(spec)
-            owner = entry is None
-            if owner:
-                entry = self._entries[spec] = Future()
+            found = self._entries.get(spec)
+            if found is None:
+                entry: Future[xgr.CompiledGrammar] = Future()
+                self._entries[spec] = entry
                 self.num_compiled += 1
                 while len(self._entries) > self.max_cached:
                     self._entries.popitem(last=False)
             else:
                 self._entries.move_to_end(spec)
-        if not owner:
-            return entry.result()  # compiled, or being compiled by another thread
+        if found is not None:
+            return found.result()  # compiled, or being compiled by another thread
         try:
             compiled = self._compile_now(spec)
         except BaseException as e:
@@ -99,7 +101,7 @@ class GrammarCompiler:
 
     def matcher(self, so_args: dict[str, Any] | GrammarSpec) -> GrammarMatcher:
         """A fresh matcher for one request (compiles or reuses the grammar).  Raises ``ValueError``."""
-        return GrammarMatcher(self.compile(so_args), self.vocab_size)
+        return GrammarMatcher(self.compile(so_args), self.vocab_size, spec=parse_so_args(so_args))
 
     def cached(self, so_args: dict[str, Any] | GrammarSpec) -> bool:
         """Whether ``so_args`` is compiled (or compiling) now."""
@@ -107,6 +109,10 @@ class GrammarCompiler:
             return parse_so_args(so_args) in self._entries
 
     def _compile_now(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        if spec.kind == "json_schema":  # xgrammar would ignore what it does not support and compile something
+            empty = empty_schema_reason(json.loads(spec.source))
+            if empty is not None:
+                raise ValueError(f"so_args['json_schema']: the schema admits no value: {empty}")
         try:
             if spec.kind == "regex":
                 return self._xgr.compile_regex(spec.source)

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
+from deepinfer.structured.schema import schema_violation
+from deepinfer.structured.spec import GrammarSpec
+
 ALL_ALLOWED = -1  # an int32 word with every bit set
 
 
@@ -32,13 +35,25 @@ def token_allowed(bitmask: torch.Tensor, row: int, token_id: int) -> bool:
 class GrammarMatcher:
     """The grammar state of one request.  Not thread-safe; one per request (``fork`` for ``n > 1``)."""
 
-    __slots__ = ("_matcher", "vocab_size", "stop_token_ids", "_num_accepted")
+    __slots__ = ("_matcher", "vocab_size", "stop_token_ids", "spec", "_num_accepted")
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, *, _matcher: xgr.GrammarMatcher | None = None):
-        self._matcher = _matcher if _matcher is not None else xgr.GrammarMatcher(compiled)
+    def __init__(self, compiled: xgr.CompiledGrammar | None, vocab_size: int, *, spec: GrammarSpec | None = None,
+                 _matcher: xgr.GrammarMatcher | None = None):
+        if _matcher is None:
+            if compiled is None:
+                raise ValueError("GrammarMatcher needs a compiled grammar")
+            _matcher = xgr.GrammarMatcher(compiled)
+        self._matcher = _matcher
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(self._matcher.stop_token_ids)
+        #: The request's grammar (``so_args``), when known: names it in errors, and checks JSON output.
+        self.spec = spec
         self._num_accepted = 0
+
+    @property
+    def label(self) -> str:
+        """How errors name the grammar: ``so_args['regex']`` and so on."""
+        return f"so_args[{self.spec.kind!r}]" if self.spec is not None else "the grammar"
 
     @property
     def num_accepted(self) -> int:
@@ -99,6 +114,22 @@ class GrammarMatcher:
             self._matcher.rollback(num_tokens)
             self._num_accepted -= num_tokens
 
+    def dead_end(self) -> bool:
+        """No token of the vocabulary may come next, and the grammar is not finished: nothing can complete it (it
+        matches no string with the tokens so far, or only strings this tokenizer cannot spell)."""
+        if self._matcher.is_terminated():
+            return False
+        mask = torch.zeros((1, bitmask_width(self.vocab_size)), dtype=torch.int32)
+        self._matcher.fill_next_token_bitmask(mask, 0)
+        return not bool(mask.any())
+
+    def output_problem(self, text: str) -> str | None:
+        """What is wrong with ``text``, the output of a finished match, beyond what the grammar enforced: for a
+        JSON schema, the keywords xgrammar does not enforce (see :mod:`.schema`).  ``None`` when it conforms."""
+        if self.spec is None or self.spec.kind != "json_schema":
+            return None
+        return schema_violation(self.spec.source, text)
+
     def is_terminated(self) -> bool:
         """The grammar is complete and a stop token was accepted: the request is finished."""
         return self._matcher.is_terminated()
@@ -109,6 +140,6 @@ class GrammarMatcher:
 
     def fork(self) -> GrammarMatcher:
         """An independent copy with the same state and history (one per sample when ``n > 1``)."""
-        copy = GrammarMatcher(None, self.vocab_size, _matcher=self._matcher.fork())  # type: ignore[arg-type]
+        copy = GrammarMatcher(None, self.vocab_size, spec=self.spec, _matcher=self._matcher.fork())
         copy._num_accepted = self._num_accepted
         return copy

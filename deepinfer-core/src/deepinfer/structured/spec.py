@@ -53,12 +53,17 @@ def parse_so_args(so_args: Any) -> GrammarSpec:
 
 
 def _canonical_schema(value: Any) -> str:
-    """The schema as compact JSON.  Key order is kept: it fixes the order of properties in the output."""
+    """The schema as compact JSON.  Key order is kept: it fixes the order of properties in the output.  The
+    boolean schemas: ``true`` is ``{}`` (any value); ``false`` admits no value and is refused here."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise ValueError(f"so_args['json_schema'] is a string but not valid JSON: {e}") from None
+    if value is True:
+        value = {}
+    if value is False:
+        raise ValueError("so_args['json_schema'] is false: the schema admits no value")
     if not isinstance(value, dict):
         raise ValueError(
             f"so_args['json_schema'] must be a JSON schema object (a dict or a JSON string of one), "
