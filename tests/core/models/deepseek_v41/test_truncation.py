@@ -96,3 +96,31 @@ def test_truncated_rows_really_differ_from_the_full_prefill(monkeypatch):
 def test_keep_below_the_bound_is_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS=23 is below this model's bound 24"):
         _load(monkeypatch, 23)
+
+
+def test_the_engine_truncates_prompts_but_not_scored_ones(monkeypatch):
+    """Through LLM.generate: a plain request's first token and its logprobs are the truncated model's (the prefill
+    in chunks that cross the floor, fed the engine's needed_from); a request with prompt_logprobs gets the full
+    prefill's logprobs."""
+    from deepinfer import LLM, SamplingParams
+
+    tokens = references("tiny_b")[0].tokens[:120]
+    n = len(tokens)
+    monkeypatch.setenv("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact")
+    monkeypatch.setenv("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", str(KEEP))
+    llm = LLM(str(FIXTURES / "tiny_b"), dtype="float32", max_num_batched_tokens=50)
+    params = [SamplingParams(temperature=0, max_tokens=1, logprobs=5),
+              SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)]
+    plain, scored = llm.generate([tokens.tolist()] * 2, params, use_tqdm=False)
+    truncated, full = _load(monkeypatch, KEEP), _load(monkeypatch, None)
+    last = {name: torch.log_softmax(_feed(m, m.new_state(), tokens, [n], n - 1)[0][-1], dim=-1)
+            for name, m in (("truncated", truncated), ("full", full))}
+    token = plain.outputs[0].token_ids[0]
+    got = torch.tensor([plain.outputs[0].logprobs[0][t].logprob for t in sorted(plain.outputs[0].logprobs[0])])
+    ids = torch.tensor(sorted(plain.outputs[0].logprobs[0]))
+    assert token == int(last["truncated"].argmax())
+    torch.testing.assert_close(got, last["truncated"][ids], atol=1e-4, rtol=0)
+    assert float((last["truncated"] - last["full"]).abs().max()) > 1e-3  # the truncation made a difference
+    want = torch.log_softmax(_feed(full, full.new_state(), tokens, [n], 0)[0], dim=-1)
+    got = torch.tensor([scored.prompt_logprobs[i][int(t)].logprob for i, t in enumerate(tokens) if i])
+    torch.testing.assert_close(got, want[:-1].gather(1, tokens[1:, None]).squeeze(1), atol=1e-4, rtol=0)
