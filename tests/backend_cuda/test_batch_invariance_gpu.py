@@ -50,3 +50,27 @@ def test_each_cuda_kernel_is_batch_invariant(op_name):
     backend = _AllKernelsClaimed()
     for name, dtype in batch_invariance_params(ops=[op_name]):
         assert check_batch_invariance(backend, name, dtype) > 0
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_decode_graphs_capture_under_the_flag(tmp_path, monkeypatch):
+    """Under the flag the decode step is captured, not run eagerly (issue: core's batch-invariant MoE reference
+    synchronised with the host, so capture failed; the backend's fixed-tile MoE kernel replaces it), and a
+    sequence's outputs are bitwise the same alone and in a batch."""
+    from deepinfer import LLM, SamplingParams
+    from tests.support.engine_checks import ragged_prompts
+    from tests.support.v4_fixtures import SMALL, build_engine_checkpoint
+
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    directory, _ = build_engine_checkpoint(tmp_path, SMALL)
+    params = SamplingParams(temperature=1.0, seq_seed=7, max_tokens=12, logprobs=3, ignore_eos=True)
+    llm = LLM(str(directory), dtype="bfloat16")
+    prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[30, 5, 44, 17], seed=4)
+    alone = llm.generate(prompts[:1], params, use_tqdm=False)[0]
+    batched = llm.generate(prompts, params, use_tqdm=False)[0]
+    graphs = llm.engine.runner.decode_graphs
+    assert graphs is not None and graphs.eager_reason is None and graphs._graphs
+    assert batched.outputs[0].token_ids == alone.outputs[0].token_ids
+    for a, b in zip(batched.outputs[0].logprobs, alone.outputs[0].logprobs, strict=True):
+        assert {t: e.logprob for t, e in a.items()} == {t: e.logprob for t, e in b.items()}

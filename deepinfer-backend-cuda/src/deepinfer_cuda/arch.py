@@ -214,6 +214,13 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
                     cols_inner=True)
 
 
+def moe_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> MoeTiles:
+    """One set of tiles whatever the batch (``DEEPINFER_BATCH_INVARIANT=1``): a slot's output is its own rows of
+    tiles reduced in one order, so it cannot depend on how many other slots the call holds.  The 16-row tier
+    (decode's, where the flag matters most: prefill pays for narrower tiles)."""
+    return moe_experts_config(arch, 1, hidden, inter, element_bytes)
+
+
 def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
     """The MoE plan kernel (one program sorts up to 1024 slots): more warps for the wider bitonic sorts."""
     if arch.triton_arch not in (90, 100):

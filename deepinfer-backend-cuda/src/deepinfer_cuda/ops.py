@@ -15,7 +15,7 @@ from deepinfer_cuda.kernels.compress_pool import compress_pool
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
-from deepinfer_cuda.kernels.moe_experts import moe_experts
+from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
 from deepinfer_cuda.kernels.rms_norm import rms_norm
@@ -39,4 +39,9 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "compress_pool": compress_pool,
     "compress_entries": compress_entries,
     "sample_tokens": sample_tokens,
+}
+
+#: What ``DEEPINFER_BATCH_INVARIANT=1`` replaces: kernels whose tiles are fixed for every batch size.
+BATCH_INVARIANT_OVERRIDES: dict[str, Callable[..., Any]] = {
+    "moe_experts": moe_experts_fixed_tiles,
 }

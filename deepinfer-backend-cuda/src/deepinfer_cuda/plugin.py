@@ -22,9 +22,10 @@ class CudaBackend(Backend):
     dist_backend = "nccl"
     #: Kernels whose programs read only their own row with fixed tiles: a row's bits never depend on the batch
     #: (sparse_attention: one program per query, fixed key chunks; compress_pool: per window; sample_tokens: per
-    #: row and fixed vocabulary chunks).  Each passed check_batch_invariance on an H200 (2026-11-29).
+    #: row and fixed vocabulary chunks).  Each passed check_batch_invariance on an H200 (2026-11-29).  moe_experts:
+    #: its fixed-tile form (``ops.BATCH_INVARIANT_OVERRIDES``, what ``load_ops`` gives under the flag).
     batch_invariant_ops = ("sparse_attention", "sparse_attention_inverse_rope", "compress_pool", "compress_entries",
-                           "sample_tokens", "hc_pre", "rms_norm_rope")
+                           "sample_tokens", "hc_pre", "rms_norm_rope", "moe_experts")
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:
@@ -39,9 +40,10 @@ class CudaBackend(Backend):
         return None
 
     def load_ops(self) -> Mapping[str, Callable[..., Any]]:
-        from deepinfer_cuda.ops import OVERRIDES
+        from deepinfer import envs
+        from deepinfer_cuda.ops import BATCH_INVARIANT_OVERRIDES, OVERRIDES
 
-        return OVERRIDES
+        return {**OVERRIDES, **BATCH_INVARIANT_OVERRIDES} if envs.batch_invariant() else OVERRIDES
 
     def op_coverage(self) -> Mapping[str, Callable[..., bool]]:
         from deepinfer_cuda.coverage import COVERAGE

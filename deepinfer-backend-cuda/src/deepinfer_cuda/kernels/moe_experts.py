@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_combine_config, moe_experts_config
+from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_batch_invariant_config, moe_combine_config, moe_experts_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.moe_routing import expert_blocks, plan  # noqa: F401  (expert_blocks: re-exported)
@@ -272,3 +272,13 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: 
     """Routed experts [T, H]: x [T, H]; ids [T, k] int64; weights [T, k] fp32; w13 [E, 2I, H]; w2 [E, H, I]."""
     index, arch = cuda_target(x)
     return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch).run(index)
+
+
+def moe_experts_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                            w2: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
+    """:func:`moe_experts` with one tile configuration for every batch (the batch-invariant table's: the combine
+    already adds a token's slots in a fixed order).  Core's batch-invariant reference loops over the experts a
+    batch hits (a host sync), which CUDA graph capture refuses; this keeps decode steps capturable."""
+    index, arch = cuda_target(x)
+    tiles = moe_batch_invariant_config(arch, x.shape[1], w13.shape[1] // 2, x.element_size())
+    return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch, tiles=tiles).run(index)
