@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,7 +25,7 @@ from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoE, MoESpec
+from deepinfer.layers.moe import MoESpec, build_moe
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
@@ -37,6 +38,9 @@ from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
 
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
+
 Stored = torch.Tensor | QuantizedTensor
 #: attend(attention, x, layer index) -> the attention sublayer's output
 Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
@@ -44,7 +48,7 @@ Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
 
 class DecoderLayer:
     def __init__(self, ops: Ops, cfg: DeepseekV41Config, layer: int, get: Callable[[str], torch.Tensor],
-                 engram: Engram | None):
+                 engram: Engram | None, parallel: ParallelContext | None = None):
         p = f"layers.{layer}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
@@ -55,7 +59,7 @@ class DecoderLayer:
         limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
         moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
                       limit, gate_temp=cfg.gate_temp)
-        self.ffn = MoE(ops, moe, p + "ffn.", get)
+        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, layer)
 
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
                  lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,11 +107,12 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
     row); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
                  token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-                 decoder_keep: int | None = None):
+                 decoder_keep: int | None = None, parallel: ParallelContext | None = None):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
@@ -129,7 +134,8 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
-        self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i)) for i in range(cfg.num_hidden_layers)]
+        self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i), parallel)
+                       for i in range(cfg.num_hidden_layers)]
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg), views_for(cfg)
@@ -173,6 +179,8 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         split.attn.compress(site.x, step, views.layers[self.decoder_layer])  # the global KV of every row
         hidden = torch.zeros(input_ids.shape[0], site.x.shape[1], dtype=site.x.dtype, device=site.x.device)
         if not cut.states:  # no row of this step is kept (an early chunk of a long prompt)
+            for layer in self.layers[self.decoder_layer :]:
+                layer.ffn.idle()  # expert parallelism: the other ranks still exchange these layers' tokens
             return hidden
         rows, kept = cut.rows, RaggedStep(cut.positions, cut.layout, cut.states, Published(), precompressed=True)
 

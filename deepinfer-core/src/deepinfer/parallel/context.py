@@ -1,0 +1,79 @@
+"""One rank's parallel context: its frozen plan, its communicators, and the expert-parallel MoE layers built with
+it (in forward order), handed to the model at construction.  No module globals: two engines in one process
+(tests) each have their own."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from deepinfer.parallel.comm import Communicator
+from deepinfer.parallel.plan import ParallelPlan
+
+
+class ParallelMoE(Protocol):
+    """What the context needs of an expert-parallel MoE layer."""
+
+    def idle(self) -> None:
+        """Join this layer's collectives with no tokens."""
+        ...
+
+
+class ParallelContext:
+    def __init__(self, plan: ParallelPlan, world: Communicator, ep: Communicator, cp: Communicator):
+        self.plan, self.world, self.ep, self.cp = plan, world, ep, cp
+        #: Expert-parallel MoE layers in the order a forward calls them (they register when built).
+        self.moe_layers: list[ParallelMoE] = []
+        #: MoE layer calls so far (real or idle): ``calls / len(moe_layers)`` forwards.
+        self.moe_calls = 0
+        #: Tokens routed to each logical expert per MoE layer on this rank since the last rebalance.
+        self.load: torch.Tensor | None = None
+
+    @classmethod
+    def create(cls, plan: ParallelPlan, timeout_s: float) -> ParallelContext:
+        """Groups for ``plan`` on the default process group (already initialised by the backend).  Every rank
+        creates every group, in one order, as torch.distributed requires."""
+        world = Communicator(tuple(range(plan.world_size)), plan.rank, timeout_s)
+        groups: dict[str, Communicator] = {}
+        for name, all_groups, mine in (("ep", plan.ep_groups, plan.ep_ranks), ("cp", plan.cp_groups, plan.cp_ranks)):
+            for ranks in all_groups:
+                group = None if len(ranks) in (1, plan.world_size) else dist.new_group(list(ranks))
+                if ranks == mine:
+                    groups[name] = Communicator(ranks, plan.rank, timeout_s, group)
+        return cls(plan, world, groups["ep"], groups["cp"])
+
+    def register(self, moe: ParallelMoE, num_experts: int, device: torch.device) -> int:
+        """Add an MoE layer (in forward order); returns its index among them."""
+        self.moe_layers.append(moe)
+        rows = len(self.moe_layers)
+        load = torch.zeros(rows, num_experts, dtype=torch.int64, device=device)
+        if self.load is not None:
+            load[: rows - 1] = self.load
+        self.load = load
+        return rows - 1
+
+    def count(self, layer: int, ids: torch.Tensor) -> None:
+        """Count one step's routed experts ``ids`` ([T, k] logical ids) of MoE layer ``layer``."""
+        assert self.load is not None
+        self.load[layer] += torch.bincount(ids.reshape(-1), minlength=self.load.shape[1])
+
+    def forwards_since(self, calls: int) -> int:
+        """Whole forwards run since ``moe_calls`` was ``calls``."""
+        done = self.moe_calls - calls
+        n = len(self.moe_layers)
+        if n and done % n:
+            raise RuntimeError(f"a forward called {done % n} of its {n} expert-parallel MoE layers; every rank must "
+                               "call all of them, in order, in every forward")
+        return done // n if n else 0
+
+    def idle_forward(self) -> None:
+        """Join one forward's MoE collectives with no tokens (a rank with no work this step)."""
+        for moe in self.moe_layers:
+            moe.idle()
+
+    def describe(self) -> dict[str, Any]:
+        p = self.plan
+        return dict(rank=p.rank, world=p.world_size, dp=(p.dp_rank, p.dp_size), ep=(p.ep_rank, p.ep_size),
+                    cp=(p.cp_rank, p.cp_size))
