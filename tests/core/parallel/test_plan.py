@@ -78,3 +78,15 @@ def test_bad_sizes_name_the_parameter(field, value):
 def test_placement_refuses_a_missing_expert():
     with pytest.raises(ValueError, match=r"missing \[3\]"):
         ExpertPlacement(4, 2, ((0, 1, 2, 2),))
+
+
+def test_a_rank_loads_only_its_own_experts():
+    from deepinfer.parallel.comm import Communicator
+    from deepinfer.parallel.context import ParallelContext
+
+    solo = Communicator.solo()
+    context = ParallelContext(_plan(dp=2, ep=2, rank=1), solo, solo, solo)
+    assert context.loads("layers.0.ffn.experts.5.w1.weight") and context.loads("layers.1.ffn.experts.4.w2.scale")
+    assert not context.loads("layers.0.ffn.experts.3.w1.weight")
+    assert context.loads("layers.0.ffn.shared_experts.w1.weight") and context.loads("layers.0.ffn.gate.weight")
+    assert context.loads("mtp.0.ffn.experts.0.w1.weight")  # the drafter's experts are not split

@@ -4,6 +4,7 @@ it (in forward order), handed to the model at construction.  No module globals: 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 import torch
@@ -11,6 +12,9 @@ import torch.distributed as dist
 
 from deepinfer.parallel.comm import Communicator
 from deepinfer.parallel.plan import ParallelPlan
+
+#: A routed expert's checkpoint tensors: ``layers.<layer>.ffn.experts.<expert>.``
+_EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.")
 
 
 class ParallelMoE(Protocol):
@@ -43,6 +47,14 @@ class ParallelContext:
                 if ranks == mine:
                     groups[name] = Communicator(ranks, plan.rank, timeout_s, group)
         return cls(plan, world, groups["ep"], groups["cp"])
+
+    def loads(self, name: str) -> bool:
+        """Whether this rank loads checkpoint tensor ``name``: all but the routed experts other EP ranks hold."""
+        placement = self.plan.placement
+        match = _EXPERT.match(name)
+        if placement is None or match is None:
+            return True
+        return int(match[2]) in placement.local_experts(int(match[1]), self.plan.ep_rank)
 
     def register(self, moe: ParallelMoE, num_experts: int, device: torch.device) -> int:
         """Add an MoE layer (in forward order); returns its index among them."""

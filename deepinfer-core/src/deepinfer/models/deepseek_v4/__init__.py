@@ -25,5 +25,6 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
     """Build the model from a checkpoint directory (config.json + safetensors); ``parallel``: this rank's
     parallel context (None: one process)."""
     cfg = DeepseekV4Config.from_file(path)
-    weights = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
+    weights = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device),
+                           keep=parallel.loads if parallel is not None else None)
     return DeepseekV4ForCausalLM(cfg, weights, ops=ops, dtype=dtype, device=device, parallel=parallel)

@@ -10,6 +10,7 @@ FP8 e4m3 with block scales, or MXFP4 (e2m1 packed in int8/uint8) with one e8m0 s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -220,9 +221,11 @@ class _Reader:
 
 
 def read_weights(
-    ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device
+    ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device,
+    keep: Callable[[str], bool] | None = None,
 ) -> V4Weights:
-    """Check every name, shape and dtype from the headers, then load, checking values.  Raises
+    """Check every name, shape and dtype from the headers, then load (only the tensors ``keep`` accepts: an
+    expert-parallel rank loads its own experts), checking values.  Raises
     :class:`CheckpointError` listing each missing, unexpected, mis-shaped or mis-typed tensor with its file,
     name, and what was expected and found; or naming the first tensor with a NaN / inf or an id out of range."""
     reader = _Reader(ckpt, cfg, dtype, device)
@@ -241,6 +244,6 @@ def read_weights(
         problems += reader.dtype_problems(name)
     if problems:
         raise problems_error(f"checkpoint {ckpt.directory} does not match its config", problems)
-    tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
+    tensors = {name: reader.load(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
     mtp_tensors = {n: reader.load(n, None) for n in mtp_weights}
     return V4Weights(tensors, mtp_tensors)

@@ -34,7 +34,8 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
     keep = envs.yoco_prefill_keep_tokens() if envs.yoco_prefill_truncation_mode() == "compact" else None
     if keep is not None:
         cut_layer(cfg, keep)  # refuse a bad KEEP before reading the weights
-    tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
+    tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device),
+                                keep=parallel.loads if parallel is not None else None)
     token_map = None
     if cfg.engram_layer_ids:
         if not (Path(path) / "tokenizer.json").is_file():

@@ -8,6 +8,8 @@ The DSpark drafter's ``mtp.*`` tensors are kept apart for speculative decoding; 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
@@ -105,10 +107,11 @@ class _Reader(V4Reader):
 _FLOAT_DTYPES = ("F32", "BF16", "F16")
 
 
-def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device
-                 ) -> tuple[dict[str, Stored], dict[str, Stored]]:
-    """(the text model's tensors, the DSpark drafter's ``mtp.*``), checked by name and shape from the headers
-    first; raises :class:`CheckpointError` listing each missing, unexpected or mis-shaped tensor."""
+def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device,
+                 keep: Callable[[str], bool] | None = None) -> tuple[dict[str, Stored], dict[str, Stored]]:
+    """(the text model's tensors that ``keep`` accepts (default: all; an expert-parallel rank loads its own
+    experts), the DSpark drafter's ``mtp.*``), checked by name and shape from the headers first; raises
+    :class:`CheckpointError` listing each missing, unexpected or mis-shaped tensor."""
     reader = _Reader(ckpt, cfg, dtype, device)  # type: ignore[arg-type]
     expected = expected_shapes(cfg)
     scales = {n.removesuffix(".weight") + ".scale" for n in reader.on_disk if n.endswith(".weight")}
@@ -124,5 +127,5 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
     if problems:
         head = f"checkpoint {ckpt.directory} does not match its config ({len(problems)} problems):\n  "
         raise CheckpointError(head + "\n  ".join(problems))
-    tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
+    tensors = {name: reader.load(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
     return tensors, {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
