@@ -25,9 +25,9 @@ def v4_path(tmp_path_factory):
     return str(build_engine_checkpoint(tmp_path_factory.mktemp("tiny_v4_parallel"), SMALL)[0])
 
 
-def _workload(vocab: int, count: int = 8):
+def _workload(vocab: int, count: int = 8, lengths: list[int] | None = None):
     """Mixed greedy / seeded requests with logprobs, the second one unseeded (its seed comes from the engine's)."""
-    prompts = ragged_prompts(vocab, count=count, max_len=30, seed=3)
+    prompts = ragged_prompts(vocab, count=count, max_len=30, seed=3, lengths=lengths)
     params = mixed_params(max_tokens=5)[:count]
     params[1] = SamplingParams(max_tokens=5, temperature=1.0, logprobs=2, prompt_logprobs=1, ignore_eos=True)
     return prompts, params
@@ -43,10 +43,10 @@ def _serve(rank, world, path, kwargs, prompts, params):
     return outs, llm.parallel.rebalances, held
 
 
-def _check(path, world, kwargs, count=8):
+def _check(path, world, kwargs, count=8, lengths=None):
     llm = LLM(path, **COMMON)
     vocab = llm.engine.model.vocab_size
-    prompts, params = _workload(vocab, count)
+    prompts, params = _workload(vocab, count, lengths)
     expected = llm.generate(prompts, params, use_tqdm=False)
     got = results(run_ranks(_serve, world, path, kwargs, prompts, params), world)
     for outs, _, _ in got:
@@ -81,6 +81,23 @@ def test_v41_expert_parallel_with_eplb():
     """V4.1 (Engram, CSA2 roles, hash-free routing with gate_temp): 6 experts, 2 EP ranks, 2 replicas."""
     _check(str(FIXTURES / "tiny_b"), 2, dict(data_parallel_size=2, expert_parallel_size=2, num_redundant_experts=2,
                                              eplb_interval=2), count=4)
+
+
+def test_context_parallel_prefill(v4_path):
+    """2 CP ranks split every ragged step (zigzag) on V4: windows of 16, CSA / HCA entries, indexer top-8
+    across the split."""
+    _check(v4_path, 2, dict(context_parallel_size=2), count=4, lengths=[70, 9, 33, 2])
+
+
+def test_v41_context_parallel_prefill():
+    _check(str(FIXTURES / "tiny_b"), 2, dict(context_parallel_size=2), count=4, lengths=[70, 9, 33, 2])
+
+
+def test_combination_dp_cp_ep_with_eplb(v4_path):
+    """4 ranks: 2 DP ranks of 2 CP ranks each, experts over all 4 with 2 replicas, rebalanced while serving."""
+    got = _check(v4_path, 4, dict(data_parallel_size=2, context_parallel_size=2, expert_parallel_size=4,
+                                  num_redundant_experts=4, eplb_interval=3), count=6)
+    assert all(rebalances >= 1 for _, rebalances, _ in got)
 
 
 def _die_midway(rank, world, path, prompts, params):

@@ -31,11 +31,3 @@ def test_from_model_refuses_parallel_sizes():
     tok = toy_tokenizer()
     with pytest.raises(TypeError, match="does not take data_parallel_size: ranks are started"):
         LLM.from_model(ToyCausalLM(len(tok), seed=1), tok, data_parallel_size=2)
-
-
-def test_context_parallelism_is_refused_before_anything_starts(tmp_path, monkeypatch):
-    from tests.support.v4_fixtures import SMALL, build_engine_checkpoint
-
-    path = build_engine_checkpoint(tmp_path, SMALL)[0]
-    with pytest.raises(ValueError, match="context_parallel_size=2: the planner places CP ranks"):
-        LLM(path, dtype="float32", data_parallel_size=1, context_parallel_size=2)

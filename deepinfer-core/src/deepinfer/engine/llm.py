@@ -255,9 +255,6 @@ def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_args
                             args.num_redundant_experts)
     if not config.enabled:
         return None
-    if config.context_parallel_size > 1:
-        raise ValueError(f"context_parallel_size={config.context_parallel_size}: the planner places CP ranks, but "
-                         "the context-parallel prefill is not built yet; leave context_parallel_size at 1")
     return join_world(config, backend, model_config, args.distributed_timeout, peer_args)
 
 

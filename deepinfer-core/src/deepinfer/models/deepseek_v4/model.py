@@ -29,6 +29,7 @@ from deepinfer.models.deepseek_v4.state import layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context_parallel import ContextSplit, run_split
 from deepinfer.quant import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         self.norm = get("norm.weight")
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
         self.layers = [DecoderLayer(ops, cfg, i, get, parallel) for i in range(cfg.num_hidden_layers)]
+        self.parallel = parallel
         self.state_spec, self.views = spec_for(cfg), layer_caches
         self.ratio_kinds = {r: RatioKinds(overlap=CSA in kinds, indexed=CSA in kinds, attends_all=HCA in kinds)
                             for r, kinds in _kinds_by_ratio(cfg).items()}
@@ -96,6 +98,9 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         def attend(attn, x):
             return attn(x, batch.positions, layout, states, pool, pool.views[attn.layer])
 
+        if self.parallel is not None and self.parallel.plan.cp_size > 1:  # this rank's share of the rows
+            split = ContextSplit.build(self.parallel.cp, batch.seq_lens, self.device)
+            return run_split(self._run, split, layout, batch.input_ids, attend)
         return self._run(batch.input_ids, attend)
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:

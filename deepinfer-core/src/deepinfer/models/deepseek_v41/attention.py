@@ -162,6 +162,8 @@ class Attention:
         gather_rows, ring_rows = plan.for_ring(cache.ring_base)
         keys_pool = torch.cat([cache.kv[gather_rows], kv])
         cache.kv.index_copy_(0, ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        if (rows := layout.query_rows) is not None:  # context parallelism: this rank's queries only
+            q, cols, positions = q[rows], cols[rows], positions[rows]
         return self._output(q, keys_pool, cols, positions)
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------

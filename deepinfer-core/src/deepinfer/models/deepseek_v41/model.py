@@ -36,6 +36,7 @@ from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context_parallel import ContextSplit, run_split
 from deepinfer.quant import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
                        for i, layer in enumerate(cfg.engram_layer_ids)}
         self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i), parallel)
                        for i in range(cfg.num_hidden_layers)]
+        self.parallel = parallel
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg), views_for(cfg)
@@ -163,6 +165,9 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         cut = None
         if self.decoder_keep is not None:
             cut = decoder_rows(batch, layout, states, pool, self.decoder_keep)
+        if cut is None and self.parallel is not None and self.parallel.plan.cp_size > 1:  # this rank's rows
+            split = ContextSplit.build(self.parallel.cp, batch.seq_lens, self.device)
+            return run_split(self._run, split, layout, batch.input_ids, attend, lookback)
         if cut is None:
             return self._run(batch.input_ids, lookback, attend)
         return self._run_truncated(batch.input_ids, lookback, attend, step, cut, views)
