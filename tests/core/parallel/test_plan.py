@@ -84,7 +84,7 @@ def test_a_rank_loads_only_its_own_experts():
     from deepinfer.parallel.comm import Communicator
     from deepinfer.parallel.context import ParallelContext
 
-    solo = Communicator.solo()
+    solo = Communicator.alone()
     context = ParallelContext(_plan(dp=2, ep=2, rank=1), solo, solo, solo)
     assert context.loads("layers.0.ffn.experts.5.w1.weight") and context.loads("layers.1.ffn.experts.4.w2.scale")
     assert not context.loads("layers.0.ffn.experts.3.w1.weight")

@@ -106,6 +106,8 @@ class Backend:
 
         if dist.is_initialized():
             return
+        if device is not None and device.index is not None:  # collectives and kernels use the current device
+            torch.accelerator.set_device_index(device.index)
         dist.init_process_group(self.dist_backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device is not None and device.index is not None else None)

@@ -25,7 +25,7 @@ from deepinfer.models.base import CausalLM
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.dp import DataParallelEngine
-from deepinfer.parallel.launch import Joined, join_world, stop_peers
+from deepinfer.parallel.launch import Joined, RankEnv, join_world, stop_peers
 from deepinfer.parallel.plan import ParallelConfig
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
@@ -250,10 +250,11 @@ class LLM:
 
 def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_args: tuple[Any, dict[str, Any]]
                 ) -> Joined | None:
-    """This process's place among the ranks the arguments ask for (None: one process)."""
+    """This process's place among the ranks the arguments ask for, or torchrun's (even a world of one, which
+    runs the collectives on one device); None: one process."""
     config = ParallelConfig(args.data_parallel_size, args.expert_parallel_size, args.context_parallel_size,
                             args.num_redundant_experts)
-    if not config.enabled:
+    if not config.enabled and RankEnv.from_environ() is None:
         return None
     return join_world(config, backend, model_config, args.distributed_timeout, peer_args)
 

@@ -95,9 +95,9 @@ class MoE:
 
 def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
               parallel: ParallelContext | None = None, layer: int = 0) -> MoE:
-    """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with expert parallelism) this rank's
+    """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
     share, exchanging tokens with the ranks that hold the others."""
-    if parallel is None or parallel.plan.ep_size == 1:
+    if parallel is None or parallel.plan.placement is None:
         return MoE(ops, spec, prefix, get)
     from deepinfer.parallel.ep_moe import ExpertParallelMoE
 

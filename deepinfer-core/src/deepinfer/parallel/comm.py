@@ -19,16 +19,22 @@ class RankFailure(RuntimeError):
 
 
 class Communicator:
-    """A group of world ranks (ascending); ``rank`` is this process's index in it."""
+    """A group of world ranks (ascending); ``rank`` is this process's index in it.  ``group``: its torch.distributed
+    group (None: the default group, the whole world); ``solo``: a one-rank group inside a larger world, whose
+    collectives are the identity (no process group is made for it).  A world of one rank is not solo: its
+    collectives run (NCCL / HCCL / gloo with one rank), so that path is exercised on one device."""
 
-    def __init__(self, ranks: tuple[int, ...], world_rank: int, timeout_s: float, group: Any = None):
+    def __init__(self, ranks: tuple[int, ...], world_rank: int, timeout_s: float, group: Any = None,
+                 solo: bool = False):
         self.ranks, self.size, self.rank = ranks, len(ranks), ranks.index(world_rank)
-        self.group, self.timeout_s = group, timeout_s
+        self.group, self.timeout_s, self.solo = group, timeout_s, solo
+        if solo and self.size != 1:
+            raise ValueError(f"a solo communicator has one rank, not {self.size}")
 
     @classmethod
-    def solo(cls) -> Communicator:
-        """A group of one rank (no process group needed): every collective is the identity."""
-        return cls((0,), 0, 0.0)
+    def alone(cls) -> Communicator:
+        """A one-rank group with no process group at all (tests, tools)."""
+        return cls((0,), 0, 0.0, solo=True)
 
     @contextlib.contextmanager
     def _failing_as(self, what: str) -> Iterator[None]:
@@ -43,7 +49,7 @@ class Communicator:
         """Rows of ``send`` grouped by destination (``counts[d]`` rows to rank ``d``) -> the rows received,
         grouped by source, and how many came from each.  ``recv_counts``: when the caller knows them (skips
         one exchange)."""
-        if self.size == 1:
+        if self.solo:
             return send, list(counts)
         with self._failing_as("an all-to-all"):
             if recv_counts is None:
@@ -57,7 +63,7 @@ class Communicator:
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``t`` reduced over the group in place (``"sum"`` or ``"max"``)."""
-        if self.size > 1:
+        if not self.solo:
             with self._failing_as(f"an all-reduce ({op})"):
                 dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
         return t
@@ -68,7 +74,7 @@ class Communicator:
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's picklable ``obj``, in rank order."""
-        if self.size == 1:
+        if self.solo:
             return [obj]
         out: list[Any] = [None] * self.size
         with self._failing_as("gathering results"):
@@ -77,7 +83,7 @@ class Communicator:
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` on every rank of the group."""
-        if self.size == 1:
+        if self.solo:
             return obj
         box = [obj]
         with self._failing_as("a broadcast"):

@@ -43,9 +43,10 @@ class ParallelContext:
         groups: dict[str, Communicator] = {}
         for name, all_groups, mine in (("ep", plan.ep_groups, plan.ep_ranks), ("cp", plan.cp_groups, plan.cp_ranks)):
             for ranks in all_groups:
-                group = None if len(ranks) in (1, plan.world_size) else dist.new_group(list(ranks))
+                solo = len(ranks) == 1 and plan.world_size > 1
+                group = None if solo or len(ranks) == plan.world_size else dist.new_group(list(ranks))
                 if ranks == mine:
-                    groups[name] = Communicator(ranks, plan.rank, timeout_s, group)
+                    groups[name] = Communicator(ranks, plan.rank, timeout_s, group, solo)
         return cls(plan, world, groups["ep"], groups["cp"])
 
     def loads(self, name: str) -> bool:
