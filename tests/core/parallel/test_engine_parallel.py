@@ -144,3 +144,22 @@ def test_llm_starts_its_own_ranks(v4_path):
     for a, b in zip(first, expected, strict=True):
         assert_same_output(a, b)
     assert second[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+
+
+def _different_prompts(rank, world, path):
+    llm = LLM(path, **COMMON, data_parallel_size=2)
+    try:
+        llm.generate([[5, 6, 7]] * (rank + 1), SamplingParams(max_tokens=2), use_tqdm=False)
+    except ValueError as exc:
+        first = str(exc)
+    try:
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+    except RuntimeError as exc:
+        return first, str(exc)
+    return first, "no error"
+
+
+def test_ranks_must_agree_and_a_failed_engine_stays_failed(v4_path):
+    for first, second in results(run_ranks(_different_prompts, 2, v4_path), 2):
+        assert "every rank must call generate with the same prompts; the ranks got [1, 2]" in first
+        assert "failed earlier" in second and "start a new LLM" in second

@@ -31,14 +31,31 @@ class DataParallelEngine:
         #: Lock-stepped iterations so far (the same on every rank); rebalances so far.
         self.steps = 0
         self.rebalances = 0
+        #: Why a call failed on this rank (the ranks are then out of step for good), or None.
+        self.failed: str | None = None
 
     def owns(self, index: int) -> bool:
         plan = self.context.plan
         return index % plan.dp_size == plan.dp_rank
 
     def generate(self, prompts: list[Any], params: list[Any], request_ids: list[str]) -> list[RequestOutput]:
-        """Run this rank's share of the prompts in step with the other ranks; every rank returns every output."""
+        """Run this rank's share of the prompts in step with the other ranks; every rank returns every output.
+        Once a call fails (an error here, or a rank that died), every later call raises: the ranks' collectives
+        are out of step and only a new ``LLM`` recovers."""
+        if self.failed is not None:
+            raise RuntimeError(f"this parallel engine failed earlier ({self.failed}); its ranks are out of step: "
+                               "start a new LLM")
+        try:
+            return self._generate(prompts, params, request_ids)
+        except BaseException as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _generate(self, prompts: list[Any], params: list[Any], request_ids: list[str]) -> list[RequestOutput]:
         engine, context = self.engine, self.context
+        counts = context.world.all_gather_object(len(prompts))
+        if len(set(counts)) > 1:
+            raise ValueError(f"every rank must call generate with the same prompts; the ranks got {counts} prompts")
         mine: dict[int, RequestOutput] = {}
         index: dict[str, int] = {}
         for i, (prompt, sp, rid) in enumerate(zip(prompts, params, request_ids, strict=True)):
