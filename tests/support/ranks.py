@@ -42,17 +42,19 @@ def run_alone(fn: Callable[..., Any], *args: Any, join_s: float = 120.0) -> Any:
     return value
 
 
-def _child(fn: Callable[..., Any], rank: int, world: int, port: int, timeout: float, queue: Any, args: tuple) -> None:
+def _child(fn: Callable[..., Any], rank: int, world: int, port: int, timeout: float, queue: Any, args: tuple,
+           backend_name: str) -> None:
     import torch
 
-    from deepinfer.backends.cpu import CpuBackend
+    from deepinfer.backends import select_backend
 
     torch.set_num_threads(1)
     # what torchrun sets, so that LLM(...) in ``fn`` joins this world as under torchrun
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+                      MASTER_PORT=str(port), DEEPINFER_ACCELERATOR=backend_name)
     try:
-        CpuBackend().init_communicator(rank, world, "env://", timeout)
+        backend = select_backend(backend_name)
+        backend.init_communicator(rank, world, "env://", timeout, backend.device(rank))
         queue.put((rank, "ok", fn(rank, world, *args)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
         queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -63,15 +65,16 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, timeout: fl
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0, join_s: float = 120.0
-              ) -> dict[int, tuple[str, Any]]:
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0, join_s: float = 120.0,
+              backend: str = "cpu", start: str = "fork") -> dict[int, tuple[str, Any]]:
     """``fn(rank, world, *args)`` on ``world`` forked ranks with a gloo group (collective timeout ``timeout``) and
-    torchrun's environment variables;
+    torchrun's environment variables (``backend``: its collectives and rank ``r``'s device ``r``; ``start``: how
+    processes start, ``spawn`` where the parent holds a GPU context, with ``fn`` importable);
     returns ``{rank: ("ok", result) | ("error", traceback)}`` (a rank that died without reporting is missing)."""
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world, port, timeout, queue, args), daemon=True)
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, timeout, queue, args, backend), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
