@@ -77,10 +77,17 @@ def test_eplb_with_redundant_experts_rebalances_while_serving(v4_path):
     assert sorted(set(got[0][2] + got[1][2])) == list(range(8)) and len(got[0][2]) == 5
 
 
+def _engram_rows(rank, world, path):
+    llm = LLM(path, **COMMON, data_parallel_size=2, expert_parallel_size=2)
+    return [layer.engram.weights.table.shape[0] for layer in llm.engine.model.layers if layer.engram is not None]
+
+
 def test_v41_expert_parallel_with_eplb():
-    """V4.1 (Engram, CSA2 roles, hash-free routing with gate_temp): 6 experts, 2 EP ranks, 2 replicas."""
-    _check(str(FIXTURES / "tiny_b"), 2, dict(data_parallel_size=2, expert_parallel_size=2, num_redundant_experts=2,
-                                             eplb_interval=2), count=4)
+    """V4.1 (Engram tables sharded, CSA2 roles, routing with gate_temp): 6 experts, 2 EP ranks, 2 replicas."""
+    path = str(FIXTURES / "tiny_b")
+    _check(path, 2, dict(data_parallel_size=2, expert_parallel_size=2, num_redundant_experts=2, eplb_interval=2),
+           count=4)
+    assert results(run_ranks(_engram_rows, 2, path), 2) == [[681], [681]]  # 1362 rows, half on each rank
 
 
 def test_context_parallel_prefill(v4_path):

@@ -5,6 +5,7 @@ it (in forward order), handed to the model at construction.  No module globals: 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -30,6 +31,8 @@ class ParallelContext:
         self.plan, self.world, self.ep, self.cp = plan, world, ep, cp
         #: Expert-parallel MoE layers in the order a forward calls them (they register when built).
         self.moe_layers: list[ParallelMoE] = []
+        #: Every layer with a collective in the forward, as (forward order key, join with no tokens).
+        self.participants: list[tuple[tuple[int, int], Callable[[], None]]] = []
         #: MoE layer calls so far (real or idle): ``calls / len(moe_layers)`` forwards.
         self.moe_calls = 0
         #: Tokens routed to each logical expert per MoE layer on this rank since the last rebalance.
@@ -57,8 +60,20 @@ class ParallelContext:
             return True
         return int(match[2]) in placement.local_experts(int(match[1]), self.plan.ep_rank)
 
-    def register(self, moe: ParallelMoE, num_experts: int, device: torch.device) -> int:
-        """Add an MoE layer (in forward order); returns its index among them."""
+    def table_rows(self, name: str, num_rows: int) -> slice | None:
+        """The rows of a table this rank holds when tables are sharded over the EP group (Engram); None: all."""
+        if self.plan.placement is None:
+            return None
+        per = -(-num_rows // self.ep.size)
+        return slice(min(num_rows, self.ep.rank * per), min(num_rows, (self.ep.rank + 1) * per))
+
+    def join(self, order: tuple[int, int], idle: Callable[[], None]) -> None:
+        """Add a layer with collectives; ``order``: (decoder layer, place in it) sorts them in forward order."""
+        self.participants.append((order, idle))
+
+    def register(self, moe: ParallelMoE, layer: int, num_experts: int, device: torch.device) -> int:
+        """Add the MoE layer of decoder layer ``layer`` (in forward order); returns its index among them."""
+        self.join((layer, 1), moe.idle)
         self.moe_layers.append(moe)
         rows = len(self.moe_layers)
         load = torch.zeros(rows, num_experts, dtype=torch.int64, device=device)
@@ -82,9 +97,9 @@ class ParallelContext:
         return done // n if n else 0
 
     def idle_forward(self) -> None:
-        """Join one forward's MoE collectives with no tokens (a rank with no work this step)."""
-        for moe in self.moe_layers:
-            moe.idle()
+        """Join one forward's collectives (MoE and sharded tables) with no tokens (a rank with no work)."""
+        for _, idle in sorted(self.participants, key=lambda p: p[0]):
+            idle()
 
     def describe(self) -> dict[str, Any]:
         p = self.plan

@@ -38,7 +38,7 @@ class ExpertParallelMoE(MoE):
         super().__init__(ops, spec, prefix, get, experts=placement.local_experts(layer, context.plan.ep_rank))
         self.context, self.layer = context, layer
         self.hidden, self.dtype, self.device = self.w2.shape[1], self.w2.dtype, self.w2.device
-        self.index = context.register(self, spec.n_routed_experts, self.device)
+        self.index = context.register(self, layer, spec.n_routed_experts, self.device)
         self.use_placement(placement)
 
     def use_placement(self, placement: ExpertPlacement) -> None:

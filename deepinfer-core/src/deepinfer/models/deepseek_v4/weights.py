@@ -201,15 +201,24 @@ class _Reader:
             problems.append(_mismatch(f"{self.where(scale)} ({fmt} scales)", scale_shape, actual_scale))
         return problems
 
-    def load(self, name: str, shape: tuple[int, ...] | None) -> Stored:
+    def load(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
+        """``rows``: only these rows go to the device (an expert-parallel rank's shard of a table whose scales
+        are per row); the tensor is read whole on the host."""
         fmt = self.quant_format(name)
-        stored = self.ckpt.get(self.on_disk[name]).to(self.device)
+        stored = self.ckpt.get(self.on_disk[name])
+        if rows is not None:
+            stored = stored[rows]
+            shape = (stored.shape[0], *shape[1:]) if shape is not None else None
+        stored = stored.to(self.device)
         if fmt is not None:
             scale_name = name.removesuffix(".weight") + ".scale"
-            scale = self.ckpt.get(self.on_disk[scale_name]).to(self.device)
+            scale = self.ckpt.get(self.on_disk[scale_name])
+            scale = (scale[rows] if rows is not None else scale).to(self.device)
             check_finite(self.where(scale_name, full=True), scale_values(scale))
             logical = shape or (stored.shape[0], stored.shape[1] * (2 if fmt == MXFP4 else 1))
             block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)
+            if rows is not None and block[0] != 1:
+                raise CheckpointError(f"{self.where(name)}: a row shard of a weight with {block} blocks")
             return QuantizedTensor(fmt, stored, scale, tuple(logical), block)
         if is_id_table(name):
             ids = stored.long()

@@ -35,7 +35,8 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
     if keep is not None:
         cut_layer(cfg, keep)  # refuse a bad KEEP before reading the weights
     tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device),
-                                keep=parallel.loads if parallel is not None else None)
+                                keep=parallel.loads if parallel is not None else None,
+                                rows=parallel.table_rows if parallel is not None else None)
     token_map = None
     if cfg.engram_layer_ids:
         if not (Path(path) / "tokenizer.json").is_file():

@@ -37,6 +37,7 @@ from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, dec
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
 from deepinfer.parallel.context_parallel import ContextSplit, run_split
+from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
+            shard_engrams(parallel, engrams, cfg.engram_layer_ids, cfg.engram_num_embeddings)
         self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i), parallel)
                        for i in range(cfg.num_hidden_layers)]
         self.parallel = parallel
@@ -184,8 +186,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         split.attn.compress(site.x, step, views.layers[self.decoder_layer])  # the global KV of every row
         hidden = torch.zeros(input_ids.shape[0], site.x.shape[1], dtype=site.x.dtype, device=site.x.device)
         if not cut.states:  # no row of this step is kept (an early chunk of a long prompt)
-            for layer in self.layers[self.decoder_layer :]:
-                layer.ffn.idle()  # expert parallelism: the other ranks still exchange these layers' tokens
+            for j, layer in enumerate(self.layers[self.decoder_layer :]):  # expert parallelism: the other ranks
+                if j and layer.engram is not None:  # still exchange these layers' tokens (the split layer's
+                    layer.engram.idle()  # Engram ran above)
+                layer.ffn.idle()
             return hidden
         rows, kept = cut.rows, RaggedStep(cut.positions, cut.layout, cut.states, Published(), precompressed=True)
 
