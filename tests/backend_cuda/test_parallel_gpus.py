@@ -42,9 +42,9 @@ def serve(rank, world, path, kwargs, prompts, params):
 
 
 CASES = {"dp": dict(data_parallel_size=2), "ep_eplb": dict(data_parallel_size=2, expert_parallel_size=2,
-                                                           num_redundant_experts=2, eplb_interval=3),
+                                                           num_redundant_experts=2, eplb_step_interval=3),
          "cp": dict(context_parallel_size=2),
-         "dp_cp_ep": dict(data_parallel_size=2, context_parallel_size=2, expert_parallel_size=4, eplb_interval=3)}
+         "dp_cp_ep": dict(data_parallel_size=2, context_parallel_size=2, expert_parallel_size=4, eplb_step_interval=3)}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

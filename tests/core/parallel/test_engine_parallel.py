@@ -72,7 +72,7 @@ def test_expert_parallel_non_divisible(v4_path):
 
 def test_eplb_with_redundant_experts_rebalances_while_serving(v4_path):
     got = _check(v4_path, 2, dict(data_parallel_size=2, expert_parallel_size=2, num_redundant_experts=2,
-                                  eplb_interval=3))
+                                  eplb_step_interval=3))
     assert all(rebalances >= 2 for _, rebalances, _ in got)
     assert sorted(set(got[0][2] + got[1][2])) == list(range(8)) and len(got[0][2]) == 5
 
@@ -85,7 +85,7 @@ def _engram_rows(rank, world, path):
 def test_v41_expert_parallel_with_eplb():
     """V4.1 (Engram tables sharded, CSA2 roles, routing with gate_temp): 6 experts, 2 EP ranks, 2 replicas."""
     path = str(FIXTURES / "tiny_b")
-    _check(path, 2, dict(data_parallel_size=2, expert_parallel_size=2, num_redundant_experts=2, eplb_interval=2),
+    _check(path, 2, dict(data_parallel_size=2, expert_parallel_size=2, num_redundant_experts=2, eplb_step_interval=2),
            count=4)
     assert results(run_ranks(_engram_rows, 2, path), 2) == [[681], [681]]  # 1362 rows, half on each rank
 
@@ -103,7 +103,7 @@ def test_v41_context_parallel_prefill():
 def test_combination_dp_cp_ep_with_eplb(v4_path):
     """4 ranks: 2 DP ranks of 2 CP ranks each, experts over all 4 with 2 replicas, rebalanced while serving."""
     got = _check(v4_path, 4, dict(data_parallel_size=2, context_parallel_size=2, expert_parallel_size=4,
-                                  num_redundant_experts=4, eplb_interval=3), count=6)
+                                  num_redundant_experts=4, eplb_step_interval=3), count=6)
     assert all(rebalances >= 1 for _, rebalances, _ in got)
 
 

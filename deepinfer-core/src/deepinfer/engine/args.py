@@ -91,7 +91,7 @@ class EngineArgs:
     #: Extra expert slots per MoE layer for EPLB's replicas; None: the fewest that divide over the EP ranks.
     num_redundant_experts: int | None = _knob(None, checks.integer(0, optional=True))
     #: Rebalance experts (EPLB, from the load counted while serving) every this many steps; None: never.
-    eplb_interval: int | None = _knob(None, checks.integer(1, optional=True))
+    eplb_step_interval: int | None = _knob(None, checks.integer(1, optional=True))
     #: Seconds a collective waits for the other ranks before failing (a rank that died makes the others raise).
     distributed_timeout: int = _knob(300, checks.integer(1))
 

@@ -40,7 +40,7 @@ _LOAD_ONLY = {
     "dtype": "the model is already built in its dtype",
     **{name: "ranks are started, and each builds its share of the experts, when LLM(...) loads the model "
        "(docs/parallel.md)" for name in ("data_parallel_size", "expert_parallel_size", "context_parallel_size",
-                                         "num_redundant_experts", "eplb_interval", "distributed_timeout")},
+                                         "num_redundant_experts", "eplb_step_interval", "distributed_timeout")},
 }
 
 
@@ -153,7 +153,7 @@ class LLM:
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()
         #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
-        self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_interval) if joined else None
+        self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
         self._peers = joined.peers if joined is not None else []
 
     @property

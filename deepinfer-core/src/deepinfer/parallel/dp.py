@@ -5,7 +5,7 @@ broadcasts them) and keeps prompt ``i`` when ``i % dp_size == dp_rank``: its own
 cache and sampler.  The loop is lock-stepped because expert-parallel MoE layers exchange tokens inside every
 forward: per iteration every rank runs exactly one forward, a real step when it has work, else an idle one
 that joins the MoE exchanges with no tokens, until no rank has work (one small all-reduce per iteration).
-Every ``eplb_interval`` iterations the experts are rebalanced from the load counted meanwhile
+Every ``eplb_step_interval`` iterations the experts are rebalanced from the load counted meanwhile
 (:mod:`.rebalance`), between steps.  At the end every rank gathers every output, in prompt order.
 """
 
@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 class DataParallelEngine:
     """Drives one rank's :class:`~deepinfer.engine.engine.Engine` in step with the other ranks."""
 
-    def __init__(self, engine: Any, context: ParallelContext, eplb_interval: int | None = None):
-        self.engine, self.context, self.eplb_interval = engine, context, eplb_interval
+    def __init__(self, engine: Any, context: ParallelContext, eplb_step_interval: int | None = None):
+        self.engine, self.context, self.eplb_step_interval = engine, context, eplb_step_interval
         #: Lock-stepped iterations so far (the same on every rank); rebalances so far.
         self.steps = 0
         self.rebalances = 0
@@ -79,7 +79,7 @@ class DataParallelEngine:
             if forwards == 0:
                 context.idle_forward()
             self.steps += 1
-            if self.eplb_interval is not None and self.steps % self.eplb_interval == 0:
+            if self.eplb_step_interval is not None and self.steps % self.eplb_step_interval == 0:
                 self.rebalance()
         everything: dict[int, RequestOutput] = {}
         for part in context.world.all_gather_object(mine):
