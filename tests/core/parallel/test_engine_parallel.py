@@ -59,9 +59,19 @@ def test_data_parallel_attention_alone(v4_path):
     _check(v4_path, 2, dict(data_parallel_size=2))
 
 
+def _traffic(rank, world, path, prompts, params):
+    llm = LLM(path, **COMMON, data_parallel_size=2, expert_parallel_size=2)
+    llm.generate(prompts, params, use_tqdm=False)
+    context = llm.parallel.context
+    return context.sent_rows, context.sent_pairs
+
+
 def test_expert_parallel_divisible(v4_path):
     got = _check(v4_path, 2, dict(data_parallel_size=2, expert_parallel_size=2))
     assert [held for _, _, held in got] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    prompts, params = _workload(SMALL["vocab_size"], 4)
+    for rows, pairs in results(run_ranks(_traffic, 2, v4_path, prompts, params), 2):
+        assert pairs > rows > pairs // 2  # top-2: a token whose experts share a rank sends its row there once
 
 
 def test_expert_parallel_non_divisible(v4_path):

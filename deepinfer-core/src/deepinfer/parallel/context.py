@@ -37,6 +37,9 @@ class ParallelContext:
         self.moe_calls = 0
         #: Tokens routed to each logical expert per MoE layer on this rank since the last rebalance.
         self.load: torch.Tensor | None = None
+        #: Hidden rows and (token, expert) pairs this rank's MoE layers have dispatched (traffic accounting).
+        self.sent_rows = 0
+        self.sent_pairs = 0
 
     @classmethod
     def create(cls, plan: ParallelPlan, timeout_s: float) -> ParallelContext:
