@@ -77,7 +77,9 @@ class LLM:
     ``deepinfer.engine.model_source``).  ``kwargs`` are the fields of :class:`~deepinfer.engine.args.EngineArgs`
     (vLLM's names: ``dtype``, ``seed``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
     ``gpu_memory_utilization``, ``max_logprobs``, ``enforce_eager``, ``async_scheduling``, ``tokenizer``,
-    ``revision``; and ``state_cache_bytes``).  Arguments and ``DEEPINFER_*`` variables are checked, and
+    ``revision``; and ``state_cache_bytes``; for several ranks (``docs/parallel.md``): ``data_parallel_size``,
+    ``expert_parallel_size``, ``context_parallel_size``, ``num_redundant_experts``, ``eplb_step_interval``,
+    ``distributed_timeout``).  Arguments and ``DEEPINFER_*`` variables are checked, and
     ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 

@@ -8,12 +8,16 @@ rank's old slots when it holds it, else from the lowest rank that held it (one a
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from deepinfer.parallel import eplb
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.ep_moe import ExpertParallelMoE
 from deepinfer.parallel.placement import ExpertPlacement
+
+logger = logging.getLogger(__name__)
 
 
 def rebalance_experts(context: ParallelContext, num_groups: int = 1, num_nodes: int = 1) -> ExpertPlacement | None:
@@ -33,6 +37,12 @@ def rebalance_experts(context: ParallelContext, num_groups: int = 1, num_nodes: 
     for moe in layers:
         move_weights(moe, new, context)
     context.load.zero_()
+    def worst(placement: ExpertPlacement) -> float:  # the busiest rank's load over the mean, worst layer
+        return max(eplb.max_mean_ratio(row, placement.slots[moe.layer], old.ep_size)
+                   for row, moe in zip(load, layers, strict=True))
+
+    logger.info("EPLB: experts rebalanced on EP ranks %s; busiest rank's load / mean, worst layer: %.2f -> %.2f",
+                list(context.ep.ranks), worst(old), worst(new))
     return new
 
 
