@@ -152,6 +152,28 @@ def _self_launched(path, prompts, params):
         llm.shutdown()
 
 
+def _peer_dies(path, prompts, params):
+    llm = LLM(path, **COMMON, data_parallel_size=2, expert_parallel_size=2, distributed_timeout=20)
+    llm.generate(prompts, params, use_tqdm=False)
+    llm._peers[0].kill()
+    errors = []
+    for _ in range(2):
+        try:
+            llm.generate(prompts, params, use_tqdm=False)
+        except (RankFailure, RuntimeError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+    llm.shutdown()
+    return errors
+
+
+@pytest.mark.slow  # spawns a fresh interpreter (~10 s); test_a_rank_that_dies_... is the fast sibling
+def test_a_self_launched_rank_that_dies(v4_path):
+    prompts, params = _workload(SMALL["vocab_size"], 2)
+    first, second = run_alone(_peer_dies, v4_path, prompts, params, join_s=240)
+    assert first.startswith("RankFailure") and "another rank died" in first
+    assert "failed earlier" in second
+
+
 @pytest.mark.slow  # starts a rank by spawning a fresh interpreter (~10 s); the torchrun-style tests above are fast
 def test_llm_starts_its_own_ranks(v4_path):
     llm = LLM(v4_path, **COMMON)

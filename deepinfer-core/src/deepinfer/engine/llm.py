@@ -238,10 +238,8 @@ class LLM:
         """This rank's share of the call, in step with the other ranks (rank 0 of a self-launched world first
         sends them the call); every rank returns every output."""
         assert self.parallel is not None
-        if self._peers:
-            self.parallel.context.world.broadcast_object((prompts, params))
         request_ids = [str(next(self._request_ids)) for _ in prompts]
-        return self.parallel.generate(prompts, params, request_ids)
+        return self.parallel.generate(prompts, params, request_ids, announce=bool(self._peers))
 
     def shutdown(self) -> None:
         """Stop the ranks this ``LLM`` started (a self-launched parallel run); nothing otherwise."""

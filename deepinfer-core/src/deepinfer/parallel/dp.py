@@ -38,14 +38,18 @@ class DataParallelEngine:
         plan = self.context.plan
         return index % plan.dp_size == plan.dp_rank
 
-    def generate(self, prompts: list[Any], params: list[Any], request_ids: list[str]) -> list[RequestOutput]:
+    def generate(self, prompts: list[Any], params: list[Any], request_ids: list[str], announce: bool = False
+                 ) -> list[RequestOutput]:
         """Run this rank's share of the prompts in step with the other ranks; every rank returns every output.
-        Once a call fails (an error here, or a rank that died), every later call raises: the ranks' collectives
-        are out of step and only a new ``LLM`` recovers."""
+        ``announce``: first send the call to the other ranks (rank 0 of a self-launched world).  Once a call
+        fails (an error here, or a rank that died), every later call raises: the ranks' collectives are out of
+        step and only a new ``LLM`` recovers."""
         if self.failed is not None:
             raise RuntimeError(f"this parallel engine failed earlier ({self.failed}); its ranks are out of step: "
                                "start a new LLM")
         try:
+            if announce:
+                self.context.world.broadcast_object((prompts, params))
             return self._generate(prompts, params, request_ids)
         except BaseException as exc:
             self.failed = f"{type(exc).__name__}: {exc}"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepinfer.backends.backend import Backend
+from deepinfer.parallel.comm import RankFailure
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.plan import ParallelConfig, plan_parallel
 
@@ -126,9 +127,12 @@ def serve_peer(llm: Any) -> None:
 
 
 def stop_peers(context: ParallelContext, peers: list[Any], timeout_s: float = 30.0) -> None:
-    """Tell self-launched ranks to exit, and wait for them."""
+    """Tell self-launched ranks to exit, and wait for them (killing those that do not exit: a rank died)."""
     try:
-        context.world.broadcast_object(None)
+        if all(proc.is_alive() for proc in peers):
+            context.world.broadcast_object(None)
+    except RankFailure:
+        logger.warning("a rank had died; stopping the others")
     finally:
         for proc in peers:
             proc.join(timeout_s)
