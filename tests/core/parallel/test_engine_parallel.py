@@ -106,6 +106,10 @@ def test_context_parallel_prefill(v4_path):
     _check(v4_path, 2, dict(context_parallel_size=2), count=4, lengths=[70, 9, 33, 2])
 
 
+def test_context_parallel_three_ranks_with_steps_too_short_to_split(v4_path):
+    _check(v4_path, 3, dict(context_parallel_size=3), count=2, lengths=[3, 40])
+
+
 def test_v41_context_parallel_prefill():
     _check(str(FIXTURES / "tiny_b"), 2, dict(context_parallel_size=2), count=4, lengths=[70, 9, 33, 2])
 

@@ -26,3 +26,15 @@ def test_causal_work_is_even():
     assert max(work) == min(work)
     contiguous = [sum(p + 1 for p in range(r * n // cp, (r + 1) * n // cp)) for r in range(cp)]
     assert max(contiguous) / min(contiguous) > 5
+
+
+def test_a_step_too_short_for_every_rank_runs_whole():
+    import torch
+
+    from deepinfer.parallel.comm import Communicator
+    from deepinfer.parallel.context_parallel import ContextSplit
+
+    comm = Communicator((0, 1, 2, 3), 0, 1.0)  # no collective runs while building a split
+    assert ContextSplit.build(comm, [3], torch.device("cpu")) is None  # 8 blocks of 3 rows: rank 1 gets none
+    split = ContextSplit.build(comm, [8, 3], torch.device("cpu"))
+    assert split is not None and split.rows.tolist() == [0, 7, 10] and split.counts == [3, 2, 4, 2]

@@ -24,6 +24,7 @@ import torch
 
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.parallel.comm import Communicator
+from deepinfer.parallel.context import ParallelContext
 
 
 def zigzag_rows(seq_lens: list[int], cp_size: int, cp_rank: int) -> list[int]:
@@ -49,8 +50,12 @@ class ContextSplit:
     order: torch.Tensor  # [T] int64: the step row of each gathered row (ranks' rows concatenated)
 
     @classmethod
-    def build(cls, comm: Communicator, seq_lens: list[int], device: torch.device) -> ContextSplit:
+    def build(cls, comm: Communicator, seq_lens: list[int], device: torch.device) -> ContextSplit | None:
+        """The split of a step of ``seq_lens``; None when some rank would get no row (a short step: it runs
+        whole on every rank, as every rank decides alike)."""
         per_rank = [zigzag_rows(seq_lens, comm.size, r) for r in range(comm.size)]
+        if not all(per_rank):
+            return None
         own = torch.tensor(per_rank[comm.rank], dtype=torch.int64, device=device)
         order = torch.tensor([row for rows in per_rank for row in rows], dtype=torch.int64, device=device)
         return cls(comm, own, [len(r) for r in per_rank], order)
@@ -62,6 +67,14 @@ class ContextSplit:
         full = torch.empty_like(got)
         full[self.order] = got
         return full
+
+
+def context_split(parallel: ParallelContext | None, seq_lens: list[int], device: torch.device
+                  ) -> ContextSplit | None:
+    """How this rank splits a ragged step of ``seq_lens``; None: it runs the step whole (no CP, or too short)."""
+    if parallel is None or parallel.plan.cp_size == 1:
+        return None
+    return ContextSplit.build(parallel.cp, seq_lens, device)
 
 
 def run_split(run: Callable[..., torch.Tensor], split: ContextSplit, layout: RaggedLayout, input_ids: torch.Tensor,

@@ -29,7 +29,7 @@ from deepinfer.models.deepseek_v4.state import layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
-from deepinfer.parallel.context_parallel import ContextSplit, run_split
+from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.quant import QuantizedTensor
 
 if TYPE_CHECKING:
@@ -98,8 +98,7 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         def attend(attn, x):
             return attn(x, batch.positions, layout, states, pool, pool.views[attn.layer])
 
-        if self.parallel is not None and self.parallel.plan.cp_size > 1:  # this rank's share of the rows
-            split = ContextSplit.build(self.parallel.cp, batch.seq_lens, self.device)
+        if (split := context_split(self.parallel, batch.seq_lens, self.device)) is not None:  # this rank's rows
             return run_split(self._run, split, layout, batch.input_ids, attend)
         return self._run(batch.input_ids, attend)
 

@@ -36,7 +36,7 @@ from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
-from deepinfer.parallel.context_parallel import ContextSplit, run_split
+from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
 
@@ -167,8 +167,8 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         cut = None
         if self.decoder_keep is not None:
             cut = decoder_rows(batch, layout, states, pool, self.decoder_keep)
-        if cut is None and self.parallel is not None and self.parallel.plan.cp_size > 1:  # this rank's rows
-            split = ContextSplit.build(self.parallel.cp, batch.seq_lens, self.device)
+        split = context_split(self.parallel, batch.seq_lens, self.device) if cut is None else None
+        if split is not None:  # context parallelism: this rank's rows
             return run_split(self._run, split, layout, batch.input_ids, attend, lookback)
         if cut is None:
             return self._run(batch.input_ids, lookback, attend)
