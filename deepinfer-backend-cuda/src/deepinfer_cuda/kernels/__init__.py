@@ -9,6 +9,9 @@ from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 from deepinfer_cuda.kernels import (
                                     compress_entries,
                                     compress_pool,
+                                    fp4_e2m1_fake_quant,
+                                    fp8_e4m3_fake_quant,
+                                    hc_collapse,
                                     hc_post,
                                     hc_pre,
                                     indexer_topk,
@@ -25,8 +28,10 @@ from deepinfer_cuda.kernels import (
 
 ALL: tuple[TritonKernel, ...] = (
     rms_norm.KERNEL, rope.KERNEL, rms_norm_rope.KERNEL, hc_pre.MIX_KERNEL, hc_pre.KERNEL, hc_post.KERNEL,
+    hc_pre.SINGLE_PASS_KERNEL, hc_collapse.KERNEL,
     moe_routing.PLAN_KERNEL, moe_routing.COUNT_KERNEL, moe_routing.SCAN_KERNEL, moe_routing.SCATTER_KERNEL,
     moe_experts.UP_KERNEL, moe_experts.DOWN_KERNEL, moe_experts.COMBINE_KERNEL,
     sparse_attention.KERNEL, sparse_attention.COMBINE_KERNEL, indexer_topk.KERNEL, compress_pool.KERNEL,
     compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL,
+    fp8_e4m3_fake_quant.KERNEL, fp4_e2m1_fake_quant.KERNEL,
 )
