@@ -10,7 +10,7 @@ top-512 with candidate blocks of 8 (top 2048), vocab 129280, bf16 random weights
     layers 4-7    ratio 1 (the decoder): Full (KV source, candidate source), Reuse, Reindex (in the candidate
                   pool), Reuse
 
-The routed experts are one [385, ...] stack that every layer reads (9 layers of their own, 27 GB each, would
+The routed experts are one [385, ...] stack that every layer reads (8 layers of their own, 27 GB each, would
 not fit in 141 GB); each layer routes with its own router, and one layer's top-6 experts (0.4 GB) do not fit in
 L2, so every layer still reads its experts from HBM, as the model would.
 
