@@ -89,15 +89,18 @@ def fake_quant_kernel(x_ptr, y_ptr, n_blocks, BLOCK: tl.constexpr, BLOCK_P: tl.c
     mask = (rows < n_blocks)[:, None] & (cols < BLOCK)[None, :]
     offs = rows.to(tl.int64)[:, None] * BLOCK + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)[:, None]
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)  # [BLOCK_R]
+    # tl.div_rn does not broadcast: every operand is given the full [BLOCK_R, BLOCK_P] shape
     if FORMAT == 0:  # FP8 e4m3, ue8m0 scale
-        scale = _pow2_ceil(amax * UE8M0_MUL)
+        scale = tl.broadcast_to(_pow2_ceil(amax * UE8M0_MUL)[:, None], x.shape)
         q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0), 3, -6, 448.0, INTERPRETED)
     else:
         if FORMAT == 1:  # FP4 e2m1, e4m3 scale: a true divide, rounded to e4m3
-            scale = _round_to_grid(tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)), 3, -6, 448.0, INTERPRETED)
+            block_scale = _round_to_grid(tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)), 3, -6, 448.0,
+                                         INTERPRETED)
         else:  # FP4 e2m1, ue8m0 scale
-            scale = _pow2_ceil(amax * UE8M0_MUL)
+            block_scale = _pow2_ceil(amax * UE8M0_MUL)
+        scale = tl.broadcast_to(block_scale[:, None], x.shape)
         q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -6.0), 6.0), 1, 0, 6.0, INTERPRETED)
         q = tl.where(q == 0.0, 0.0, q)  # -0 -> +0 (the reference's code table has one zero)
     tl.store(y_ptr + offs, (q * scale).to(y_ptr.dtype.element_ty), mask=mask)
