@@ -58,13 +58,13 @@ def _errors(name: str, got: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def test_v41_runs_every_op_it_can_on_the_cuda_kernels(accelerator):
     accelerator("nvidia")
-    from deepinfer_cuda.ops import OVERRIDES
-
     model = LLM(str(FIXTURES / "tiny_a"), dtype="bfloat16").engine.model
     assert model.device.type == "cuda"
     for name in ("hc_pre_single_pass", "hc_collapse", "fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant",
                  "indexer_candidates", "indexer_topk_in_blocks", "engram_hash", "engram_gate"):
-        assert getattr(model.ops, name) is OVERRIDES[name], f"op {name} is not the CUDA backend's"
+        assert model.ops.source(name) == "nvidia", f"op {name} is not the CUDA backend's"
+    streams = torch.zeros(1, model.config.hc_mult, 8)  # tiny_a's 4 streams: the kernel, not the fallback
+    assert model.ops.uses_override("hc_pre_single_pass", streams, None, None, None, None, 1e-6, 1e-6, 20)
 
 
 @pytest.mark.parametrize("limits", [dict(), dict(max_num_batched_tokens=48)], ids=["whole", "chunked_prefill"])
