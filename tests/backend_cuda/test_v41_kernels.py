@@ -115,6 +115,43 @@ def test_every_v41_flash_call_finds_its_cubin():
     assert not missing, missing
 
 
+@pytest.mark.slow
+def test_v41_kernel_set_builds_for_sm90a(tmp_path):
+    """Every AOT variant of the V4.1 kernels compiles for sm_90a on the CPU (a compile error would otherwise show
+    first on the GPU host; ~25 s on 2 cores)."""
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernel_set.build import build_kernel_set
+
+    kernels = {k.name: k for op in V41_OPS for k in _v41_kernels(op)}
+    manifest = build_kernel_set(tmp_path, [SM90A], sorted(kernels))
+    built = {name: sum(e.kernel == name for e in manifest.kernels) for name in kernels}
+    assert built == {name: len(k.aot_variants(SM90A)) for name, k in kernels.items()}
+
+
+@pytest.mark.slow
+def test_fake_quant_compiles_to_ieee_division_and_round_to_nearest_even():
+    """The interpreter checks the arithmetic with numpy's IEEE operations; the compiled kernel must use the same:
+    ``div.rn`` (not ``div.full`` / ``rcp.approx``) and ``cvt.rni`` (round half to even)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from deepinfer_cuda.arch import SM90A
+
+    for op in ("fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant"):
+        kernel = _module(op).KERNEL
+        for v in kernel.aot_variants(SM90A):
+            signature = {p.name: "constexpr" if p.name in v.constexprs else v.signature[p.name].split(":")[0]
+                         for p in kernel.params}
+            compiled = triton.compile(ASTSource(kernel.jit_fn, signature, constexprs=dict(v.constexprs)),
+                                      target=GPUTarget("cuda", SM90A.triton_arch, 32),
+                                      options={"num_warps": v.num_warps})
+            ops = set(re.findall(r"\b(div\.[a-z0-9.]+|rcp\.[a-z0-9.]+|cvt\.rni\.f32\.f32)", compiled.asm["ptx"]))
+            assert ops == {"div.rn.f32", "cvt.rni.f32.f32"}, (op, v.constexprs, ops)
+
+
 INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
