@@ -19,7 +19,9 @@ replayed from CUDA graphs (``--eager`` too: eager steps).  The context is long e
 (ratio 1: 2048 entries, ratio 2: 1024, both above the top-512).  The roofline of a case is max(bytes / copy
 bandwidth, FLOPs / bf16 matmul rate), both measured in this run: bytes = every weight the step reads once (routed
 experts: the expected number of distinct experts hit per layer; Engram: the looked-up rows), FLOPs = 2 x
-touched-per-token parameters x tokens (attention and indexer scores left out).  Prints a markdown table and JSON.
+touched-per-token parameters x tokens (attention and indexer scores left out).  With 384 experts every case is
+bound by the bytes, the 1024-token prefill too (222 GB against 6.6 TFLOP): its MFU is printed, the fraction of the
+roofline is the number to compare.  Prints a markdown table and JSON.
 
     python tools/bench_v41_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager]
     python tools/bench_v41_slice.py --tiny      # a small config on the CPU (reference ops): tests the script
@@ -129,64 +131,70 @@ def build_model(shape: Shape, ops: Any):
 
 @dataclasses.dataclass(slots=True)
 class Bytes:
-    """Parameters of the slice by what a step reads: ``dense`` once a step, an expert per distinct expert hit,
-    ``per_token`` once per token (embedding row, Engram rows), and ``head`` once per sequence's last row."""
+    """What a step reads, in bytes: ``dense`` once a step, ``expert`` per distinct routed expert a layer hits (and
+    its shared expert), ``per_token`` per token (its embedding and Engram rows), ``head`` once (the logits);
+    ``dense_params`` / ``expert_params``: the parameters a token multiplies (for the FLOPs)."""
 
     dense: int
     expert: int
     per_token: int
     head: int
+    dense_params: int
+    expert_params: int
     layers: int
     experts: int
     top_k: int
 
     def touched(self, tokens: int) -> tuple[float, float]:
-        """(parameters read, parameters multiplied per token) of a step over ``tokens`` tokens."""
+        """(bytes read, FLOPs) of a step over ``tokens`` tokens."""
         hit = self.experts * (1 - (1 - self.top_k / self.experts) ** tokens) + 1  # + the shared expert
         read = self.dense + hit * self.expert * self.layers + tokens * self.per_token + self.head
-        return read, self.dense + (self.top_k + 1) * self.expert * self.layers + self.per_token
+        per_token = self.dense_params + (self.top_k + 1) * self.expert_params * self.layers
+        return read, 2.0 * per_token * tokens
 
 
-def count_bytes(model: Any, shape: Shape) -> Bytes:
-    cfg = model.config
-    layers = list(model.layers)
-    dense = 0
-    for layer in layers:
-        attn = layer.attn
-        dense += sum(t.numel() for t in (attn.w_in, attn.wq_b, attn.wo_a, attn.wo_b, layer.ffn.gate))
-        for part in (attn.compressor, attn.indexer):
-            for t in vars(part).values() if part is not None else ():
-                dense += t.numel() if hasattr(t, "numel") and getattr(t, "dim", lambda: 0)() == 2 else 0
-        if layer.engram is not None:
-            dense += layer.engram.weights.wkv.numel()
-        for hc in (layer.attn_hc, layer.ffn_hc):
-            dense += hc.fn.numel() * 2  # fp32: twice a bf16 parameter's bytes
-    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    engram_rows = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim
-    per_token = cfg.hidden_size + engram_rows * len(cfg.engram_layer_ids)
-    return Bytes(dense, expert, per_token, cfg.vocab_size * cfg.hidden_size, len(layers), shape.experts,
-                 cfg.num_experts_per_tok)
+def count_bytes(cfg: Any, shape: Shape) -> Bytes:
+    """:class:`Bytes` of the slice from its tensors' names and shapes (``expected_shapes``), with the routers
+    and experts at ``shape.experts`` (the model is built with fewer, then shares one stack: see :func:`build_model`)."""
+    import math
+
+    from deepinfer.models.deepseek_v4.weights import keeps_fp32
+    from deepinfer.models.deepseek_v41.weights import expected_shapes
+
+    dense = dense_params = 0
+    for name, dims in expected_shapes(cfg).items():
+        n = math.prod(dims)
+        if "experts." in name or name in ("embed.weight", "head.weight") or name.endswith("engram.embed.weight"):
+            continue  # per expert hit, per token or per sequence: below
+        if ".ffn.gate." in name:
+            n = n // cfg.n_routed_experts * shape.experts
+        dense += n * (4 if keeps_fp32(name) or "hc_" in name else 2)
+        dense_params += n
+    expert_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    engram = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim * len(cfg.engram_layer_ids)
+    return Bytes(dense, 2 * expert_params, 2 * (cfg.hidden_size + engram), 2 * cfg.vocab_size * cfg.hidden_size,
+                 dense_params, expert_params, cfg.num_hidden_layers, shape.experts, cfg.num_experts_per_tok)
 
 
 def report(rows: list[dict[str, Any]], counts: Bytes, bw: float, peak: float, device: str) -> str:
     """A markdown table: each case's time, its roofline and the fraction of it reached (prefill: MFU too)."""
     lines = [f"device: {device}; ceilings measured now: copy {bw / 1e12:.3f} TB/s, bf16 matmul {peak / 1e12:.1f} "
-             f"TFLOP/s; dense {counts.dense * 2 / 1e9:.2f} GB, one expert {counts.expert * 2 / 1e6:.1f} MB",
+             f"TFLOP/s; dense {counts.dense / 1e9:.2f} GB, one expert {counts.expert / 1e6:.1f} MB",
              "", "| case | ms (graph step) | ms (replay) | roofline ms | bound | HBM GB | fraction of roofline |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        read, per_token = counts.touched(r["tokens"])
-        t_mem, t_math = 2 * read / bw, 2 * per_token * r["tokens"] / peak
+        read, flops = counts.touched(r["tokens"])
+        t_mem, t_math = read / bw, flops / peak
         floor = max(t_mem, t_math)
         best = min(r["s"], r.get("replay_s", r["s"]))
-        r.update(floor_s=floor, bound="memory" if t_mem >= t_math else "math", bytes=2 * read,
-                 flops=2 * per_token * r["tokens"], fraction=floor / best)
+        r.update(floor_s=floor, bound="memory" if t_mem >= t_math else "math", bytes=read, flops=flops,
+                 fraction=floor / best)
         replay = f"{r['replay_s'] * 1e3:.2f}" if "replay_s" in r else "-"
         frac = f"{floor / best:.0%}"
         if r["case"].startswith("prefill"):
             frac += f" (MFU {r['flops'] / best / peak:.0%})"
         lines.append(f"| {r['case']} | {r['s'] * 1e3:.2f} | {replay} | {floor * 1e3:.3f} | {r['bound']} | "
-                     f"{2 * read / 1e9:.2f} | {frac} |")
+                     f"{read / 1e9:.2f} | {frac} |")
     return "\n".join(lines)
 
 
@@ -212,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         table = OpTable(OVERRIDES, "nvidia")
     bw, peak = measure_ceilings(shape.device, small=args.tiny)
     model = build_model(shape, SwitchableOps(table))
-    counts = count_bytes(model, shape)
+    counts = count_bytes(model.config, shape)
     model.configure_state(shape.max_seqs, model.state_pool_bytes(shape.max_seqs, max(shape.prefill,
                                                                                       shape.context + 64)))
     variants = {"graphs": True, "eager": False} if args.eager else {"graphs": True}
