@@ -92,7 +92,7 @@ class LLM:
         device = backend.device()
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
-        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend)
+        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path)
         config = self.engine.config
         kernels = sorted(ops.overridden)
         logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
@@ -127,7 +127,7 @@ class LLM:
         return self
 
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], args: EngineArgs,
-               backend: Backend, token_masks: TokenMaskProvider | None = None) -> None:
+               backend: Backend, token_masks: TokenMaskProvider | None = None, model_path: Path | None = None) -> None:
         budget = args.state_cache_bytes
         if budget is None:
             budget = default_state_budget(args, model, backend, torch.device(model.device))
@@ -142,6 +142,8 @@ class LLM:
             eos_token_ids=eos, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         )
         self.engine_args = args
+        #: The checkpoint directory (``None`` for ``from_model``).
+        self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()
 
