@@ -96,17 +96,17 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    return _row(args, results, duration)
+    return _row(args, model, results, duration)
 
 
-def _row(args: argparse.Namespace, results: list[RequestResult], duration: float) -> dict[str, Any]:
+def _row(args: argparse.Namespace, model: str, results: list[RequestResult], duration: float) -> dict[str, Any]:
     ok = [r for r in results if r.success]
     n_in = sum(r.prompt_len for r in ok)
     n_out = sum(r.output_tokens for r in ok)
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     devices = max(args.num_devices, 1)
     return {
-        "benchmark": "serve", "phase": args.label, "num_prompts": len(results), "completed": len(ok),
+        "benchmark": "serve", "model": model, "phase": args.label, "num_prompts": len(results), "completed": len(ok),
         "failed": len(results) - len(ok), "errors": sorted({r.error for r in results if r.error})[:3],
         "input_len": args.input_len, "output_len": args.output_len, "max_concurrency": args.max_concurrency,
         "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
