@@ -33,8 +33,10 @@ def pareto(points: list[tuple[float, float, Any]], larger_x_better: bool) -> lis
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("plot_pareto.py needs matplotlib: pip install 'deepinfer-core[bench]' (build.sh --dev has it)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
