@@ -20,6 +20,7 @@ from deepinfer.entrypoints.openai.serving import (
     Usage,
     created,
     new_id,
+    replay,
     sse,
     start,
     stream_error,
@@ -65,20 +66,12 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request, stat
     return await unless_disconnected(raw, work())
 
 
-async def _all(first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
-               ) -> AsyncIterator[RequestOutput]:
-    for _, out in first:
-        yield out
-    async for _, out in rest:
-        yield out
-
-
 async def _respond(body: ChatCompletionRequest, state: ServerState, request_id: str, n: int,
                    first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
                    ) -> Response:
     choices = [Choice() for _ in range(n)]
     usage = Usage()
-    async for out in _all(first, rest):
+    async for _, out in replay(first, rest):
         if out.error is not None:
             raise APIError(out.error, "messages")
         for c in out.outputs:
@@ -103,7 +96,7 @@ async def _chunks(body: ChatCompletionRequest, state: ServerState, request_id: s
     started: set[int] = set()
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created(), "model": state.model_name}
     try:
-        async for out in _all(first, rest):
+        async for _, out in replay(first, rest):
             if out.error is not None:
                 raise APIError(out.error, "messages")
             choices = []

@@ -18,6 +18,7 @@ from deepinfer.entrypoints.openai.serving import (
     Usage,
     created,
     new_id,
+    replay,
     sse,
     start,
     stream_error,
@@ -60,20 +61,12 @@ async def create_completion(body: CompletionRequest, raw: Request, state: Server
     return await unless_disconnected(raw, work())
 
 
-async def _all(first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
-               ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    for item in first:
-        yield item
-    async for item in rest:
-        yield item
-
-
 async def _respond(body: CompletionRequest, state: ServerState, request_id: str, n: int, num_prompts: int,
                    first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
                    ) -> Response:
     choices = [Choice() for _ in range(num_prompts * n)]
     usage = Usage()
-    async for i, out in _all(first, rest):
+    async for i, out in replay(first, rest):
         if out.error is not None:
             raise APIError(out.error, "prompt")
         for c in out.outputs:
@@ -98,7 +91,7 @@ async def _chunks(body: CompletionRequest, state: ServerState, request_id: str, 
     offsets: dict[int, int] = {}
     head = {"id": request_id, "object": "text_completion", "created": created(), "model": state.model_name}
     try:
-        async for i, out in _all(first, rest):
+        async for i, out in replay(first, rest):
             if out.error is not None:
                 raise APIError(out.error, "prompt")
             choices = []

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,13 +124,22 @@ async def start(engine: AsyncLLM, prompts: list[Any], params: SamplingParams, re
     return first, merged
 
 
+async def replay(first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
+                 ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs ``start`` returned, then the rest of the stream."""
+    for item in first:
+        yield item
+    async for item in rest:
+        yield item
+
+
 async def until_disconnect(request: Request) -> None:
     """Returns when the client goes away (the body has been read, so only ``http.disconnect`` is left)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def unless_disconnected(request: Request, work: asyncio.Future[Response] | Any) -> Response:
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
     """Run ``work`` (a coroutine building a response) and cancel it if the client disconnects first, which
     aborts its requests in the engine."""
     task = asyncio.ensure_future(work)
