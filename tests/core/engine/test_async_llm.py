@@ -73,6 +73,49 @@ def test_concurrent_callers_get_their_offline_outputs(served):
     assert stats.inter_token_latency.count > 0 and stats.e2e_request_latency.count == 4
 
 
+def test_a_late_request_joins_the_running_batch(served):
+    llm, engine = served
+    batch_sizes: list[int] = []
+    step = llm.engine.step
+
+    def counting_step():
+        batch_sizes.append(len(llm.engine.scheduler.running))
+        return step()
+
+    llm.engine.step = counting_step
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    short = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def main():
+        first = engine.generate("Once upon a time", long, "first")
+        out = asyncio.create_task(anext(first))
+        while not batch_sizes:  # the first request is running
+            await asyncio.sleep(0.001)
+        late = [o async for o in engine.generate("Le café", short, "late")]
+        return await out, late[-1]
+
+    first, late = asyncio.run(main())
+    del llm.engine.step
+    m1, m2 = first.metrics, late.metrics
+    assert m1.first_token_time < m2.first_scheduled_time < m2.finished_time < m1.finished_time  # joined mid-run
+    assert max(batch_sizes) == 2  # and shared its steps
+
+
+def test_offline_generate_waits_for_the_async_requests(served):
+    llm, engine = served
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    ref = llm.generate(PROMPTS, params, use_tqdm=False)
+
+    async def main():
+        async_outs = asyncio.gather(*(_collect(engine, p, params, f"a{i}") for i, p in enumerate(PROMPTS)))
+        offline = asyncio.to_thread(llm.generate, PROMPTS, params, use_tqdm=False)
+        return await asyncio.gather(async_outs, offline)
+
+    async_outs, offline = asyncio.run(main())
+    assert [t for t, _ in async_outs] == [o.outputs[0].token_ids for o in ref]
+    assert [o.outputs[0].token_ids for o in offline] == [o.outputs[0].token_ids for o in ref]
+
+
 def test_leaving_early_aborts_and_frees_state(served):
     llm, engine = served
 

@@ -52,3 +52,11 @@ def test_bad_flag_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as info:
         main(["bench", "serve", "--max-concurrency", "x"])
     assert info.value.code == 2 and "--max-concurrency" in capsys.readouterr().err
+
+
+def test_bad_engine_value_is_a_usage_error_before_loading(capsys):
+    from deepinfer.entrypoints.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--max-num-seqs", "0"])
+    assert info.value.code == 2 and "max_num_seqs" in capsys.readouterr().err

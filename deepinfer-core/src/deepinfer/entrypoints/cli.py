@@ -31,9 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     add_bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
+        from deepinfer.engine.args import EngineArgs
         from deepinfer.entrypoints.openai.api_server import run_server
 
-        run_server(args, engine_kwargs(args))
+        kwargs = engine_kwargs(args)
+        try:  # a bad value fails here, in one line, before anything loads
+            EngineArgs.from_kwargs(kwargs, caller="deepinfer serve")
+        except (TypeError, ValueError) as exc:
+            parser.error(str(exc))
+        run_server(args, kwargs)
     else:
         args.run(args)
 

@@ -30,7 +30,6 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class JsonSchemaFormat(_Strict):
