@@ -114,6 +114,9 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
     name = args.served_model_name or engine_kwargs.get("model") or (
         llm.model_path.name if llm.model_path is not None else "deepinfer")
     state = ServerState(engine, str(name), _chat_template(args.chat_template))
+    if state.chat_template is None and not getattr(llm.tokenizer, "chat_template", None):
+        logger.warning("the tokenizer has no chat template: /v1/chat/completions renders conversations as a plain "
+                       "'User: / Assistant:' transcript; pass --chat-template for the model's own format")
     logger.info("serving %s on http://%s:%d (OpenAI-compatible: /v1/completions, /v1/chat/completions)",
                 state.model_name, args.host, args.port)
     try:
