@@ -69,7 +69,6 @@ class _SamplingRequest(_Strict):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    prompt_logprobs: int | None = None
     # DeepInfer's structured output: {"regex": ...} | {"json_schema": ...} | {"ebnf": ...}
     so_args: dict[str, Any] | None = None
 
@@ -100,7 +99,7 @@ class _SamplingRequest(_Strict):
             repetition_penalty=self.repetition_penalty, max_tokens=max_tokens, min_tokens=self.min_tokens,
             stop=self.stop or None, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs,
-            prompt_logprobs=self.prompt_logprobs, seed=self.seed, so_args=self._so_args(),
+            seed=self.seed, so_args=self._so_args(),
             skip_special_tokens=self.skip_special_tokens, output_kind=RequestOutputKind.DELTA,
         )
 
