@@ -131,6 +131,8 @@ class AsyncLLM:
                 else:
                     self._abort(payload)
             if not self.engine.has_unfinished():
+                for out in self.engine.drain():  # a step still in flight (its requests were aborted)
+                    self._deliver(out)
                 self._refresh_stats()
                 return
             try:

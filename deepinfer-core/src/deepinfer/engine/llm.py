@@ -189,7 +189,8 @@ class LLM:
         so far, ``DELTA`` only the new tokens and text, ``FINAL_ONLY`` one output at the end).  A request's
         last output has ``finished == True``; a rejected request yields its error output first.
 
-        The engine is held while the generator runs; closing it early (``break``) drops this call's requests."""
+        The engine is held while the generator runs (so do not call ``generate`` on the same ``LLM`` inside the
+        loop: it would wait forever); closing it early (``break``) drops this call's requests."""
         prompt_list, params_list = _pair(prompts, sampling_params)
         with self.engine.lock:
             try:
