@@ -97,6 +97,11 @@ def test_chat_json_schema_and_json_object(client):
     (dict(echo=True), "echo"),
     (dict(prompt=[10**6]), "prompt"),
     (dict(prompt=""), "prompt"),
+    (dict(prompt=["Once", [10**6]]), "prompt"),
+    (dict(prompt=[[5, 6, 7], [10**6]]), "prompt[1]"),
+    (dict(prompt=["Once", "Le"], extra_body={"stop_token_ids": [10**6]}), "prompt"),
+    (dict(stream_options={"include_usage": "maybe"}, stream=True), "stream_options.include_usage"),
+    (dict(extra_body={"temperature": "hot"}), "temperature"),
 ])
 def test_bad_completion_requests_are_400s_naming_the_field(client, kwargs, param):
     kwargs = {"model": "tiny", "prompt": "Once", "max_tokens": 4, **kwargs}

@@ -27,19 +27,34 @@ from deepinfer.entrypoints.openai.state import ServerState
 logger = logging.getLogger(__name__)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "any"}
+
+
+def _field(loc: tuple[Any, ...]) -> str | None:
+    """The request field of a pydantic error location: ``body`` and union-branch tags (``list[int]``) dropped,
+    list indices kept (``prompt.1``)."""
+    parts = []
+    for p in loc:
+        tag = str(p)
+        if p == "body" or (isinstance(p, str) and ("[" in tag or tag.split("-")[0].lower() in _TYPE_TAGS)):
+            continue
+        parts.append(tag)
+    return ".".join(parts) or None
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
-    """The first problem pydantic found, as a 400 naming the field (``body`` stripped from its location)."""
+    """The first field pydantic refused, as a 400 naming it (every form a union field was tried against)."""
     errors = exc.errors()
     if not errors:
         return APIError("invalid request body")
-    err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if err.get("type") == "extra_forbidden":
+    first = errors[0]
+    param = _field(tuple(first.get("loc", ())))
+    if first.get("type") == "extra_forbidden":
         return APIError(f"unknown or unsupported parameter {param!r} (docs/serving.md lists the parameters)", param)
-    if err.get("type") == "json_invalid":
-        return APIError(f"the request body is not valid JSON ({err.get('msg')})", None)
-    return APIError(f"{param or 'body'}: {err.get('msg')}", param)
+    if first.get("type") == "json_invalid":
+        return APIError(f"the request body is not valid JSON ({first.get('msg')})", None)
+    messages = list(dict.fromkeys(str(e.get("msg")) for e in errors if _field(tuple(e.get("loc", ()))) == param))
+    return APIError(f"{param or 'body'}: {'; or: '.join(messages)}", param)
 
 
 def build_app(state: ServerState) -> FastAPI:
