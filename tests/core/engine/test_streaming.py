@@ -129,3 +129,15 @@ def test_chat_renders_the_template_once_with_one_bos(llm):
         llm.chat([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}])
     with pytest.raises(ChatError, match="text parts"):
         render_chat(tok, [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+
+
+def test_engine_abort_by_id_and_unique_ids(llm):
+    engine = llm.engine
+    with engine.lock:
+        assert engine.add_request("Le café", SamplingParams(max_tokens=50), "x") is None
+        dup = engine.add_request("Le café", SamplingParams(), "x")
+        assert dup is not None and "already queued or running" in dup.error
+        engine.step()
+        assert engine.abort("x") and not engine.abort("x") and not engine.abort("nope")
+        engine.drain()
+        assert not engine.has_unfinished() and not engine.seqs and engine.state_cache.budget.used == 0
