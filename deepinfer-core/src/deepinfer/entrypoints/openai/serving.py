@@ -148,11 +148,12 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, Respon
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return Response(status_code=499)
+        return Response(status_code=499)  # nobody reads it
     finally:
         watcher.cancel()
+        if not task.done():  # the client left, or this handler itself was cancelled (shutdown)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def sse(events: AsyncIterator[dict[str, Any]], on_close: Callable[[], Any] | None = None) -> StreamingResponse:
