@@ -97,7 +97,9 @@ def test_a_late_request_joins_the_running_batch(served):
     first, late = asyncio.run(main())
     del llm.engine.step
     m1, m2 = first.metrics, late.metrics
-    assert m1.first_token_time < m2.first_scheduled_time < m2.finished_time < m1.finished_time  # joined mid-run
+    # joined mid-run (with async scheduling the first token's time is taken after the next step is scheduled,
+    # so the late request may be scheduled before it)
+    assert m1.first_scheduled_time < m2.first_scheduled_time < m2.finished_time < m1.finished_time
     assert max(batch_sizes) == 2  # and shared its steps
 
 
