@@ -205,12 +205,12 @@ def train_tokenizer(texts: list[str], vocab_size: int, extra_special: tuple[str,
 # --------------------------------------------------------------------------------------------------
 
 
-def add_training_args(parser: argparse.ArgumentParser, out: str, steps: int = 1000) -> None:
+def add_training_args(parser: argparse.ArgumentParser, out: str, steps: int = 1000, batch: int = 8) -> None:
     """The flags both training tools take (defaults: the shipped assets' runs)."""
     parser.add_argument("--out", type=Path, default=Path(out))
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--stories", type=int, default=40000)
