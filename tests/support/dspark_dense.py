@@ -23,8 +23,11 @@ latents and ``anchors`` pick the blocks, so training runs many blocks per forwar
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -241,3 +244,21 @@ def init_random(drafter: DSparkDense, seed: int, scale: float = 0.3) -> None:
 def mtp_state(drafter: DSparkDense) -> dict[str, Tensor]:
     """The ``mtp.*`` tensors (released names) to save into a checkpoint."""
     return {k: v.detach().contiguous() for k, v in drafter.state_dict().items() if k.startswith("mtp.")}
+
+
+def write_drafter_checkpoint(folder: Path, source: Path, spec: DSparkSpec, seed: int
+                             ) -> tuple[vd.V41Model, DSparkDense]:
+    """A copy of the float checkpoint ``source`` with random ``mtp.*`` tensors (added to its
+    ``model.safetensors``) and the drafter's config fields; returns the dense target and drafter it holds."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(spec.to_dict())
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    target = vd.load(folder)
+    drafter = DSparkDense(target.cfg, spec)
+    init_random(drafter, seed)
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({**tensors, **mtp_state(drafter)}, str(folder / "model.safetensors"))
+    return target, drafter.eval()

@@ -8,11 +8,9 @@ written in the released naming into a copy of its checkpoint, loaded through Dee
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
@@ -20,7 +18,6 @@ from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp
 from deepinfer.ops import OpTable
 from deepinfer.spec.drafter import DraftRequest
 from tests.support import dspark_dense as dd
-from tests.support import v41_dense as vd
 from tests.support.v41_fixtures import FIXTURES
 
 TOL = 1e-5
@@ -36,26 +33,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def write_drafter_checkpoint(folder, source, spec: dd.DSparkSpec, seed: int):
-    """A copy of checkpoint ``source`` with random ``mtp.*`` tensors (in its ``model.safetensors``) and the drafter's
-    config fields; returns the dense target and drafter it holds."""
-    shutil.copytree(source, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(spec.to_dict())
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    target = vd.load(folder)
-    drafter = dd.DSparkDense(target.cfg, spec)
-    dd.init_random(drafter, seed)
-    tensors = load_file(str(folder / "model.safetensors"))
-    save_file({**tensors, **dd.mtp_state(drafter)}, str(folder / "model.safetensors"))
-    return target, drafter.eval()
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(the folder, the dense target, the dense drafter)."""
     folder = tmp_path_factory.mktemp("dspark") / "tiny_b_dspark"
-    return folder, *write_drafter_checkpoint(folder, FIXTURES / "tiny_b", SPEC, seed=3)
+    return folder, *dd.write_drafter_checkpoint(folder, FIXTURES / "tiny_b", SPEC, seed=3)
 
 
 @pytest.fixture(scope="module")
