@@ -230,3 +230,35 @@ def test_mtp_tensors_are_checked_by_name_and_shape(setup):
     with pytest.raises(ValueError, match=r"(?s)3 problems.*markov_head.head.weight: missing.*wkv.weight: shape "
                                          r"\(3, 3\), expected \(40, 64\).*e_proj.weight: unexpected"):
         check_mtp(cfg, bad, "tiny_b")
+
+
+def released_layout(name: str, w: torch.Tensor):
+    """The drafter as released: its dense projections FP8 (32x32 blocks on mtp.0, 128x128 on mtp.1: detected per
+    tensor), routed experts MXFP4 where K is a multiple of 32 (else FP8); the backbone left as it is."""
+    if not name.startswith("mtp.") or not name.endswith(".weight"):
+        return None
+    if ".ffn.experts." in name:
+        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
+    if any(p in name for p in (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.",
+                               ".shared_experts.", ".main_proj.")):
+        return "fp8", (128, 128) if name.startswith("mtp.1.") else (32, 32)
+    return None
+
+
+def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequence, tmp_path):
+    from deepinfer.quant import QuantizedTensor
+    from tests.support.quantized import quantize_checkpoint
+
+    quantized, dequantized = quantize_checkpoint(checkpoint[0], tmp_path, released_layout,
+                                                 quantization_config={"quant_method": "fp8", "expert_dtype": "fp4"})
+    outs = []
+    for folder in (quantized, dequantized):
+        model = load_model(folder, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
+        kinds = {type(t) for n, t in model.mtp_weights.items() if ".experts." in n or ".main_proj." in n}
+        assert kinds == ({QuantizedTensor} if folder == quantized else {torch.Tensor})
+        feats = captured(model, sequence, [60])
+        drafter = drafter_for(model, feats, [30], [0])
+        with torch.no_grad():
+            outs.append(drafter.block([DraftRequest(0, int(sequence[30]), 30, 0.0, None)], SPEC.block_size))
+    assert float((outs[0][0] - outs[1][0]).abs().max()) <= TOL
+    assert float((outs[0][1] - outs[1][1]).abs().max()) <= TOL
