@@ -32,7 +32,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 # On a shared 2-core machine, spinning OpenMP workers starve each other (3x slower); must precede torch.
@@ -43,50 +42,14 @@ import torch  # noqa: E402 - after OMP_WAIT_POLICY is set (see above)
 import torch.nn.functional as F  # noqa: E402 - as torch
 from safetensors.torch import load_file, save_file  # noqa: E402 - as torch
 
-from deepinfer.models import ForwardBatch, load_model  # noqa: E402 - as torch
-from deepinfer.models.deepseek_v41.dspark import DSparkDrafter  # noqa: E402 - as torch
+from deepinfer.models import load_model  # noqa: E402 - as torch
 from deepinfer.ops import OpTable  # noqa: E402 - as torch
-from deepinfer.spec.drafter import DraftRequest  # noqa: E402 - as torch
 from tests.support import dspark_dense as dd  # noqa: E402 - importable only after the sys.path line above
 from tests.support import v41_dense as vd  # noqa: E402 - as above
+from tests.support.dspark_accept import Sequences, generate, measure  # noqa: E402 - as above
 
 #: Drafter tensors kept in fp32 in the checkpoint (as the target's: mHC, sinks, router biases, norms).
 KEEP_FP32 = ("_fn", "_base", "_scale", "attn_sink", "gate.bias", "norm.weight", "confidence_head.proj.weight")
-
-
-@dataclass
-class Sequences:
-    """Target-written sequences: tokens [N, L], the first greedy position of each [N], features [N, L, F]."""
-
-    tokens: torch.Tensor
-    greedy_from: torch.Tensor
-    features: torch.Tensor
-
-
-# --------------------------------------------------------------------------------------------------
-# Data: the target writes it.
-# --------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def generate(model, n: int, length: int, prompt_min: int, prompt_max: int, seed: int, bos: int) -> Sequences:
-    """n sequences of ``length`` tokens: BOS, sampled tokens up to a random prompt length, then greedy."""
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(prompt_min, prompt_max + 1, (n,), generator=gen)
-    tokens = torch.full((n, length), bos, dtype=torch.int64)
-    states = [model.new_state() for _ in range(n)]
-    features = []
-    for p in range(length - 1):
-        batch = ForwardBatch(tokens[:, p].clone(), torch.full((n,), p), [1] * n, states,
-                             capture_rows=torch.arange(n))
-        logits = model.compute_logits(model.forward(batch))
-        features.append(batch.captured)
-        sampled = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)[:, 0]
-        tokens[:, p + 1] = torch.where(p + 1 < prompt, sampled, logits.argmax(dim=-1))
-    for state in states:
-        state.release()
-    features.append(torch.zeros_like(features[0]))  # the last token's features are never read
-    return Sequences(tokens, prompt, torch.stack(features, dim=1))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,37 +153,6 @@ def save(drafter: dd.DSparkDense, folder: Path) -> None:
     text = config.get("text_config", config)
     text.update(drafter.spec.to_dict())
     path.write_text(json.dumps(config, indent=2) + "\n")
-
-
-@torch.no_grad()
-def measure(model, data: Sequences, k: int) -> dict[str, object]:
-    """Speculative steps with DeepInfer's drafter against the target's greedy tokens of each held-out sequence:
-    (mean acceptance length = tokens per target step, per-position conditional acceptance, confidence)."""
-    drafter = DSparkDrafter.from_model(model, num_slots=1)
-    steps, tokens_out = 0, 0
-    tried, taken, conf_sum = torch.zeros(k), torch.zeros(k), torch.zeros(k)
-    n, length = data.tokens.shape
-    for i in range(n):
-        seq, first = data.tokens[i], int(data.greedy_from[i])
-        drafter.free(0)
-        drafter.extend([0] * first, torch.arange(first), data.features[i, :first])
-        anchor = first  # the target's first greedy token: the first speculative step's anchor
-        while anchor + k < length:
-            drafts = drafter.draft([DraftRequest(0, int(seq[anchor]), anchor, 0.0, None)], k)
-            truth = seq[anchor + 1 : anchor + 1 + k]
-            match = (drafts.tokens[0] == truth).int().cumprod(0)
-            accepted = int(match.sum())
-            live = min(accepted + 1, k)  # positions that were verified
-            tried[:live] += 1
-            taken[:accepted] += 1
-            conf_sum[:live] += drafts.confidence[0, :live]
-            steps, tokens_out = steps + 1, tokens_out + accepted + 1
-            new = torch.arange(anchor, anchor + accepted + 1)
-            drafter.extend([0] * len(new), new, data.features[i, new])
-            anchor += accepted + 1
-    return {"sequences": n, "steps": steps, "acceptance_length": tokens_out / max(steps, 1),
-            "per_position": (taken / tried.clamp(min=1)).tolist(),
-            "mean_confidence": (conf_sum / tried.clamp(min=1)).tolist()}
 
 
 def main() -> None:
