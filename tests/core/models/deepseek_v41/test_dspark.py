@@ -189,6 +189,10 @@ def test_truncate_free_and_fork(setup, sequence):
         d_hidden, _ = dense.block(dense.contexts(feats), torch.zeros(1, dtype=torch.long), torch.tensor([30]),
                                   sequence[30:31], 3, target.embed.weight, target.head.weight, visible[None])
     assert float((hidden - d_hidden).abs().max()) <= TOL
+    drafter.extend([0, 0], torch.tensor([29, 5]), feats[0, [29, 5]])  # re-extending is harmless; 5 is too old
+    with torch.no_grad():
+        hidden = drafter.block(at, 3)[0]  # 29's latent came from another GEMM shape: equal up to rounding
+    assert float((hidden - d_hidden).abs().max()) <= TOL
     drafter.fork(0, 5)
     with torch.no_grad():
         forked, _ = drafter.block([DraftRequest(5, at[0].anchor, 30, 0.0, None)], 3)

@@ -6,9 +6,10 @@ The context of a draft at anchor position P is the target features of positions 
 ``kv_norm`` / RoPE / FP8 (vLLM ``precompute_and_store_context_kv``, TensorRT-LLM's rolling windows).  Position p
 lives at ring row ``p % W``; ``positions`` records which position each row holds (-1: empty), so a row is read
 only if it holds a position in the draft's window: a truncated or partly filled ring gives a shorter context,
-never a wrong one.  Ring row W is a scratch row: rows an ``extend`` call supersedes within the same call (more
-than W positions of one slot) are written there, so every real row is written at most once per call (CUDA's
-``index_copy_`` is not ordered between duplicate indices).
+never a wrong one; a row never goes back to an older position (re-extending a position is harmless).  Ring row
+W is a scratch row: rows an ``extend`` call supersedes within the same call (more than W positions of one slot)
+or that are older than what their row holds are written there, so every real row is written at most once per
+call (CUDA's ``index_copy_`` is not ordered between duplicate indices).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class ContextRings:
         """Store each layer's latents [N, Dh] of rows (slot, position)."""
         rows = self.ring_rows(slots, positions)
         flat = slots * (self.window + 1) + rows
+        # a row that already holds a newer position keeps it (a late re-extend of an old position is dropped)
+        flat = torch.where(self.positions.view(-1)[flat] > positions, slots * (self.window + 1) + self.window, flat)
         self.positions.view(-1).index_copy_(0, flat, positions)
         rows_view = self.latents.view(-1, *self.latents.shape[2:])
         rows_view.index_copy_(0, flat, torch.stack(latents, dim=1).to(self.latents.dtype))
