@@ -30,7 +30,7 @@ from deepinfer.models.deepseek_v41.model import DecoderLayer, DeepseekV41ForCaus
 from deepinfer.models.deepseek_v41.roles import SWA
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
-from deepinfer.spec.drafter import DraftRequest, Drafts
+from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts
 
 Stored = torch.Tensor | QuantizedTensor
 
@@ -169,3 +169,8 @@ def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> C
         return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
 
     return get
+
+
+def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:
+    """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.Drafter`."""
+    return drafter
