@@ -266,3 +266,14 @@ def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequenc
             outs.append(drafter.block([DraftRequest(0, int(sequence[30]), 30, 0.0, None)], SPEC.block_size))
     assert float((outs[0][0] - outs[1][0]).abs().max()) <= TOL
     assert float((outs[0][1] - outs[1][1]).abs().max()) <= TOL
+
+
+def test_bf16_load_keeps_the_confidence_head_and_norms_in_fp32(checkpoint):
+    model = load_model(checkpoint[0], ops=OpTable(), dtype=torch.bfloat16, device=torch.device("cpu"))
+    mtp = model.mtp_weights
+    assert mtp["mtp.1.confidence_head.proj.weight"].dtype == torch.float32
+    assert mtp["mtp.0.main_norm.weight"].dtype == torch.float32 and mtp["mtp.0.hc_attn_fn"].dtype == torch.float32
+    assert mtp["mtp.0.attn.wq_a.weight"].dtype == torch.bfloat16
+    drafter = DSparkDrafter.from_model(model, num_slots=1)
+    drafts = drafter.draft([DraftRequest(0, 5, 0, 0.0, None)], SPEC.block_size)
+    assert drafts.confidence.dtype == torch.float32 and bool(((drafts.confidence > 0) & (drafts.confidence < 1)).all())
