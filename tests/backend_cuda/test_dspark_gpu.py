@@ -85,3 +85,19 @@ def test_drafter_on_the_gpu_matches_the_cpu(models):
     decisive = (top2[:, 0] - top2[:, 1]) > MARGIN
     assert decisive.any()
     assert torch.equal(d_gpu.tokens[:, 0].cpu()[decisive], d_cpu.tokens[:, 0][decisive])
+
+
+def test_the_embedded_drafter_is_accepted_on_the_gpu():
+    """The embedded tiny V4.1's trained drafter in bf16 on the CUDA op table: offline acceptance against the
+    target's own greedy tokens (fp32 on the CPU: 4.62 on these sequences; bf16 may flip a few near-ties)."""
+    from deepinfer_cuda.plugin import CudaBackend
+    from tests.core.models.deepseek_v41.test_tiny_v41_dspark import ASSET, MIN_ACCEPTANCE_LENGTH
+    from tests.support.dspark_accept import generate, measure
+
+    backend = CudaBackend()
+    ops = OpTable(backend.load_ops(), "nvidia", coverage=backend.op_coverage())
+    model = load_model(ASSET, ops=ops, dtype=torch.bfloat16, device=torch.device("cuda"))
+    heldout = generate(model, 4, 80, 8, 24, seed=4242, bos=model.config.bos_token_id or 0)
+    assert heldout.features.is_cuda
+    result = measure(model, heldout, model.config.dspark_block_size)
+    assert result["acceptance_length"] >= MIN_ACCEPTANCE_LENGTH, result

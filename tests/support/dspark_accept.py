@@ -30,16 +30,17 @@ class Sequences:
 
 @torch.no_grad()
 def generate(model, n: int, length: int, prompt_min: int, prompt_max: int, seed: int, bos: int) -> Sequences:
-    """n sequences of ``length`` tokens: BOS, sampled tokens up to a random prompt length, then greedy."""
-    gen = torch.Generator().manual_seed(seed)
+    """n sequences of ``length`` tokens: BOS, sampled tokens up to a random prompt length, then greedy; tokens on
+    the CPU, features on the model's device."""
+    gen, device = torch.Generator().manual_seed(seed), model.device  # the draws on the CPU, on any device
     prompt = torch.randint(prompt_min, prompt_max + 1, (n,), generator=gen)
     tokens = torch.full((n, length), bos, dtype=torch.int64)
     states = [model.new_state() for _ in range(n)]
     features = []
     for p in range(length - 1):
-        batch = ForwardBatch(tokens[:, p].clone(), torch.full((n,), p), [1] * n, states,
-                             capture_rows=torch.arange(n))
-        logits = model.compute_logits(model.forward(batch))
+        batch = ForwardBatch(tokens[:, p].to(device), torch.full((n,), p, device=device), [1] * n, states,
+                             capture_rows=torch.arange(n, device=device))
+        logits = model.compute_logits(model.forward(batch)).cpu()
         features.append(batch.captured)
         sampled = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)[:, 0]
         tokens[:, p + 1] = torch.where(p + 1 < prompt, sampled, logits.argmax(dim=-1))
@@ -60,19 +61,19 @@ def measure(model, data: Sequences, k: int) -> dict[str, object]:
     for i in range(n):
         seq, first = data.tokens[i], int(data.greedy_from[i])
         drafter.free(0)
-        drafter.extend([0] * first, torch.arange(first), data.features[i, :first])
+        drafter.extend([0] * first, torch.arange(first, device=model.device), data.features[i, :first])
         anchor = first  # the target's first greedy token: the first speculative step's anchor
         while anchor + k < length:
             drafts = drafter.draft([DraftRequest(0, int(seq[anchor]), anchor, 0.0, None)], k)
             truth = seq[anchor + 1 : anchor + 1 + k]
-            match = (drafts.tokens[0] == truth).int().cumprod(0)
+            match = (drafts.tokens[0].cpu() == truth).int().cumprod(0)
             accepted = int(match.sum())
             live = min(accepted + 1, k)  # positions that were verified
             tried[:live] += 1
             taken[:accepted] += 1
-            conf_sum[:live] += drafts.confidence[0, :live]
+            conf_sum[:live] += drafts.confidence[0, :live].cpu()
             steps, tokens_out = steps + 1, tokens_out + accepted + 1
-            new = torch.arange(anchor, anchor + accepted + 1)
+            new = torch.arange(anchor, anchor + accepted + 1, device=model.device)
             drafter.extend([0] * len(new), new, data.features[i, new])
             anchor += accepted + 1
     return {"sequences": n, "steps": steps, "acceptance_length": tokens_out / max(steps, 1),
