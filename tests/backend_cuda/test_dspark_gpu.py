@@ -1,0 +1,103 @@
+"""On the GPU: the DSpark drafter and the target's feature capture with the CUDA op table in bf16 against the
+same checkpoint on the CPU in fp32 (tiny_b with random ``mtp.*`` tensors, as in
+``tests/core/models/deepseek_v41/test_dspark.py``).  Skipped on CPU-only machines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deepinfer.models import ForwardBatch, load_model
+from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
+from deepinfer.ops import OpTable
+from deepinfer.spec.drafter import DraftRequest
+from tests.support import dspark_dense as dd
+from tests.support.v41_fixtures import FIXTURES
+
+requires_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host: pytest tests/backend_cuda")
+pytestmark = [requires_cuda, pytest.mark.cuda]
+
+SPEC = dd.DSparkSpec(num_layers=2, block_size=4, noise_token_id=383, target_layer_ids=[3, 6, 8], markov_rank=16,
+                     n_routed_experts=4, num_experts_per_tok=2)
+REL_TOL = 3e-2  # bf16 through 9 + 2 layers, relative to each tensor's scale
+MARGIN = 0.25  # greedy drafts must agree where the fp32 top-2 logit margin exceeds this
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from deepinfer_cuda.plugin import CudaBackend
+
+    folder = tmp_path_factory.mktemp("dspark_gpu") / "tiny_b_dspark"
+    dd.write_drafter_checkpoint(folder, FIXTURES / "tiny_b", SPEC, seed=3)
+    cpu = load_model(folder, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
+    backend = CudaBackend()
+    ops = OpTable(backend.load_ops(), "nvidia", coverage=backend.op_coverage())
+    gpu = load_model(folder, ops=ops, dtype=torch.bfloat16, device=torch.device("cuda"))
+    return cpu, gpu
+
+
+def _features(model, ids: torch.Tensor) -> torch.Tensor:
+    device = model.device
+    batch = ForwardBatch(ids.to(device), torch.arange(len(ids), device=device), [len(ids)], [model.new_state()],
+                         capture_rows=torch.arange(len(ids), device=device))
+    with torch.inference_mode():
+        model.forward(batch)
+    assert batch.captured is not None
+    return batch.captured
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    err = float((actual.float().cpu() - expected).abs().max())
+    scale = float(expected.abs().max())
+    assert err <= REL_TOL * scale, f"max |gpu - cpu| {err:.3g} > {REL_TOL} x {scale:.3g}"
+
+
+def test_drafter_on_the_gpu_matches_the_cpu(models):
+    cpu, gpu = models
+    tokens = json.loads((FIXTURES / "tiny_b" / "tokens.json").read_text())["sequences"]
+    ids = torch.tensor(next(t for t in tokens if len(t) >= 60)[:60])
+    feats_cpu, feats_gpu = _features(cpu, ids), _features(gpu, ids)
+    assert feats_gpu.is_cuda and feats_gpu.dtype == torch.bfloat16
+    _close(feats_gpu, feats_cpu)
+    anchors, slots = [5, 30, 47], [1, 4, 7]
+    drafters = []
+    for model, feats in ((cpu, feats_cpu), (gpu, feats_gpu)):
+        drafter = DSparkDrafter.from_model(model, num_slots=8)
+        rows = [(s, p) for s, n in zip(slots, anchors, strict=True) for p in range(n)]
+        positions = torch.tensor([p for _, p in rows], device=model.device)
+        drafter.extend([s for s, _ in rows], positions, feats[positions])
+        drafters.append(drafter)
+    requests = [DraftRequest(s, int(ids[p]), p, 0.0, None) for s, p in zip(slots, anchors, strict=True)]
+    with torch.inference_mode():
+        (h_cpu, l_cpu), (h_gpu, l_gpu) = (d.block(requests, SPEC.block_size) for d in drafters)
+        d_cpu, d_gpu = (d.draft(requests, SPEC.block_size) for d in drafters)
+    assert h_gpu.is_cuda and d_gpu.tokens.is_cuda and d_gpu.confidence.dtype == torch.float32
+    _close(h_gpu, h_cpu)
+    _close(l_gpu, l_cpu)
+    assert float((d_gpu.confidence.cpu() - d_cpu.confidence).abs().max()) <= 0.05
+    # the first draft of each block depends on the block only: it must agree where fp32 is decisive
+    first = l_cpu[:, 0] + drafters[0].markov(torch.tensor([r.anchor for r in requests]))[1]
+    top2 = first.topk(2, dim=-1).values
+    decisive = (top2[:, 0] - top2[:, 1]) > MARGIN
+    assert decisive.any()
+    assert torch.equal(d_gpu.tokens[:, 0].cpu()[decisive], d_cpu.tokens[:, 0][decisive])
+
+
+def test_the_embedded_drafter_is_accepted_on_the_gpu():
+    """The embedded tiny V4.1's trained drafter in bf16 on the CUDA op table: offline acceptance against the
+    target's own greedy tokens (fp32 on the CPU: 4.62 on these sequences; bf16 may flip a few near-ties)."""
+    from deepinfer_cuda.plugin import CudaBackend
+    from tests.core.models.deepseek_v41.test_tiny_v41_dspark import ASSET, MIN_ACCEPTANCE_LENGTH
+    from tests.support.dspark_accept import generate, measure
+
+    backend = CudaBackend()
+    ops = OpTable(backend.load_ops(), "nvidia", coverage=backend.op_coverage())
+    model = load_model(ASSET, ops=ops, dtype=torch.bfloat16, device=torch.device("cuda"))
+    heldout = generate(model, 4, 80, 8, 24, seed=4242, bos=model.config.bos_token_id or 0)
+    assert heldout.features.is_cuda
+    result = measure(model, heldout, model.config.dspark_block_size)
+    assert result["acceptance_length"] >= MIN_ACCEPTANCE_LENGTH, result
