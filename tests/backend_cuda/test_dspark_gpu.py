@@ -1,6 +1,8 @@
 """On the GPU: the DSpark drafter and the target's feature capture with the CUDA op table in bf16 against the
 same checkpoint on the CPU in fp32 (tiny_b with random ``mtp.*`` tensors, as in
-``tests/core/models/deepseek_v41/test_dspark.py``).  Skipped on CPU-only machines."""
+``tests/core/models/deepseek_v41/test_dspark.py``).  On these random models bf16 itself moves far from fp32 (on
+the H200: 11% of the features' scale), so the GPU is held to the distance of core's reference ops run in bf16 on
+the CPU, measured in the same test.  Skipped on CPU-only machines."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ pytestmark = [requires_cuda, pytest.mark.cuda]
 
 SPEC = dd.DSparkSpec(num_layers=2, block_size=4, noise_token_id=383, target_layer_ids=[3, 6, 8], markov_rank=16,
                      n_routed_experts=4, num_experts_per_tok=2)
-REL_TOL = 3e-2  # bf16 through 9 + 2 layers, relative to each tensor's scale
+DRIFT = 2.0  # the GPU's distance to fp32 may be this many times the CPU bf16 reference's
+SLACK = 1e-2  # plus this fraction of the tensor's scale
 MARGIN = 0.25  # greedy drafts must agree where the fp32 top-2 logit margin exceeds this
 
 
@@ -34,10 +37,11 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dspark_gpu") / "tiny_b_dspark"
     dd.write_drafter_checkpoint(folder, FIXTURES / "tiny_b", SPEC, seed=3)
     cpu = load_model(folder, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
+    cpu16 = load_model(folder, ops=OpTable(), dtype=torch.bfloat16, device=torch.device("cpu"))
     backend = CudaBackend()
     ops = OpTable(backend.load_ops(), "nvidia", coverage=backend.op_coverage())
     gpu = load_model(folder, ops=ops, dtype=torch.bfloat16, device=torch.device("cuda"))
-    return cpu, gpu
+    return cpu, cpu16, gpu
 
 
 def _features(model, ids: torch.Tensor) -> torch.Tensor:
@@ -50,41 +54,44 @@ def _features(model, ids: torch.Tensor) -> torch.Tensor:
     return batch.captured
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def _close(actual: torch.Tensor, reference_bf16: torch.Tensor, expected: torch.Tensor) -> None:
     err = float((actual.float().cpu() - expected).abs().max())
+    drift = float((reference_bf16.float() - expected).abs().max())
     scale = float(expected.abs().max())
-    assert err <= REL_TOL * scale, f"max |gpu - cpu| {err:.3g} > {REL_TOL} x {scale:.3g}"
+    assert err <= DRIFT * drift + SLACK * scale, f"max |gpu - fp32| {err:.3g}; CPU bf16 {drift:.3g}, scale {scale:.3g}"
 
 
 def test_drafter_on_the_gpu_matches_the_cpu(models):
-    cpu, gpu = models
     tokens = json.loads((FIXTURES / "tiny_b" / "tokens.json").read_text())["sequences"]
     ids = torch.tensor(next(t for t in tokens if len(t) >= 60)[:60])
-    feats_cpu, feats_gpu = _features(cpu, ids), _features(gpu, ids)
-    assert feats_gpu.is_cuda and feats_gpu.dtype == torch.bfloat16
-    _close(feats_gpu, feats_cpu)
     anchors, slots = [5, 30, 47], [1, 4, 7]
-    drafters = []
-    for model, feats in ((cpu, feats_cpu), (gpu, feats_gpu)):
+    requests = [DraftRequest(s, int(ids[p]), p, 0.0, None) for s, p in zip(slots, anchors, strict=True)]
+    runs = []
+    for model in models:  # fp32 CPU, bf16 CPU, bf16 GPU
+        feats = _features(model, ids)
         drafter = DSparkDrafter.from_model(model, num_slots=8)
         rows = [(s, p) for s, n in zip(slots, anchors, strict=True) for p in range(n)]
         positions = torch.tensor([p for _, p in rows], device=model.device)
         drafter.extend([s for s, _ in rows], positions, feats[positions])
-        drafters.append(drafter)
-    requests = [DraftRequest(s, int(ids[p]), p, 0.0, None) for s, p in zip(slots, anchors, strict=True)]
-    with torch.inference_mode():
-        (h_cpu, l_cpu), (h_gpu, l_gpu) = (d.block(requests, SPEC.block_size) for d in drafters)
-        d_cpu, d_gpu = (d.draft(requests, SPEC.block_size) for d in drafters)
-    assert h_gpu.is_cuda and d_gpu.tokens.is_cuda and d_gpu.confidence.dtype == torch.float32
-    _close(h_gpu, h_cpu)
-    _close(l_gpu, l_cpu)
-    assert float((d_gpu.confidence.cpu() - d_cpu.confidence).abs().max()) <= 0.05
-    # the first draft of each block depends on the block only: it must agree where fp32 is decisive
-    first = l_cpu[:, 0] + drafters[0].markov(torch.tensor([r.anchor for r in requests]))[1]
+        with torch.inference_mode():
+            hidden, logits = drafter.block(requests, SPEC.block_size)
+            drafts = drafter.draft(requests, SPEC.block_size)
+        runs.append((feats, hidden, logits, drafts, drafter))
+    (f32, h32, l32, d32, drafter32), (f16, h16, l16, d16, _), (fg, hg, lg, dg, _) = runs
+    assert fg.is_cuda and fg.dtype == torch.bfloat16 and hg.is_cuda and dg.tokens.is_cuda
+    assert dg.confidence.dtype == torch.float32
+    _close(fg, f16, f32)
+    _close(hg, h16, h32)
+    _close(lg, l16, l32)
+    _close(dg.confidence, d16.confidence, d32.confidence)
+    # the first draft of each block depends on the block only: where fp32 is decisive, the GPU agrees with it at
+    # least as often as bf16 on the CPU does
+    first = l32[:, 0] + drafter32.markov(torch.tensor([r.anchor for r in requests]))[1]
     top2 = first.topk(2, dim=-1).values
     decisive = (top2[:, 0] - top2[:, 1]) > MARGIN
     assert decisive.any()
-    assert torch.equal(d_gpu.tokens[:, 0].cpu()[decisive], d_cpu.tokens[:, 0][decisive])
+    agree_gpu = (dg.tokens[:, 0].cpu() == d32.tokens[:, 0])[decisive].sum()
+    assert agree_gpu >= (d16.tokens[:, 0] == d32.tokens[:, 0])[decisive].sum()
 
 
 def test_the_embedded_drafter_is_accepted_on_the_gpu():

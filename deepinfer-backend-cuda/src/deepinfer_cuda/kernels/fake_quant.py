@@ -75,7 +75,9 @@ def _round_to_grid(v, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, MAX: tl.con
     a = tl.abs(v)
     e = tl.maximum(_exponent(a), MIN_EXP) - MANTISSA
     r = tl.minimum(_rint(a * _pow2(-e), INTERPRETED) * _pow2(e), MAX)
-    return tl.where(v.to(tl.int32, bitcast=True) < 0, -r, r)
+    # the sign bit copied from v: compiled, ``-r`` is ``0 - r``, which turns -0 into +0
+    sign = v.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["n_blocks"])
