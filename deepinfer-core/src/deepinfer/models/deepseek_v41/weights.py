@@ -105,6 +105,8 @@ class _Reader(V4Reader):
 
 
 _FLOAT_DTYPES = ("F32", "BF16", "F16")
+#: DSpark tensors kept in fp32 whatever the compute dtype (besides the norms, mHC, sinks and biases).
+MTP_FP32 = ("confidence_head.proj.weight",)
 
 
 def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device,
@@ -134,4 +136,7 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
 
     tensors = {name: reader.load(name, shape, shard(name, shape)) for name, shape in expected.items()
                if keep is None or keep(name)}
-    return tensors, {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    drafter = {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    for name in [n for n in drafter if n.endswith(MTP_FP32)]:  # as vLLM builds it: an fp32 head
+        drafter[name] = ckpt.get(reader.on_disk[name]).to(device=device, dtype=torch.float32)
+    return tensors, drafter
