@@ -31,3 +31,26 @@ def test_from_model_refuses_parallel_sizes():
     tok = toy_tokenizer()
     with pytest.raises(TypeError, match="does not take data_parallel_size: ranks are started"):
         LLM.from_model(ToyCausalLM(len(tok), seed=1), tok, data_parallel_size=2)
+
+
+def test_serving_refuses_several_ranks(capsys):
+    from deepinfer.engine.async_llm import AsyncLLM
+    from deepinfer.entrypoints.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--data-parallel-size", "2"])
+    assert info.value.code == 2 and "deepinfer serve runs one rank" in capsys.readouterr().err
+
+    class Parallel:  # an LLM whose engine runs on several ranks
+        parallel = object()
+
+    with pytest.raises(ValueError, match="serves LLM.generate only"):
+        AsyncLLM(Parallel())  # type: ignore[arg-type]
+
+
+def test_streaming_refuses_several_ranks():
+    tok = toy_tokenizer()
+    llm = LLM.from_model(ToyCausalLM(len(tok), seed=1), tok)
+    llm.parallel = object()  # type: ignore[assignment]
+    with pytest.raises(NotImplementedError, match="with several ranks"):
+        next(llm.generate_stream([[5, 6]]))
