@@ -4,6 +4,7 @@ it (in forward order), handed to the model at construction.  No module globals: 
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -27,8 +28,12 @@ class ParallelMoE(Protocol):
 
 
 class ParallelContext:
-    def __init__(self, plan: ParallelPlan, world: Communicator, ep: Communicator, cp: Communicator):
+    def __init__(self, plan: ParallelPlan, world: Communicator, ep: Communicator, cp: Communicator,
+                 host: Communicator | None = None):
         self.plan, self.world, self.ep, self.cp = plan, world, ep, cp
+        #: The world over gloo, for host-side coordination (who has work, the calls, the outputs): no device
+        #: synchronisation between steps, so async scheduling still overlaps the host with the device.
+        self.host = host if host is not None else world
         #: Expert-parallel MoE layers in the order a forward calls them (they register when built).
         self.moe_layers: list[ParallelMoE] = []
         #: Every layer with a collective in the forward, as (forward order key, join with no tokens).
@@ -45,7 +50,10 @@ class ParallelContext:
     def create(cls, plan: ParallelPlan, timeout_s: float) -> ParallelContext:
         """Groups for ``plan`` on the default process group (already initialised by the backend).  Every rank
         creates every group, in one order, as torch.distributed requires."""
-        world = Communicator(tuple(range(plan.world_size)), plan.rank, timeout_s)
+        everyone = tuple(range(plan.world_size))
+        world = Communicator(everyone, plan.rank, timeout_s)
+        host = Communicator(everyone, plan.rank, timeout_s,
+                            dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)))
         groups: dict[str, Communicator] = {}
         for name, all_groups, mine in (("ep", plan.ep_groups, plan.ep_ranks), ("cp", plan.cp_groups, plan.cp_ranks)):
             for ranks in all_groups:
@@ -53,7 +61,7 @@ class ParallelContext:
                 group = None if solo or len(ranks) == plan.world_size else dist.new_group(list(ranks))
                 if ranks == mine:
                     groups[name] = Communicator(ranks, plan.rank, timeout_s, group, solo)
-        return cls(plan, world, groups["ep"], groups["cp"])
+        return cls(plan, world, groups["ep"], groups["cp"], host)
 
     def loads(self, name: str) -> bool:
         """Whether this rank loads checkpoint tensor ``name``: all but the routed experts other EP ranks hold."""

@@ -15,6 +15,8 @@ import dataclasses
 import logging
 from typing import Any
 
+import torch
+
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.rebalance import rebalance_experts
@@ -49,7 +51,7 @@ class DataParallelEngine:
                                "start a new LLM")
         try:
             if announce:
-                self.context.world.broadcast_object((prompts, params))
+                self.context.host.broadcast_object((prompts, params))
             return self._generate(prompts, params, request_ids)
         except BaseException as exc:
             self.failed = f"{type(exc).__name__}: {exc}"
@@ -57,7 +59,7 @@ class DataParallelEngine:
 
     def _generate(self, prompts: list[Any], params: list[Any], request_ids: list[str]) -> list[RequestOutput]:
         engine, context = self.engine, self.context
-        counts = context.world.all_gather_object(len(prompts))
+        counts = context.host.all_gather_object(len(prompts))
         if len(set(counts)) > 1:
             raise ValueError(f"every rank must call generate with the same prompts; the ranks got {counts} prompts")
         mine: dict[int, RequestOutput] = {}
@@ -68,8 +70,7 @@ class DataParallelEngine:
                 index[rid] = i
                 if (rejected := engine.add_request(prompt, sp, rid)) is not None:
                     mine[i] = rejected
-        device = engine.model.device
-        while context.world.any(engine.has_unfinished(), device):
+        while context.host.any(engine.has_unfinished(), torch.device("cpu")):
             calls = context.moe_calls
             if engine.has_unfinished():
                 finished = engine.step()
@@ -86,7 +87,7 @@ class DataParallelEngine:
             if self.eplb_step_interval is not None and self.steps % self.eplb_step_interval == 0:
                 self.rebalance()
         everything: dict[int, RequestOutput] = {}
-        for part in context.world.all_gather_object(mine):
+        for part in context.host.all_gather_object(mine):
             everything.update(part)
         return [everything[i] for i in range(len(prompts))]
 

@@ -121,7 +121,7 @@ def _peer_main(rank: int, world: int, port: str, peer_args: tuple[Any, dict[str,
 def serve_peer(llm: Any) -> None:
     """Run each ``generate`` call rank 0 broadcasts, until it broadcasts None (shutdown)."""
     context = llm.parallel.context
-    while (call := context.world.broadcast_object(None)) is not None:
+    while (call := context.host.broadcast_object(None)) is not None:
         prompts, params = call
         llm.generate(prompts, params, use_tqdm=False)
 
@@ -130,7 +130,7 @@ def stop_peers(context: ParallelContext, peers: list[Any], timeout_s: float = 30
     """Tell self-launched ranks to exit, and wait for them (killing those that do not exit: a rank died)."""
     try:
         if all(proc.is_alive() for proc in peers):
-            context.world.broadcast_object(None)
+            context.host.broadcast_object(None)
     except RankFailure:
         logger.warning("a rank had died; stopping the others")
     finally:
