@@ -75,7 +75,11 @@ def join_world(config: ParallelConfig, backend: Backend, model_config: Any, time
         peers = _start_peers(env, peer_args)
         logger.info("started %d ranks for data_parallel_size=%d, expert_parallel_size=%d", world - 1,
                     config.data_parallel_size, config.expert_parallel_size)
-    backend.init_communicator(env.rank, env.world_size, env.init_method, timeout_s, backend.device(env.local_rank))
+    device = backend.device(env.local_rank)
+    backend.init_communicator(env.rank, env.world_size, env.init_method, timeout_s, device)
+    logger.info("rank %d of %d on %s (%s): DP rank %d of %d, EP rank %d of %d, CP rank %d of %d", plan.rank,
+                plan.world_size, device, backend.dist_backend, plan.dp_rank, plan.dp_size, plan.ep_rank, plan.ep_size,
+                plan.cp_rank, plan.cp_size)
     return Joined(ParallelContext.create(plan, timeout_s), env.local_rank, peers)
 
 
