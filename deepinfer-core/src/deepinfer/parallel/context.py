@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -111,8 +111,3 @@ class ParallelContext:
         """Join one forward's collectives (MoE and sharded tables) with no tokens (a rank with no work)."""
         for _, idle in sorted(self.participants, key=lambda p: p[0]):
             idle()
-
-    def describe(self) -> dict[str, Any]:
-        p = self.plan
-        return dict(rank=p.rank, world=p.world_size, dp=(p.dp_rank, p.dp_size), ep=(p.ep_rank, p.ep_size),
-                    cp=(p.cp_rank, p.cp_size))
