@@ -84,8 +84,8 @@ def quantized_close(actual: Any, expected: Any, sample: OpSample, dtype: torch.d
     if not block:
         assert_close(actual, expected, dtype, DEFAULT_TOLERANCES[dtype], where)
         return
-    step = e.view(*e.shape[:-1], -1, block).abs().amax(-1, keepdim=True) * 2.0 ** (1 - mantissa)
-    diff = (a - e).view(*e.shape[:-1], -1, block).abs()
+    step = e.reshape(*e.shape[:-1], -1, block).abs().amax(-1, keepdim=True) * 2.0 ** (1 - mantissa)
+    diff = (a - e).reshape(*e.shape[:-1], -1, block).abs()
     assert bool((diff <= step).all()), f"{where}: a value is more than two grid steps off"
     flips = (actual.detach().cpu() != expected).float().mean().item()
     assert flips <= FLIP_SHARE, f"{where}: {flips:.1%} of the values differ (at most {FLIP_SHARE:.1%} may)"
