@@ -69,3 +69,5 @@ class RequestOutput:
     error: str | None = None
     #: Timings of the request (``None`` only for outputs built outside the engine).
     metrics: RequestMetrics | None = None
+    #: Prompt tokens served from the prefix cache (vLLM's field; 0 without ``enable_prefix_caching``).
+    num_cached_tokens: int = 0

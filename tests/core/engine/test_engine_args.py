@@ -99,7 +99,6 @@ def test_unknown_keyword_without_a_close_name_lists_the_valid_ones():
     [
         (dict(tensor_parallel_size=2), "no tensor parallelism yet"),
         (dict(pipeline_parallel_size=2), "no pipeline parallelism yet"),
-        (dict(enable_prefix_caching=True), "no prefix caching yet"),
         (dict(quantization="fp8"), "format the checkpoint stores"),
         (dict(speculative_config={"method": "mtp"}), "DEEPINFER_ENABLE_MTP_VARLEN=1 and DEEPINFER_USE_NEXTN_DECODE"),
         (dict(trust_remote_code=True), "never runs code shipped with a checkpoint"),
@@ -125,12 +124,19 @@ def test_tensor_parallelism_points_at_the_parallel_sizes():
 
 
 def test_vllm_keywords_asking_for_nothing_new_are_accepted():
-    neutral = dict(tensor_parallel_size=1, enable_prefix_caching=False, trust_remote_code=False, quantization=None,
+    neutral = dict(tensor_parallel_size=1, trust_remote_code=False, quantization=None,
                    kv_cache_dtype="auto", enable_chunked_prefill=True, swap_space=0)
     assert EngineArgs.from_kwargs({**neutral, "max_num_seqs": 3}) == EngineArgs(max_num_seqs=3)
     with pytest.raises(ValueError, match="tensor_parallel_size=True"):  # True is not the neutral 1
         EngineArgs.from_kwargs({"tensor_parallel_size": True})
     assert all(entry.instead for entry in NOT_BUILT.values())
+
+
+def test_enable_prefix_caching_is_a_flag():
+    assert EngineArgs.from_kwargs({"enable_prefix_caching": True}).enable_prefix_caching is True
+    assert EngineArgs().enable_prefix_caching is False
+    with pytest.raises(TypeError, match="enable_prefix_caching"):
+        EngineArgs.from_kwargs({"enable_prefix_caching": "yes"})
 
 
 def test_from_model_refuses_load_only_knobs_and_hints_its_own_keywords():

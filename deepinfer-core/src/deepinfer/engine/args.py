@@ -81,6 +81,9 @@ class EngineArgs:
     #: Queue each step before reading the previous one's tokens; False runs steps strictly one after the other
     #: (debugging; outputs are the same).
     async_scheduling: bool = _knob(True, checks.flag())
+    #: Reuse the compressed state of prompt prefixes other requests computed (docs/prefix_caching.md; vLLM's
+    #: name).  Off by default: hits rebuild SWA rings by replaying tokens, exact but new.
+    enable_prefix_caching: bool = _knob(False, checks.flag())
     #: Ranks that each own whole requests (data-parallel attention; ``docs/parallel.md``).  With
     #: ``context_parallel_size``, the world size: ``LLM`` starts that many ranks, or joins torchrun's.
     data_parallel_size: int = _knob(1, checks.integer(1))

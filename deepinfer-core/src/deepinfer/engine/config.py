@@ -32,3 +32,5 @@ class EngineConfig:
     enforce_eager: bool
     #: Queue step N+1 before reading step N's tokens (they reach it on the device); see ``Engine.step``.
     async_scheduling: bool
+    #: Reuse cached prompt prefixes (``deepinfer.kv.prefix_cache``).
+    enable_prefix_caching: bool = False

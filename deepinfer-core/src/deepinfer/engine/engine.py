@@ -61,8 +61,10 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.state_cache = StateCache(model, config.state_cache_bytes)
+        self.state_cache = StateCache(model, config.state_cache_bytes, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
+        if config.enable_prefix_caching:
+            self.scheduler.prefix_lookup = self._prefix_lookup
         backend = backend if backend is not None else Backend()
         graphs = None
         if isinstance(model, GraphDecodable) and not config.enforce_eager:
@@ -240,7 +242,25 @@ class Engine:
         sched = self.scheduler.schedule()
         for seq_id in sched.preempted:
             self.state_cache.free(seq_id)
+        for chunk in sched.chunks:  # a sequence that starts past 0 without a state hit the prefix cache
+            if chunk.start and chunk.seq_id not in self.state_cache:
+                seq = self.seqs[chunk.seq_id]
+                self.state_cache.attach(chunk.seq_id, seq.token_ids, seq.num_cached, chunk.start)
         return sched
+
+    def _prefix_lookup(self, seq: Sequence) -> tuple[int, int]:
+        """The scheduler's ``prefix_lookup``: requests that score their prompt compute it all."""
+        if seq.request.wants_prompt_logprobs:
+            return 0, 0
+        return self.state_cache.lookup(seq.token_ids[: seq.prompt_len], seq.prompt_len - 1)
+
+    def _publish(self, sched: SchedulerOutput) -> None:
+        """Cache the prompt blocks the step computed (its writes are queued before any later step's reads)."""
+        for chunk in sched.chunks:
+            seq = self.seqs[chunk.seq_id]
+            if chunk.start < seq.prompt_len:
+                self.state_cache.publish(chunk.seq_id, seq.token_ids,
+                                         min(chunk.start + len(chunk.token_ids), seq.prompt_len))
 
     def launch(self, sched: SchedulerOutput) -> StepHandle:
         """Queue ``sched`` on the device (tokens in flight come from the step before); nothing is read back."""
@@ -252,6 +272,8 @@ class Engine:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
                 metrics.time_in_queue = now - metrics.arrival_time
+        if self.state_cache.prefix is not None:
+            self._publish(sched)
         for chunk in sched.chunks:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)

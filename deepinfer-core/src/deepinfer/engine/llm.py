@@ -153,6 +153,7 @@ class LLM:
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
             eos_token_ids=eos, async_scheduling=args.async_scheduling,
+            enable_prefix_caching=args.enable_prefix_caching,
             # expert-parallel steps exchange tokens with sizes known only on the host: not capturable
             enforce_eager=args.enforce_eager or (joined is not None and joined.context.plan.ep_size > 1),
         )

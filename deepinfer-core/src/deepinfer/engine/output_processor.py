@@ -126,6 +126,7 @@ class OutputProcessor:
             prompt_token_ids=request.prompt_token_ids,
             prompt_logprobs=request.prompt_logprobs,
             outputs=outputs,
+            num_cached_tokens=request.sequences[0].num_cached if request.sequences else 0,
             finished=request.finished,
             error=request.error,
             metrics=request.metrics,

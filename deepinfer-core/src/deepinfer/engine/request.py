@@ -39,6 +39,8 @@ class Sequence:
     seed: int
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0
+    #: Prompt tokens whose compressed state came from the prefix cache when it last started (0: none).
+    num_cached: int = 0
     #: Forks still to receive this sequence's state when its prompt completes (sequence 0 only).
     pending_forks: list[Sequence] = field(default_factory=list)
     output: CompletionOutput | None = None

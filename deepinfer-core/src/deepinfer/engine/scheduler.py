@@ -8,6 +8,9 @@ Policy (one step, a token budget of ``max_num_batched_tokens``):
    tokens) until it fits; a sequence may preempt itself when it is the newest.
 2. Then waiting sequences, first come first served, while the budget, ``max_num_seqs`` and the state
    memory allow; preempted sequences wait at the front.  No admission in a step that preempted.
+   With prefix caching, a sequence starting from scratch asks ``prefix_lookup`` for a cache hit ``C`` and the
+   replay start ``R``: it then starts at ``R`` (the engine attaches the cached state), but only when the replay
+   and one more token fit this step's budget, so a replay always runs whole in one ragged chunk.
 
 ``schedule()`` returns plain data and advances ``num_computed`` at once (the runner will compute the
 scheduled tokens), so the next step could be scheduled while this one runs.
@@ -16,6 +19,7 @@ scheduled tokens), so the next step could be scheduled while this one runs.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.state_cache import StateBudget
@@ -34,6 +38,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: Prefix caching: ``(replay start, cached tokens)`` for a sequence starting from scratch ((0, 0): miss).
+        self.prefix_lookup: Callable[[Sequence], tuple[int, int]] | None = None
 
     # --- queue management -----------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -131,8 +137,15 @@ class Scheduler:
             seq = self.waiting[0]
             if self._num_slots() + 1 + len(seq.pending_forks) > self.max_num_seqs:
                 break
+            if self.prefix_lookup is not None and seq.num_computed == 0:
+                start, seq.num_cached = self.prefix_lookup(seq)
+                if seq.num_cached - start + 1 <= tokens_left:  # the replay and a token after it run now
+                    seq.num_computed = start
+                else:
+                    seq.num_cached = 0
             chunk, forks, need = self._chunk(seq, min(seq.num_uncomputed, tokens_left))
             if need > self.budget.free:
+                seq.num_computed = seq.num_cached = 0
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING

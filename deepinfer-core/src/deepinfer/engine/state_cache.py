@@ -10,6 +10,7 @@ not fit).  ``StateCache`` holds the states themselves and is touched only by the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from deepinfer.models.base import CausalLM, SequenceState
 
@@ -64,12 +65,37 @@ class StateBudget:
 class StateCache:
     """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly."""
 
-    __slots__ = ("model", "budget", "_states")
+    __slots__ = ("model", "budget", "_states", "prefix")
 
-    def __init__(self, model: CausalLM, capacity_bytes: int):
+    def __init__(self, model: CausalLM, capacity_bytes: int, prefix_caching: bool = False):
         self.model = model
         self.budget = StateBudget(capacity_bytes, model.state_bytes)
         self._states: dict[int, SequenceState] = {}
+        #: The prefix cache (``deepinfer.kv.prefix_cache.PrefixCache``) when prefix caching is on.
+        self.prefix: Any = None
+        if prefix_caching:
+            make = getattr(model, "new_prefix_cache", None)
+            if make is None:
+                raise ValueError(f"enable_prefix_caching=True: {type(model).__name__} has no prefix cache (it "
+                                 "needs a pooled state, as DeepSeek-V4 and V4.1 have)")
+            self.prefix = make()
+
+    # --- prefix caching ---------------------------------------------------------------------------
+    def lookup(self, tokens: list[int], needed: int) -> tuple[int, int]:
+        """(replay start, cached tokens) for a sequence of ``tokens`` starting from scratch whose first read
+        output is at ``needed``: the longest cached prefix that leaves a token to compute, (0, 0) if none or if
+        its replay would start at 0."""
+        hit = self.prefix.match(tokens, min(len(tokens) - 1, needed))
+        start = self.model.replay_start(hit, needed) if hit else 0  # type: ignore[attr-defined]
+        return (start, hit) if start > 0 else (0, 0)
+
+    def attach(self, seq_id: int, tokens: list[int], hit: int, start: int) -> None:
+        """Create ``seq_id``'s state from the cached entries of ``tokens[:hit]``, to be replayed from ``start``."""
+        self.prefix.attach(self.get(seq_id), tokens, hit, start)
+
+    def publish(self, seq_id: int, tokens: list[int], upto: int) -> None:
+        """Cache the blocks of ``tokens[:upto]`` that ``seq_id``'s state holds (after its step is queued)."""
+        self.prefix.publish(self._states[seq_id], tokens, upto)
 
     def get(self, seq_id: int) -> SequenceState:
         """The state of ``seq_id``, created empty on first use."""
@@ -89,10 +115,12 @@ class StateCache:
             state.release()
 
     def clear(self) -> None:
-        """Drop every state (the engine dropped all its sequences)."""
+        """Drop every state (the engine dropped all its sequences) and the cached prefixes."""
         states, self._states = list(self._states.values()), {}
         for state in states:
             state.release()
+        if self.prefix is not None:
+            self.prefix.clear()
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._states

@@ -29,8 +29,6 @@ NOT_BUILT: dict[str, NotBuilt] = {
                                                               name="pipeline_parallel_size")),
     "enable_expert_parallel": NotBuilt((False,), "experts are split by expert_parallel_size=N (N ranks hold "
                                        "the experts between them); this vLLM switch is not read"),
-    "enable_prefix_caching": NotBuilt((False, None), "DeepInfer has no prefix caching yet: every request computes "
-                                      "its whole prompt (n > 1 completions of one request do share its prefill)"),
     "enable_chunked_prefill": NotBuilt((True, None), "chunked prefill is always on; to prefill prompts whole, set "
                                        "max_num_batched_tokens >= max_model_len"),
     "quantization": NotBuilt((None,), "weights are used in the format the checkpoint stores (FP8 / MXFP4 as its "

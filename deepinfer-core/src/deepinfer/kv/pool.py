@@ -7,6 +7,11 @@ A pool is either **fixed** (the engine sizes it once from its byte budget, so ad
 steps can be captured) or **growable** (tests and tools: slots and pages double on demand, moving the data).
 The pool knows buffers by kind and name only; what a model reads through them it builds with ``views``
 (rebuilt whenever the tensors move).
+
+Pages are reference-counted: a page of compressed entries is written once per entry, so the prefix cache
+(:mod:`.prefix_cache`) and every sequence that hits it hold the same page (:meth:`StatePool.retain`,
+:meth:`StatePool.attach`); a page returns to the free list when its last holder lets go.  When a fixed pool runs
+out of slots or pages it first asks ``reclaim`` (the prefix cache's LRU eviction) to free some.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class StatePool:
         self.tensors = self._allocate()
         self._free_slots = list(range(self.slots - 1, 0, -1))
         self._free_pages = {r: list(range(n - 1, 0, -1)) for r, n in self.pages.items()}
+        self._refs: dict[int, dict[int, int]] = {r: {} for r in self.ratios}  # holders of each page handed out
+        #: Called when a fixed pool has no free slot or page: frees some (True) or has nothing left (False).
+        self.reclaim: Callable[[], bool] | None = None
         self.slot_bytes, self.page_bytes = spec.byte_sizes(torch.empty(0, dtype=dtype).element_size())
         self._make_views = views
         self.views: Any = views(self) if views is not None else None
@@ -127,12 +135,61 @@ class StatePool:
         if state.slot is not None:
             self._free_slots.append(state.slot)
         for r, ids in state.pages.items():
-            self._free_pages[r].extend(reversed(ids))
-        state.slot, state.pages, state.num_tokens = None, {}, 0
+            self.drop(r, ids)
+        state.slot, state.pages, state.num_tokens, state.cached_tokens = None, {}, 0, 0
+
+    # --- shared pages -------------------------------------------------------------------------------
+    def retain(self, ratio: int, ids: list[int]) -> None:
+        """One more holder of each page in ``ids`` (the prefix cache, or a sequence that hit it)."""
+        refs = self._refs[ratio]
+        for i in ids:
+            refs[i] += 1
+
+    def drop(self, ratio: int, ids: list[int]) -> None:
+        """One holder less of each page in ``ids``; a page nobody holds is free again."""
+        refs, free = self._refs[ratio], self._free_pages[ratio]
+        for i in reversed(ids):
+            refs[i] -= 1
+            if not refs[i]:
+                del refs[i]
+                free.append(i)
+
+    def holders(self, ratio: int, page: int) -> int:
+        return self._refs[ratio].get(page, 0)
+
+    def attach(self, state: PooledState, pages: dict[int, list[int]], num_tokens: int) -> None:
+        """Give the empty ``state`` a slot and the entries of the first ``num_tokens`` tokens from ``pages``
+        (per ratio, the page ids that hold them in order): full pages are shared, the last partly filled page
+        is copied into a page of its own (the sequence writes its next entries there).  Rings and carry-over
+        are not copied: the caller replays tokens to rebuild them."""
+        if state.slot is not None or state.pages:
+            raise ValueError("attach: the state already holds a slot or pages")
+        state.slot = self._take_slot()
+        for r in self.ratios:
+            entries = num_tokens // r
+            full, rest = divmod(entries, self.spec.page_size)
+            shared = pages.get(r, [])[:full]
+            self.retain(r, shared)
+            state.pages[r] = list(shared)
+            if rest:
+                page = self._take_page(r)
+                state.pages[r].append(page)
+                self._copy_page(r, pages[r][full], page, rest)
+        state.cached_tokens = num_tokens
+
+    def _copy_page(self, ratio: int, src: int, dst: int, rows: int) -> None:
+        """The first ``rows`` entries of page ``src`` into page ``dst``, in every buffer with pages of ``ratio``."""
+        size = self.spec.page_size
+        for b in self.spec.buffers:
+            if isinstance(b, SlotBuffer) or b.ratio != ratio:
+                continue
+            base = self.entry_base(ratio) if isinstance(b, KVBuffer) else 0
+            t = self.tensors[b.name]
+            t[base + dst * size : base + dst * size + rows] = t[base + src * size : base + src * size + rows]
 
     def fork(self, state: PooledState) -> PooledState:
         """A copy of ``state`` in its own slot and pages."""
-        child = PooledState(self, num_tokens=state.num_tokens)
+        child = PooledState(self, num_tokens=state.num_tokens, cached_tokens=state.cached_tokens)
         if state.slot is None:
             return child
         self.reserve(child, state.num_tokens)
@@ -172,6 +229,10 @@ class StatePool:
         return torch.tensor(padded_pages(states, ratio, width), dtype=torch.int64).view(len(states), width)
 
     # --- allocation ---------------------------------------------------------------------------------
+    def _reclaim_until(self, free: list[int]) -> None:
+        while not free and self.reclaim is not None and self.reclaim():
+            pass
+
     def _take_slot(self) -> int:
         if not self._free_slots:
             if not self.growable:
@@ -180,12 +241,15 @@ class StatePool:
         return self._free_slots.pop()
 
     def _take_page(self, ratio: int) -> int:
+        self._reclaim_until(self._free_pages[ratio])
         if not self._free_pages[ratio]:
             if not self.growable:
                 raise RuntimeError(f"state pool has no free page for compression ratio {ratio} "
                                    f"(all {self.pages[ratio] - 1} in use)")
             self._grow(pages={**self.pages, ratio: 2 * self.pages[ratio]})
-        return self._free_pages[ratio].pop()
+        page = self._free_pages[ratio].pop()
+        self._refs[ratio][page] = 1
+        return page
 
     def _grow(self, slots: int | None = None, pages: dict[int, int] | None = None) -> None:
         """Reallocate every buffer with more slots or pages, keeping the contents (growable pools only)."""

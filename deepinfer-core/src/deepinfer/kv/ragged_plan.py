@@ -61,10 +61,13 @@ class PrefillPlan:
     @classmethod
     def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
               entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor],
-              floors: list[int] | None = None) -> PrefillPlan:
+              floors: list[int] | None = None, cached: list[int] | None = None) -> PrefillPlan:
         """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
         page 0 in every layer's kv tensor; ``floors``: each sequence's first position the plan's layers hold a
-        window row for (V4.1's decoder runs only from there in a truncated prefill; None: 0), no key before it.
+        window row for (V4.1's decoder runs only from there in a truncated prefill; None: 0), no key before it;
+        ``cached``: each sequence's ``PooledState.cached_tokens`` (None: 0) -- the windows a replay closes that end
+        at or before it are computed (their carry-over matters) but written to the null page, never over the
+        prefix cache's shared entries.
         The host work is a few vectorised CPU ops and one upload."""
         starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
         offsets, slot = torch.tensor(layout.offsets), torch.tensor(slots)
@@ -83,6 +86,8 @@ class PrefillPlan:
         closing = counts - first
         closed_ids = _ranges(first, closing)
         closed_idx = torch.arange(seqs).repeat_interleave(closing) * entries.shape[1] + closed_ids
+        cached_ids = torch.tensor(cached) // max(ratio, 1) if cached is not None and any(cached) else None
+        null = (closed_ids < cached_ids.repeat_interleave(closing)).long() if cached_ids is not None else None
         hist_off = torch.cumsum(held, 0) - held
         new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
         # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
@@ -90,14 +95,18 @@ class PrefillPlan:
         per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
                                held.sum() + torch.cumsum(counts, 0) - counts, floor], dim=1)
         assembly = _assembly(starts % max(ratio, 1), lens, offsets, slot, closing, ratio) if ratio else []
-        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, *assembly]
-        per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, *assembly = \
+        publish = 1 - null if null is not None else torch.ones(0, dtype=torch.int64)
+        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, publish,
+                 *assembly]
+        per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, publish, *assembly = \
             _aligned_upload(parts, upload)
         per_row = per_seq.view(seqs, 5)[layout.seq_ids]  # [T, 5]
         closed: dict[str, Any] = {}  # the closed windows' fields (compressed plans only)
         if ratio:
             gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
             closed_rows = entries.flatten()[closed_idx]
+            if null is not None:  # a replay's windows over cached entries: to row 0 of the null page
+                closed_rows = closed_rows * publish
             first_window = bool(((first == 0) & (closing > 0)).any())  # host tensors: no device sync
             closed = dict(closed_positions=closed_pos, closed_rows=closed_rows, closed_kv_rows=entry_base + closed_rows,
                           closed_has_previous=closed_pos >= ratio if first_window else None,

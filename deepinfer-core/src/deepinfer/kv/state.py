@@ -20,13 +20,16 @@ class PooledState:
     """All state of one sequence (implements :class:`deepinfer.models.base.SequenceState`).
 
     ``slot`` is ``None`` until the first forward; ``pages`` maps a compression ratio to the sequence's page
-    ids in order.  :meth:`release` hands slot and pages back.
+    ids in order.  :meth:`release` hands slot and pages back.  ``cached_tokens``: the entries of windows that
+    end at or before this position came from the prefix cache (shared pages): a replay of those tokens
+    recomputes its rings and carry-over but never writes those entries (:mod:`deepinfer.kv.prefix_cache`).
     """
 
     pool: StatePool
     slot: int | None = None
     pages: dict[int, list[int]] = field(default_factory=dict)
     num_tokens: int = 0
+    cached_tokens: int = 0
 
     def nbytes(self) -> int:
         return self.pool.nbytes_of(self)

@@ -16,6 +16,7 @@ import torch
 from deepinfer.kv.decode_plan import DecodeStep
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
+from deepinfer.kv.prefix_cache import PrefixCache, block_size_for
 from deepinfer.kv.ragged_plan import PrefillPlan
 from deepinfer.kv.sizing import pool_bytes_for
 from deepinfer.kv.spec import StateSpec
@@ -35,6 +36,7 @@ class PooledCausalLM:
     device: torch.device
     head: torch.Tensor
     ops: Any
+    config: Any  # num_hidden_layers, sliding_window
 
     @property
     def _element_size(self) -> int:
@@ -59,6 +61,27 @@ class PooledCausalLM:
         if self.pool is None:  # not configured (tests, tools): a pool that grows on demand
             self.pool = StatePool.growable_pool(self.state_spec, self.dtype, self.device, views=self.views)
         return self.pool.new_state()
+
+    # --- prefix caching (deepinfer.kv.prefix_cache) ----------------------------------------------
+    def new_prefix_cache(self) -> PrefixCache:
+        """A prefix cache over the configured pool's pages (blocks a multiple of every compression ratio)."""
+        assert self.pool is not None, "new_prefix_cache: the model has no configured state pool"
+        return PrefixCache(self.pool, block_size_for(self.pool.ratios))
+
+    @property
+    def replay_lookback(self) -> int:
+        """Tokens before a prefix hit to replay so that every layer's ring is exact: a layer's output at a
+        position depends on ``sliding_window - 1`` positions before it in the layer below (the cached entries
+        cover the rest), so ``layers`` windows cover the stack; plus the n-gram history of an Engram layer."""
+        cfg = self.config
+        return cfg.num_hidden_layers * (cfg.sliding_window - 1) + self._history_lookback
+
+    _history_lookback = 0
+
+    def replay_start(self, hit: int, needed: int) -> int:
+        """Where a sequence that hit ``hit`` cached tokens starts computing (``needed``: the first position whose
+        output the engine reads); 0 means the hit saves nothing."""
+        return max(0, hit - self.replay_lookback)
 
     def state_bytes(self, num_tokens: int) -> int:
         """``nbytes()`` of a state after ``num_tokens`` tokens: its slot and its pages."""
@@ -129,9 +152,11 @@ def ragged_layout(batch: ForwardBatch, states: list[PooledState], starts: list[i
         return entry_rows(batch.upload(pool.page_table(states, ratio, width)), page)
 
     slots = [s.slot for s in states]
+    cached = [s.cached_tokens for s in states]
     layout.entry_rows = BuiltOnUse(entries)
     layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, batch.positions, pool.spec.window, r,  # type: ignore[arg-type]
-                                                          pool.entry_base(r) if r else 0, batch.upload))
+                                                          pool.entry_base(r) if r else 0, batch.upload,
+                                                          cached=cached))
     return layout
 
 

@@ -160,6 +160,17 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         self.capture_layer_ids: tuple[int, ...] = cfg.dspark_target_layer_ids
         self._capture: Capture | None = None  # set for the duration of one capturing forward
 
+    @property
+    def _history_lookback(self) -> int:  # type: ignore[override]
+        return self.config.engram_max_ngram_size if self.config.engram_layer_ids else 0
+
+    def replay_start(self, hit: int, needed: int) -> int:
+        """With decoder prefill truncation the decoder runs from ``needed + 1 - decoder_keep`` on: the layers
+        below it must be exact from there too, so the replay reaches back from the earlier of that and ``hit``."""
+        if self.decoder_keep is None:
+            return super().replay_start(hit, needed)
+        return max(0, min(hit, needed + 1 - self.decoder_keep) - self.replay_lookback)
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`PooledCausalLM.forward`; with ``batch.capture_rows`` also sets ``batch.captured``."""
         if batch.capture_rows is None:

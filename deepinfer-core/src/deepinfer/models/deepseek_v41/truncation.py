@@ -88,6 +88,8 @@ def decoder_rows(batch: ForwardBatch, layout: RaggedLayout, states: list[PooledS
     sub.entry_rows = BuiltOnUse(lambda r: layout.entry_rows[r][picked])
     slots = [states[i].slot for i in kept]
     sub_floors = [floors[i] for i in kept]
+    sub_cached = [states[i].cached_tokens for i in kept]
     sub.plans = BuiltOnUse(lambda r: PrefillPlan.build(sub, slots, positions, pool.spec.window, r,  # type: ignore[arg-type]
-                                                       pool.entry_base(r) if r else 0, batch.upload, sub_floors))
+                                                       pool.entry_base(r) if r else 0, batch.upload, sub_floors,
+                                                       sub_cached))
     return DecoderRows(device_rows, sub, [states[i] for i in kept], positions)

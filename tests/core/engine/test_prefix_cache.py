@@ -1,0 +1,195 @@
+"""Prefix caching (docs/prefix_caching.md): a request served from the cache gives the logprobs it gets from scratch.
+
+The tiny V4 (ratios 4 and 128: blocks of 128 tokens, replay look-back 155) and V4.1 (ratios 2 and 1, Engram:
+blocks of 16, look-back 282) assets in fp32.  A warm-up request publishes a shared prefix; the request under test
+shares it up to a point inside a compression window, at a block boundary, or just past it, with a suffix that
+ends inside the SWA window of the hit or beyond it.  A negative control replays too little and must differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.kv.pool import StatePool
+from deepinfer.kv.prefix_cache import PrefixCache
+from deepinfer.kv.spec import KVBuffer, PageBuffer, SlotBuffer, StateSpec
+from deepinfer.models.pooled import PooledCausalLM
+from tests.support.tiny_assets import TINY_V4_DIR, TINY_V41_DIR
+
+#: (asset, block size, a block boundary past the replay look-back)
+MODELS = {"v4": (TINY_V4_DIR, 128, 384), "v41": (TINY_V41_DIR, 16, 320)}
+TOL = 1e-5
+BUDGET = 64 << 20
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(5, 1000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _logprobs(out) -> list[float]:
+    return [e[t].logprob for c in out.outputs for e, t in zip(c.logprobs, c.token_ids, strict=True)]
+
+
+def _greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True, **kw)
+
+
+def _scratch(path, prompts, params, **kw):
+    llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET, **kw)
+    return [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in prompts]
+
+
+def _cached(path, warm, prompts, params, **kw):
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, **{"state_cache_bytes": BUDGET, **kw})
+    llm.generate([{"prompt_token_ids": warm}], _greedy(), use_tqdm=False)
+    return llm, llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def _assert_close(ref, out, tol=TOL):
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in ref.outputs]
+    diff = max(abs(a - b) for a, b in zip(_logprobs(ref), _logprobs(out), strict=True))
+    assert diff <= tol, f"logprobs differ by {diff:.3g}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The cache alone, over a growable pool
+# --------------------------------------------------------------------------------------------------
+
+
+def _pool() -> StatePool:
+    spec = StateSpec(4, (KVBuffer("kv", 1, 2, 3), PageBuffer("keys", 2, 2), SlotBuffer("carry", (2,))), page_size=4)
+    return StatePool.growable_pool(spec, torch.float32, torch.device("cpu"))
+
+
+def test_blocks_are_shared_reference_counted_and_evicted_lru():
+    pool = _pool()
+    cache = PrefixCache(pool, 16)
+    tokens = list(range(40))
+    a = pool.new_state()
+    pool.reserve(a, 40)
+    pool.tensors["keys"][:] = torch.arange(pool.tensors["keys"].numel()).view(-1, 2).float()
+    cache.publish(a, tokens, 40)
+    assert len(cache) == 2 and cache.match(tokens + [7], 40) == 32
+    assert cache.match([1] + tokens, 40) == 0  # another first block: no hit
+    b = pool.new_state()
+    cache.attach(b, tokens, 32, 9)
+    # 32 tokens = 16 entries of ratio 2 = four full pages: shared, none copied
+    assert b.pages[2] == a.pages[2][:4] and b.num_tokens == 9 and b.cached_tokens == 32
+    assert all(pool.holders(2, p) == 4 for p in a.pages[2][:2])  # a, two blocks, b
+    a.release()
+    b.release()
+    assert cache.evict() and len(cache) == 1  # the leaf first
+    assert cache.match(tokens, 40) == 16
+    cache.clear()
+    assert not pool._refs[2] and len(pool._free_pages[2]) == pool.pages[2] - 1
+
+
+def test_a_partly_filled_page_is_copied_not_shared():
+    pool = _pool()
+    cache = PrefixCache(pool, 16)  # blocks of 16 tokens: 8 entries, pages of 4 entries
+    a = pool.new_state()
+    pool.reserve(a, 40)
+    pool.tensors["keys"][:] = torch.randn(pool.tensors["keys"].shape)
+    cache.publish(a, list(range(40)), 40)
+    cache.block_size = 12  # a hit of 12 tokens: 6 entries, one page and a half
+    b = pool.new_state()
+    pool.attach(b, {2: a.pages[2]}, 12)
+    assert b.pages[2][0] == a.pages[2][0] and b.pages[2][1] != a.pages[2][1]
+    keys = pool.tensors["keys"]
+    assert torch.equal(keys[b.pages[2][1] * 4 : b.pages[2][1] * 4 + 2], keys[a.pages[2][1] * 4 : a.pages[2][1] * 4 + 2])
+
+
+# --------------------------------------------------------------------------------------------------
+# Engine: cached equals computed
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["v4", "v41"])
+@pytest.mark.parametrize("where", ["boundary", "inside_window", "past_boundary"])
+@pytest.mark.parametrize("suffix", [5, 40])
+def test_cached_request_matches_scratch(model, where, suffix):
+    path, block, base = MODELS[model]
+    shared_len = {"boundary": base, "inside_window": base + 1, "past_boundary": base + block // 2 + 3}
+    shared = _tokens(shared_len[where], 1)
+    warm, prompt = shared + _tokens(9, 2), shared + _tokens(suffix, 3)
+    ref = _scratch(path, [prompt], _greedy())[0]
+    llm, (out,) = _cached(path, warm, [prompt], _greedy())
+    assert out.num_cached_tokens == base  # the last block boundary both prompts share
+    _assert_close(ref, out)
+
+
+def test_replaying_too_little_differs(monkeypatch):
+    """Negative control: a replay of one window rebuilds the first layer's ring only."""
+    path, block, _ = MODELS["v41"]
+    shared = _tokens(20 * block, 1)
+    prompt = shared + _tokens(5, 3)
+    ref = _scratch(path, [prompt], _greedy())[0]
+    monkeypatch.setattr(PooledCausalLM, "replay_lookback", property(lambda self: self.config.sliding_window))
+    _, (out,) = _cached(path, shared + _tokens(9, 2), [prompt], _greedy())
+    assert out.num_cached_tokens > 0
+    diff = max(abs(a - b) for a, b in zip(_logprobs(ref), _logprobs(out), strict=False))
+    assert diff > 1e-3 or [c.token_ids for c in out.outputs] != [c.token_ids for c in ref.outputs]
+
+
+def test_hit_with_n_completions_and_seeded_sampling():
+    path, block, _ = MODELS["v41"]
+    shared = _tokens(20 * block, 4)
+    prompt = shared + _tokens(11, 5)
+    params = SamplingParams(temperature=0.9, n=3, seed=11, max_tokens=6, logprobs=2, ignore_eos=True)
+    ref = _scratch(path, [prompt], params)[0]
+    _, (out,) = _cached(path, shared + _tokens(3, 6), [prompt], params)
+    assert out.num_cached_tokens == 20 * block
+    _assert_close(ref, out)
+
+
+@pytest.mark.slow
+def test_hits_under_preemption_match_scratch(monkeypatch):
+    """Many requests sharing a prefix in a budget that forces preemption: recomputed ones hit the cache again.
+    Batch invariant, so a batched reference (fast) must match bitwise."""
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    path, block, _ = MODELS["v41"]
+    shared = _tokens(20 * block, 7)
+    prompts = [shared + _tokens(4 + i, 20 + i) for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=100, logprobs=2, ignore_eos=True)
+    ref_llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET)
+    refs = ref_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    small = int(ref_llm.engine.model.state_bytes(len(prompts[0]) + 24) * 3.4)
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=small, max_num_seqs=4)
+    llm.generate([{"prompt_token_ids": shared + [9]}], _greedy(), use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert llm.engine.num_preemptions > 0
+    assert all(o.num_cached_tokens > 0 for o in outs)
+    for ref, out in zip(refs, outs, strict=True):
+        _assert_close(ref, out, tol=0.0)
+
+
+@pytest.mark.parametrize("model", ["v4", "v41"])
+def test_bitwise_with_batch_invariance(model, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_BATCH_INVARIANT", "1")
+    path, block, base = MODELS[model]
+    shared = _tokens(base + 5, 8)
+    prompts = [shared + _tokens(6, 9), shared + _tokens(30, 10)]
+    refs = _scratch(path, prompts, _greedy())
+    _, outs = _cached(path, shared + _tokens(2, 11), prompts, _greedy())
+    for ref, out in zip(refs, outs, strict=True):
+        assert out.num_cached_tokens == base
+        _assert_close(ref, out, tol=0.0)
+
+
+def test_prompt_logprobs_requests_compute_their_prompt():
+    path, block, _ = MODELS["v41"]
+    shared = _tokens(20 * block, 12)
+    prompt = shared + _tokens(5, 13)
+    params = _greedy(prompt_logprobs=1)
+    _, (out,) = _cached(path, shared + [3], [prompt], params)
+    assert out.num_cached_tokens == 0 and len(out.prompt_logprobs) == len(prompt)
+
+
+def test_cache_off_by_default_and_reports_nothing():
+    path, *_ = MODELS["v41"]
+    llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET)
+    assert llm.engine.state_cache.prefix is None
+    out = llm.generate([{"prompt_token_ids": _tokens(40, 1)}], _greedy(), use_tqdm=False)[0]
+    assert out.num_cached_tokens == 0
