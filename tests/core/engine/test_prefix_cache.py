@@ -193,3 +193,18 @@ def test_cache_off_by_default_and_reports_nothing():
     assert llm.engine.state_cache.prefix is None
     out = llm.generate([{"prompt_token_ids": _tokens(40, 1)}], _greedy(), use_tqdm=False)[0]
     assert out.num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("suffix", [5, 200])
+def test_decoder_truncation_and_the_cache_agree(monkeypatch, suffix):
+    """V4.1 with decoder prefill truncation: a hit replays from below the decoder's floor, so the served request
+    equals the truncated prefill from scratch (the decoder's approximate rings are never cached)."""
+    monkeypatch.setenv("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact")
+    monkeypatch.setenv("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "48")
+    path, block, base = MODELS["v41"]
+    shared = _tokens(base + 2 * block, 14)
+    prompt = shared + _tokens(suffix, 15)
+    ref = _scratch(path, [prompt], _greedy())[0]
+    _, (out,) = _cached(path, shared + _tokens(4, 16), [prompt], _greedy())
+    assert out.num_cached_tokens == base + 2 * block
+    _assert_close(ref, out)
