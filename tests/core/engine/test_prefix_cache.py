@@ -208,3 +208,31 @@ def test_decoder_truncation_and_the_cache_agree(monkeypatch, suffix):
     _, (out,) = _cached(path, shared + _tokens(4, 16), [prompt], _greedy())
     assert out.num_cached_tokens == base + 2 * block
     _assert_close(ref, out)
+
+
+def test_server_metrics_report_the_hit_rate():
+    import asyncio
+
+    from deepinfer.engine.async_llm import AsyncLLM
+    from deepinfer.entrypoints.openai.metrics import render
+
+    path, block, base = MODELS["v41"]
+    shared = _tokens(base, 17)
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=BUDGET)
+    engine = AsyncLLM(llm)
+    try:
+        async def one(prompt, rid):
+            async for out in engine.generate({"prompt_token_ids": prompt}, _greedy(), rid):
+                last = out
+            return last
+
+        first = asyncio.run(one(shared + [5, 6], "a"))
+        second = asyncio.run(one(shared + [7, 8, 9], "b"))
+    finally:
+        engine.shutdown()
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, base)
+    stats = engine.stats
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (2 * base + 5, base)
+    text = render(stats, "m")
+    assert f'deepinfer:prefix_cache_hits_total{{model_name="m"}} {base}' in text
+    assert f'deepinfer:prefix_cache_hit_rate{{model_name="m"}} {base / (2 * base + 5)!r}' in text

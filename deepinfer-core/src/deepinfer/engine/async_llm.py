@@ -182,6 +182,9 @@ class AsyncLLM:
         stats.num_preemptions = engine.num_preemptions
         budget = engine.state_cache.budget
         stats.state_cache_usage = budget.used / budget.capacity if budget.capacity else 0.0
+        if (prefix := engine.state_cache.prefix) is not None:
+            stats.prefix_cache_queries = prefix.stats.query_tokens
+            stats.prefix_cache_hits = prefix.stats.hit_tokens
 
     def _deliver(self, out: RequestOutput) -> None:
         caller = self._callers.get(out.request_id)

@@ -56,3 +56,6 @@ class EngineStats:
     num_preemptions: int = 0
     #: Fraction of the state cache budget reserved by live sequences.
     state_cache_usage: float = 0.0
+    #: Prefix caching: prompt tokens looked up, and those found cached (0 when it is off).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0

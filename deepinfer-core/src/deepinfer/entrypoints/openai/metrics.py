@@ -51,6 +51,12 @@ def render(stats: EngineStats, model: str) -> str:
     w.metric("deepinfer:state_cache_usage_perc", "gauge", "Fraction of the state cache reserved (1 = full).",
              stats.state_cache_usage)
     w.metric("deepinfer:num_preemptions_total", "counter", "Preemptions since start.", stats.num_preemptions)
+    w.metric("deepinfer:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+             stats.prefix_cache_queries)
+    w.metric("deepinfer:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+             stats.prefix_cache_hits)
+    w.metric("deepinfer:prefix_cache_hit_rate", "gauge", "Prefix cache hits / queries (tokens) since start.",
+             stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0)
     w.metric("deepinfer:prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", stats.prompt_tokens)
     w.metric("deepinfer:generation_tokens_total", "counter", "Generated tokens.", stats.generation_tokens)
     w.header("deepinfer:request_success_total", "counter",
