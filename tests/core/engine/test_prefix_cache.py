@@ -236,3 +236,11 @@ def test_server_metrics_report_the_hit_rate():
     text = render(stats, "m")
     assert f'deepinfer:prefix_cache_hits_total{{model_name="m"}} {base}' in text
     assert f'deepinfer:prefix_cache_hit_rate{{model_name="m"}} {base / (2 * base + 5)!r}' in text
+
+
+def test_a_model_without_a_pooled_state_is_refused():
+    from tests.support.toy_model import ToyCausalLM, toy_tokenizer
+
+    tok = toy_tokenizer()
+    with pytest.raises(ValueError, match="enable_prefix_caching=True: ToyCausalLM has no prefix cache"):
+        LLM.from_model(ToyCausalLM(len(tok), seed=1), tok, enable_prefix_caching=True)
