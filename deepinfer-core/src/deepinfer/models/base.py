@@ -53,6 +53,12 @@ class ForwardBatch:
     #: prompt token's, or the first prompt position whose logprobs were asked for); None: every row's.  A model
     #: may skip work that only rows before it need (V4.1's decoder prefill truncation).
     needed_from: list[int] | None = None
+    #: Rows ([R] int64, on the model's device) whose target features a model with a speculative drafter (V4.1's
+    #: DSpark) returns in :attr:`captured`; None: nothing is captured, at no cost.
+    capture_rows: torch.Tensor | None = None
+    #: Set by ``forward`` when :attr:`capture_rows` is: ``[R, F]`` in the model dtype, rows in ``capture_rows``
+    #: order (V4.1: F = len(capture_layer_ids) * hidden, the mean over the mHC streams of each layer's output).
+    captured: torch.Tensor | None = None
 
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor the model built for this step (row indices, lengths) on the batch's device."""
@@ -121,4 +127,22 @@ class GraphDecodable(Protocol):
 
     def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """Hidden states ``[bucket, hidden]`` of the step from ``decode_inputs``'s tensors on the device."""
+        ...
+
+
+class StateCheckpoint(Protocol):
+    """What a forward wrote into some states, saved before it ran (:meth:`Rewindable.checkpoint`)."""
+
+    def restore(self, index: int) -> None:
+        """Return state ``index`` of the checkpoint to exactly what it was before the forward."""
+        ...
+
+
+@runtime_checkable
+class Rewindable(Protocol):
+    """A model whose states can be returned to an earlier token count: speculative decoding verifies drafts by
+    feeding them, and undoes the forward of a request whose drafts the target rejected."""
+
+    def checkpoint(self, states: list[SequenceState], advances: list[int]) -> StateCheckpoint:
+        """Save what the next forward overwrites when state ``i`` advances by ``advances[i]`` tokens."""
         ...

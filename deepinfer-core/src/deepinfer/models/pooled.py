@@ -17,6 +17,7 @@ from deepinfer.kv.decode_plan import DecodeStep
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
 from deepinfer.kv.ragged_plan import PrefillPlan
+from deepinfer.kv.rewind import PoolCheckpoint, checkpoint
 from deepinfer.kv.sizing import pool_bytes_for
 from deepinfer.kv.spec import StateSpec
 from deepinfer.kv.state import PooledState
@@ -106,6 +107,12 @@ class PooledCausalLM:
         fixed shapes and no host data, so it can be captured and replayed."""
         assert self.pool is not None, "decode_forward: the model has no configured state pool"
         return self._decode(DecodeStep.from_tensors(tensors), self.pool)
+
+    def checkpoint(self, states: list[PooledState], advances: list[int]) -> PoolCheckpoint:
+        """Save what advancing each state by ``advances[i]`` tokens overwrites (:mod:`deepinfer.kv.rewind`)."""
+        for state, n in zip(states, advances, strict=True):
+            state.pool.reserve(state, state.num_tokens + n)
+        return checkpoint(states, advances)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.head).float()

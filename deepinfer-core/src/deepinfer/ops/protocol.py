@@ -287,6 +287,19 @@ class Ops(Protocol):
         """One token per row (ops.sampling)."""
         raise TypeError
 
+    def verify_drafts(
+        self,
+        target: torch.Tensor,
+        greedy: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        num_drafts: torch.Tensor,
+        seeds: torch.Tensor,
+        steps: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accept drafts against the target, then the request's own token (ops.speculative)."""
+        raise TypeError
+
     def token_logprobs(
         self, logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

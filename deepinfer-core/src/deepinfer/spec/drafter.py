@@ -54,6 +54,10 @@ class Drafter(Protocol):
         """Forget context beyond `length` positions (preemption / fork)."""
         ...
 
+    def fork(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s context to slot ``dst`` (``n > 1`` completions share the prompt's prefill)."""
+        ...
+
     def free(self, slot: int) -> None:
         """Forget the slot's context (the request finished or was preempted)."""
         ...
