@@ -64,12 +64,14 @@ class StateBudget:
 class StateCache:
     """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly."""
 
-    __slots__ = ("model", "budget", "_states")
+    __slots__ = ("model", "budget", "_states", "on_release")
 
     def __init__(self, model: CausalLM, capacity_bytes: int):
         self.model = model
         self.budget = StateBudget(capacity_bytes, model.state_bytes)
         self._states: dict[int, SequenceState] = {}
+        #: Called with each state just before it is released (the drafter forgets that slot's context).
+        self.on_release: Callable[[SequenceState], None] | None = None
 
     def get(self, seq_id: int) -> SequenceState:
         """The state of ``seq_id``, created empty on first use."""
@@ -86,13 +88,18 @@ class StateCache:
         """Drop the state of ``seq_id`` (finished or preempted); a later ``get`` starts from empty."""
         state = self._states.pop(seq_id, None)
         if state is not None:
-            state.release()
+            self._release(state)
+
+    def _release(self, state: SequenceState) -> None:
+        if self.on_release is not None:
+            self.on_release(state)
+        state.release()
 
     def clear(self) -> None:
         """Drop every state (the engine dropped all its sequences)."""
         states, self._states = list(self._states.values()), {}
         for state in states:
-            state.release()
+            self._release(state)
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._states

@@ -15,7 +15,7 @@ import torch
 from deepinfer.ops import Ops
 from deepinfer.step import SamplingRow
 
-__all__ = ["Sampler", "SamplingRow", "TokenMaskProvider", "token_table"]
+__all__ = ["Sampler", "SamplingRow", "TokenMaskProvider", "signed64", "token_table"]
 
 _U64 = 1 << 64
 
@@ -37,7 +37,7 @@ class TokenMaskProvider(Protocol):
         ...
 
 
-def _signed64(seed: int) -> int:
+def signed64(seed: int) -> int:
     """A 64-bit seed as the int64 with the same bits."""
     seed %= _U64
     return seed - _U64 if seed >= 1 << 63 else seed
@@ -145,7 +145,7 @@ class Sampler:
             tokens[index] = self.ops.sample_tokens(
                 x[index],
                 self._to([False] * len(drawn), torch.bool, device),
-                self._to([_signed64(r.seed) for r in rs], torch.int64, device),
+                self._to([signed64(r.seed) for r in rs], torch.int64, device),
                 self._to([r.step for r in rs], torch.int64, device),
             )
         return tokens

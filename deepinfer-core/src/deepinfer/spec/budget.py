@@ -88,3 +88,22 @@ def verify_lengths(caps: list[int], confidences: list[list[float] | None], base_
     for _, _, r in slots[:best_budget]:
         out[r] += 1
     return out
+
+
+@dataclass(slots=True, frozen=True)
+class SpecPolicy:
+    """What the scheduler needs to give decoding sequences drafts: the longest draft (``DEEPINFER_USE_NEXTN_DECODE``
+    within the drafter's block), whether lengths follow the confidences (``DEEPINFER_ENABLE_MTP_VARLEN``), and the
+    measured step costs (None: not profiled, verify every draft)."""
+
+    max_draft_len: int
+    varlen: bool = False
+    cost_table: CostTable | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_draft_len < 1:
+            raise ValueError(f"SpecPolicy.max_draft_len must be >= 1, got {self.max_draft_len}")
+
+    def lengths(self, caps: list[int], confidences: list[list[float] | None], base_tokens: int) -> list[int]:
+        """:func:`verify_lengths` under this policy (``caps`` already within ``max_draft_len``)."""
+        return verify_lengths(caps, confidences, base_tokens, self.cost_table, self.varlen)

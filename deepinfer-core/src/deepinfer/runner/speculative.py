@@ -1,0 +1,219 @@
+"""A step with a drafter: draft, feed the drafts after each anchor in one target forward, verify, undo the rest.
+
+1. The drafter proposes ``chunk.num_drafts`` tokens per speculating sequence (from its context, which holds the
+   target features of every position the sequence has had accepted).  A grammar keeps the leading drafts it
+   allows.
+2. One ragged forward runs every chunk with its drafts appended (the model already takes several tokens per
+   sequence); states of speculating sequences are checkpointed first (:class:`~deepinfer.models.base.Rewindable`).
+3. :func:`deepinfer.spec.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
+4. A sequence whose drafts were all accepted keeps the forward; any other is restored to before it, and its
+   accepted tokens are fed again with its next chunk (exact by construction: feeding tokens whole or in chunks
+   leaves the same state).  The drafter's context is extended with the accepted positions' target features.
+
+The step is read back before it returns (acceptance decides what the next step feeds), so the engine does not
+overlap speculative steps with the next schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer.models.base import ForwardBatch, Rewindable, StateCheckpoint
+from deepinfer.spec.drafter import DraftRequest, Drafts
+from deepinfer.spec.verify import grammar_rows, verify, verify_rows
+from deepinfer.step import RunnerOutput, ScheduledSample, SpecResult, StepInput, TokenLogprobs
+
+if TYPE_CHECKING:
+    from deepinfer.runner.model_runner import ModelRunner, StepHandle
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@dataclass(slots=True)
+class _Spec:
+    """One speculating chunk: its index, sample, drafts (after the grammar's cut) and grammar masks."""
+
+    chunk: int
+    sample: ScheduledSample
+    drafts: list[int]
+    confidence: list[float]
+    mask: torch.Tensor | None = None
+    rows: list[int] = field(default_factory=list)  # its target rows in the flat batch
+
+
+def draft_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
+    """The drafter's generator for one sampled request at one anchor position: seeded runs draft the same."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed + (position + 1) * _GOLDEN) % (1 << 63))
+    return gen
+
+
+def _chunk_samples(step: StepInput) -> list[list[ScheduledSample]]:
+    samples = iter(step.samples)
+    return [[next(samples) for _ in range(1 + len(c.fork_to))] if c.sample else [] for c in step.chunks]
+
+
+def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]]
+           ) -> tuple[list[_Spec], torch.Tensor | None]:
+    """The speculating chunks with their drafts, and the drafter's q of every draft (None: greedy drafter)."""
+    chosen = [i for i, c in enumerate(step.chunks) if c.num_drafts]
+    if not chosen:
+        return [], None
+    assert runner.drafter is not None
+    device, vocab = runner.model.device, runner.model.vocab_size
+    requests = []
+    for i in chosen:
+        chunk, row = step.chunks[i], per_chunk[i][0].row
+        position = chunk.start + len(chunk.token_ids) - 1
+        sampled = not row.params.greedy
+        requests.append(DraftRequest(getattr(step.states[i], "slot", None) or 0, chunk.token_ids[-1], position,
+                                     row.params.temperature if sampled else 0.0,
+                                     draft_generator(row.seed, position, device) if sampled else None))
+    k_max = max(step.chunks[i].num_drafts for i in chosen)
+    drafts: Drafts = runner.drafter.draft(requests, k_max)
+    tokens, confidence = drafts.tokens[:, :k_max].tolist(), drafts.confidence[:, :k_max].tolist()
+    out = []
+    for n, i in enumerate(chosen):
+        d = tokens[n][: step.chunks[i].num_drafts]
+        d = d[: next((j for j, t in enumerate(d) if not 0 <= t < vocab), len(d))]
+        spec = _Spec(i, per_chunk[i][0], d, confidence[n][: step.chunks[i].num_drafts])
+        grammar = spec.sample.row.grammar
+        if grammar is not None:
+            mask, allowed = grammar_rows(grammar, d, vocab)
+            spec.drafts, spec.mask = d[:allowed], mask[: allowed + 1]
+        out.append(spec)
+    return out, drafts.probs
+
+
+def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
+    """Run ``step`` with drafts (see the module docstring); the returned handle's results are already read."""
+    from deepinfer.runner.model_runner import StepHandle
+
+    model = runner.model
+    for chunk, state in zip(step.chunks, step.states, strict=True):
+        if state.num_tokens != chunk.start:
+            raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
+                               f"chunk starts at {chunk.start}")
+    per_chunk = _chunk_samples(step)
+    specs, draft_probs = _draft(runner, step, per_chunk)
+    drafts = {s.chunk: s.drafts for s in specs}
+    chunks = [replace(c, token_ids=c.token_ids + drafts.get(i, [])) for i, c in enumerate(step.chunks)]
+    plan = runner._plan(replace(step, chunks=chunks))
+    offsets = [0]
+    for n in plan.seq_lens:
+        offsets.append(offsets[-1] + n)
+    for s in specs:
+        last = offsets[s.chunk] + len(step.chunks[s.chunk].token_ids) - 1
+        s.rows = list(range(last, last + len(s.drafts) + 1))
+    checkpoint: StateCheckpoint | None = None
+    if specs:
+        assert isinstance(model, Rewindable)
+        checkpoint = model.checkpoint([step.states[s.chunk] for s in specs], [len(chunks[s.chunk].token_ids)
+                                                                              for s in specs])
+    capture = bool(runner.drafter is not None and runner.drafter.capture_layer_ids)
+    batch = ForwardBatch(runner._upload(plan.input_ids), runner._upload(plan.positions), plan.seq_lens,
+                         step.states, to_device=runner.backend.to_device, needed_from=plan.needed_from or None,
+                         capture_rows=runner._upload(list(range(len(plan.input_ids)))) if capture else None)
+    hidden = model.forward(batch)
+
+    out = RunnerOutput()
+    if plan.prompt_rows:
+        logits = model.compute_logits(hidden[runner._upload(plan.prompt_rows)])
+        targets = runner._upload([t for _, _, t in plan.prompt_targets])
+        read = runner._logprobs(logits, targets, [sc.num_logprobs for sc, _, _ in plan.prompt_targets])
+        for (scoring, pos, _), tl in zip(plan.prompt_targets, read(), strict=True):
+            out.prompt_logprobs.append((scoring.seq_id, pos, tl))
+    plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, hidden)
+    verified = _verify(runner, specs, draft_probs, hidden)
+    accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
+    for index, s in enumerate(specs):
+        if accepted[s.chunk] < len(s.drafts):
+            assert checkpoint is not None
+            checkpoint.restore(index)
+    _extend(runner, step, offsets, accepted, batch, plan.positions)
+    by_chunk = {s.chunk: (s, got) for s, got in zip(specs, verified, strict=True)}
+    for i, samples in enumerate(per_chunk):
+        if i in by_chunk:
+            s, (n, tls) = by_chunk[i]
+            out.sampled += [(s.sample.seq_id, tl) for tl in tls]
+            out.spec.append(SpecResult(s.sample.seq_id, len(s.drafts), n, step.states[i].num_tokens, s.confidence))
+        else:
+            out.sampled += [(sample.seq_id, plain.pop(0)) for sample in samples]
+    return StepHandle(None, [s.seq_id for s in step.samples], lambda: out)
+
+
+def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]],
+                  sample_rows: list[int], hidden: torch.Tensor) -> list[TokenLogprobs]:
+    """Tokens of the sampling chunks without drafts (prefill ends, forks), as the plain runner draws them."""
+    rows, samples, flat = [], [], iter(sample_rows)
+    for chunk, chunk_samples in zip(step.chunks, per_chunk, strict=True):
+        for sample in chunk_samples:
+            row = next(flat)
+            if not chunk.num_drafts:
+                rows.append(row)
+                samples.append(sample)
+    if not rows:
+        return []
+    logits = runner.model.compute_logits(hidden[runner._upload(rows)])
+    sampling = [s.row for s in samples]
+    masks = runner.token_masks
+    bitmask = masks.token_bitmask(sampling, logits.shape[-1], logits.device) if masks is not None else None
+    tokens = runner.sampler(logits, sampling, bitmask)
+    return runner._logprobs(logits, tokens, [r.params.logprobs or 0 for r in sampling])()
+
+
+def _verify(runner: ModelRunner, specs: list[_Spec], draft_probs: torch.Tensor | None,
+            hidden: torch.Tensor) -> list[tuple[int, list[TokenLogprobs]]]:
+    """Per speculating chunk: (drafts accepted, the logprobs of every token it gets)."""
+    if not specs:
+        return []
+    rows = [r for s in specs for r in s.rows]
+    logits = runner.model.compute_logits(hidden[runner._upload(rows)])
+    sampling = [verify_rows(s.sample.row, s.drafts) for s in specs]
+    bitmask = None
+    if any(s.mask is not None for s in specs):
+        width = (logits.shape[-1] + 31) // 32
+        parts = [s.mask if s.mask is not None else torch.full((len(s.rows), width), -1, dtype=torch.int32)
+                 for s in specs]
+        bitmask = runner.backend.to_device(torch.cat(parts), logits.device)
+    tokens, accepted = verify(runner.ops, runner.sampler, logits, sampling, [s.drafts for s in specs],
+                              draft_probs, bitmask)
+    accepted_l, tokens_l = accepted.tolist(), tokens.tolist()
+    emitted: list[int] = []
+    chosen: list[int] = []
+    ks: list[int] = []
+    start = 0
+    for s, n, toks in zip(specs, accepted_l, tokens_l, strict=True):
+        emitted += range(start, start + n + 1)
+        chosen += toks[: n + 1]
+        ks += [s.sample.row.params.logprobs or 0] * (n + 1)
+        start += len(s.rows)
+    tls = runner._logprobs(logits[runner._upload(emitted)], runner._upload(chosen), ks)()
+    out, at = [], 0
+    for n in accepted_l:
+        out.append((n, tls[at : at + n + 1]))
+        at += n + 1
+    return out
+
+
+def _extend(runner: ModelRunner, step: StepInput, offsets: list[int], accepted: dict[int, int],
+            batch: ForwardBatch, positions: list[int]) -> None:
+    """Give the drafter the target features of every position the step fed and the target kept."""
+    drafter = runner.drafter
+    if drafter is None:
+        return
+    rows: list[int] = []
+    slots: list[int] = []
+    for i, chunk in enumerate(step.chunks):
+        kept = len(chunk.token_ids) + accepted.get(i, 0)
+        slot = getattr(step.states[i], "slot", None) or 0
+        rows += range(offsets[i], offsets[i] + kept)
+        slots += [slot] * kept
+    if batch.captured is not None:
+        features = batch.captured[runner._upload(rows)]
+    else:
+        features = torch.zeros(len(rows), 0, device=runner.model.device)
+    drafter.extend(slots, runner._upload([positions[r] for r in rows]), features)
