@@ -21,7 +21,7 @@ from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.models import load_model, read_model_config
-from deepinfer.models.base import CausalLM
+from deepinfer.models.base import CausalLM, DraftingModel
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.sample.sampler import TokenMaskProvider
@@ -140,7 +140,19 @@ class LLM:
         )
         self.engine_args = args
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
+        self._setup_drafter(model)
         self._request_ids = itertools.count()
+
+    def _setup_drafter(self, model: CausalLM) -> None:
+        """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``."""
+        if envs.nextn_decode() == 0:
+            return
+        drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
+        if drafter is not None:
+            self.engine.set_drafter(drafter)
+        elif envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
+            logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE and "
+                        "DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
 
     @property
     def tokenizer(self) -> Any:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from deepinfer.spec.drafter import Drafter
 
 
 @runtime_checkable
@@ -145,4 +148,14 @@ class Rewindable(Protocol):
 
     def checkpoint(self, states: list[SequenceState], advances: list[int]) -> StateCheckpoint:
         """Save what the next forward overwrites when state ``i`` advances by ``advances[i]`` tokens."""
+        ...
+
+
+@runtime_checkable
+class DraftingModel(Protocol):
+    """A model whose checkpoint ships a speculative drafter (V4.1's DSpark)."""
+
+    def make_drafter(self) -> Drafter | None:
+        """The drafter over the model's configured state pool (its slots are the pool's), or None when this
+        checkpoint has none.  Called once, after ``configure_state``."""
         ...
