@@ -110,3 +110,22 @@ def test_greedy_identity_under_chunked_prefill_and_preemption(limits):
     if "state_cache_bytes" in limits:
         assert llm.engine.num_preemptions > 0
     assert not llm.engine.seqs and not llm.engine.drafter.context  # every slot's context was freed
+
+
+def test_mtp_varlen_profiles_the_step_costs_at_start_up(monkeypatch):
+    from deepinfer.runner.cost_profile import buckets
+
+    assert buckets(5, 64) == [5, 8, 16, 32, 64] and buckets(3, 20) == [3, 4, 8, 16, 20]
+    monkeypatch.setenv("DEEPINFER_ENABLE_MTP_VARLEN", "1")
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "3")
+    llm = LLM.from_model(_model_with_drafter(), build_tokenizer(), max_num_seqs=8, max_num_batched_tokens=64)
+    policy = llm.engine.scheduler.spec
+    assert policy is not None and policy.varlen and policy.cost_table is not None
+    table = policy.cost_table
+    assert table.buckets == (4, 8, 16, 32) and all(c > 0 for c in table.costs)
+    assert list(table.costs) == sorted(table.costs)
+    assert llm.engine.model.pool.live == 0  # the scratch states were released
+    prompts = ragged_prompts(1000, lengths=[6, 19, 11])
+    plain = LLM(str(TINY_V4), dtype="float32").generate(prompts, GREEDY, use_tqdm=False)
+    for a, b in zip(plain, llm.generate(prompts, GREEDY, use_tqdm=False), strict=True):
+        assert_same_output(a, b, tol=1e-4)

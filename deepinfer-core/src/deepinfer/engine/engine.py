@@ -28,11 +28,12 @@ from deepinfer.engine.validation import RequestError, check_request, normalize_p
 from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput, SpecDecodingStats
+from deepinfer.runner.cost_profile import profile_step_costs
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec.budget import CostTable, SpecPolicy
 from deepinfer.spec.drafter import Drafter
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
@@ -102,6 +103,8 @@ class Engine:
                                  f"{drafter.max_draft_len} tokens a step; set 1..{drafter.max_draft_len}, or 0 for off")
             k = min(k, drafter.max_draft_len)
             policy = SpecPolicy(k, envs.enable_mtp_varlen()) if k else None
+            if policy is not None and policy.varlen and isinstance(self.model, Rewindable):
+                policy = SpecPolicy(k, True, self._profile_costs(k))
         if drafter is not None and not isinstance(self.model, Rewindable):
             logger.info("speculative decoding off: %s cannot undo a forward", type(self.model).__name__)
             drafter = None
@@ -114,6 +117,14 @@ class Engine:
         self.runner.drafter = drafter
         self.scheduler.spec = policy
         self.state_cache.on_release = self._forget_draft_context if drafter is not None else None
+
+    def _profile_costs(self, k: int) -> CostTable:
+        """The step cost table of confidence-scheduled verification, measured now (runner/cost_profile.py)."""
+        limit = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (k + 1))
+        table = profile_step_costs(self.model, self.runner.backend, k + 1, max(limit, k + 1), self.config.max_num_seqs)
+        logger.info("verify step costs (ms) by step tokens: %s",
+                    ", ".join(f"{n}: {c * 1e3:.2f}" for n, c in zip(table.buckets, table.costs, strict=True)))
+        return table
 
     def _forget_draft_context(self, state: SequenceState) -> None:
         slot = getattr(state, "slot", None)
