@@ -173,10 +173,21 @@ def test_state_and_drafter_context_after_speculative_steps_equal_plain_steps():
     engine, model = llm.engine, llm.engine.model
     vocab = model.vocab_size
     prompt = ragged_prompts(vocab, lengths=[29])[0]
-    drafter = StandInDrafter(vocab, 4, "mixed", [prompt + [5] * 64], wrong_every=2)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    oracle = prompt + llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    drafter = StandInDrafter(vocab, 4, "mixed", [oracle], wrong_every=3)
     engine.set_drafter(drafter, SpecPolicy(4))
-    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
-    rejected = 0
+    engine.add_request(prompt, params)
+    rejected, longest = 0, 0
+    schedule = engine.schedule
+
+    def spy():
+        nonlocal longest
+        out = schedule()
+        longest = max([longest] + [len(c.token_ids) for c in out.chunks if c.start > 0])
+        return out
+
+    engine.schedule = spy
     while engine.has_unfinished():
         engine.step()
         for seq in engine.seqs.values():
@@ -190,13 +201,17 @@ def test_state_and_drafter_context_after_speculative_steps_equal_plain_steps():
                 from deepinfer.models import ForwardBatch
 
                 model.forward(ForwardBatch(torch.tensor(ids), torch.arange(len(ids)), [len(ids)], [fresh]))
+            window = model.pool.spec.window
+            held = torch.tensor([p % window for p in range(max(0, len(ids) - window), len(ids))])
             for layer in range(len(model.pool.views)):
                 a, b = layer_view(state, layer), layer_view(fresh, layer)
-                for x, y in zip((a.swa_ring, a.entries, a.pending_kv, a.index_keys),
-                                (b.swa_ring, b.entries, b.pending_kv, b.index_keys), strict=True):
+                # (ring rows of positions not fed yet hold whatever the slot held before: never read)
+                for x, y in zip((a.swa_ring[held], a.entries, a.pending_kv, a.index_keys),
+                                (b.swa_ring[held], b.entries, b.pending_kv, b.index_keys), strict=True):
                     assert (x is None) == (y is None)
                     if x is not None:
                         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
             fresh.release()
     engine.set_drafter(None)
     assert rejected > 0  # rollbacks happened
+    assert 2 < longest <= 4 + 2  # accepted tokens were fed again, never more than anchor + drafts + 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.registry import OpSample, Rows, reference_op
 from deepinfer.ops.sampling import _race_scores, uniform_noise
 
 #: Output positions are far below 2**30, so these salts give each draw its own noise stream.
@@ -38,7 +38,12 @@ def _verify_samples(dtype: torch.dtype, gen: torch.Generator):
     yield OpSample((target.to(dtype), greedy, drafts, None, num, seeds, steps), label="greedy drafter")
 
 
-@reference_op(sample_inputs=_verify_samples, dtypes=(torch.float32,), rows=(0, 1, 2, 3, 4, 5, 6))
+def _verify_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
+    """A sub-batch of requests (``draft_probs`` may be None: a greedy drafter)."""
+    return OpSample(tuple(a[rows] if a is not None else None for a in sample.args), dict(sample.kwargs), sample.label)
+
+
+@reference_op(sample_inputs=_verify_samples, dtypes=(torch.float32,), rows=Rows((0, 1, 2, 3, 4, 5, 6), _verify_rows))
 def verify_drafts(
     target: torch.Tensor,
     greedy: torch.Tensor,

@@ -8,7 +8,8 @@
 3. :func:`deepinfer.spec.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
 4. A sequence whose drafts were all accepted keeps the forward; any other is restored to before it, and its
    accepted tokens are fed again with its next chunk (exact by construction: feeding tokens whole or in chunks
-   leaves the same state).  The drafter's context is extended with the accepted positions' target features.
+   leaves the same state), or at once when that chunk was itself a re-feed (:func:`_undo`: bounded chunks).  The
+   drafter's context is extended with the accepted positions' target features.
 
 The step is read back before it returns (acceptance decides what the next step feeds), so the engine does not
 overlap speculative steps with the next schedule.
@@ -129,10 +130,7 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
     plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, hidden)
     verified = _verify(runner, specs, draft_probs, hidden)
     accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
-    for index, s in enumerate(specs):
-        if accepted[s.chunk] < len(s.drafts):
-            assert checkpoint is not None
-            checkpoint.restore(index)
+    _undo(runner, step, specs, accepted, checkpoint)
     _extend(runner, step, offsets, accepted, batch, plan.positions)
     by_chunk = {s.chunk: (s, got) for s, got in zip(specs, verified, strict=True)}
     for i, samples in enumerate(per_chunk):
@@ -143,6 +141,28 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
         else:
             out.sampled += [(sample.seq_id, plain.pop(0)) for sample in samples]
     return StepHandle(None, [s.seq_id for s in step.samples], lambda: out)
+
+
+def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: dict[int, int],
+          checkpoint: StateCheckpoint | None) -> None:
+    """Restore every sequence that rejected a draft.  One whose chunk was the anchor alone feeds its accepted
+    tokens again with its next chunk; one whose chunk already re-fed tokens gets them (and its accepted drafts)
+    committed now in one more forward, so a chunk never exceeds anchor + drafts + 1 tokens, however many steps in
+    a row reject."""
+    commit = []
+    for index, s in enumerate(specs):
+        if accepted[s.chunk] < len(s.drafts):
+            assert checkpoint is not None
+            checkpoint.restore(index)
+            chunk = step.chunks[s.chunk]
+            if len(chunk.token_ids) > 1:
+                commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.drafts[: accepted[s.chunk]]))
+    if not commit:
+        return
+    ids = [t for _, _, tokens in commit for t in tokens]
+    positions = [start + j for _, start, tokens in commit for j in range(len(tokens))]
+    runner.model.forward(ForwardBatch(runner._upload(ids), runner._upload(positions), [len(t) for _, _, t in commit],
+                                      [state for state, _, _ in commit], to_device=runner.backend.to_device))
 
 
 def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]],
