@@ -67,6 +67,10 @@ class ModelRunner:
         self.decode_graphs = decode_graphs
         #: Speculative decoding's drafter (set by the engine); every step then runs ``launch_speculative``.
         self.drafter: Drafter | None = None
+        #: Benchmarks only (``tools/bench_dspark.py``): a mean acceptance length L (tokens per verify step); each
+        #: step then accepts L - 1 drafts (alternating floor and ceil) whatever the target says.  Lossy.
+        self.forced_acceptance: float | None = None
+        self.forced_steps = 0
 
     def _upload(self, values: list[int]) -> torch.Tensor:
         """A step's int64 ids / positions / row indices on the model's device, by the backend's copy service

@@ -24,7 +24,7 @@ import torch
 
 from deepinfer.models.base import ForwardBatch, Rewindable, StateCheckpoint
 from deepinfer.spec.drafter import DraftRequest, Drafts
-from deepinfer.spec.verify import grammar_rows, verify, verify_rows
+from deepinfer.spec.verify import forced, grammar_rows, verify, verify_rows
 from deepinfer.step import RunnerOutput, ScheduledSample, SpecResult, StepInput, TokenLogprobs
 
 if TYPE_CHECKING:
@@ -199,8 +199,14 @@ def _verify(runner: ModelRunner, specs: list[_Spec], draft_probs: torch.Tensor |
         parts = [s.mask if s.mask is not None else torch.full((len(s.rows), width), -1, dtype=torch.int32)
                  for s in specs]
         bitmask = runner.backend.to_device(torch.cat(parts), logits.device)
-    tokens, accepted = verify(runner.ops, runner.sampler, logits, sampling, [s.drafts for s in specs],
-                              draft_probs, bitmask)
+    if runner.forced_acceptance is None:
+        tokens, accepted = verify(runner.ops, runner.sampler, logits, sampling, [s.drafts for s in specs],
+                                  draft_probs, bitmask)
+    else:  # benchmarks: accept L - 1 drafts a step on average (lossy; see ModelRunner.forced_acceptance)
+        x, t = runner.forced_acceptance - 1.0, runner.forced_steps
+        runner.forced_steps += 1
+        n = int(x * (t + 1)) - int(x * t)
+        tokens, accepted = forced(runner.sampler, logits, sampling, [s.drafts for s in specs], [n] * len(specs))
     accepted_l, tokens_l = accepted.tolist(), tokens.tolist()
     emitted: list[int] = []
     chosen: list[int] = []

@@ -59,3 +59,28 @@ def verify(ops: Ops, sampler: Sampler, logits: torch.Tensor, rows: list[list[Sam
         sampler.upload(torch.tensor([signed64(r.seed) for r in first], dtype=torch.int64), device),
         sampler.upload(torch.tensor([r.step for r in first], dtype=torch.int64), device),
     )
+
+
+def forced(sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], drafts: list[list[int]],
+           accept: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Benchmarks only (lossy): accept the first ``accept[i]`` drafts of request ``i`` whatever they are, then draw
+    its own token from the row after them as plain sampling would.  Same shapes as :func:`verify`."""
+    device = logits.device
+    starts, at = [], 0
+    for group in rows:
+        starts.append(at)
+        at += len(group)
+    picked = [starts[i] + min(a, len(d)) for i, (a, d) in enumerate(zip(accept, drafts, strict=True))]
+    flat = [r for group in rows for r in group]
+    dist = sampler.distribution(logits, flat)
+    own = sampler.draw(dist[sampler.upload(torch.tensor(picked, dtype=torch.int64), device)],
+                       [flat[p] for p in picked]).tolist()
+    k_max = max((len(d) for d in drafts), default=0)
+    out = torch.full((len(drafts), k_max + 1), -1, dtype=torch.int64)
+    accepted = []
+    for i, (a, d) in enumerate(zip(accept, drafts, strict=True)):
+        a = min(a, len(d))
+        out[i, :a] = torch.tensor(d[:a], dtype=torch.int64)
+        out[i, a] = own[i]
+        accepted.append(a)
+    return out.to(device), torch.tensor(accepted, dtype=torch.int64, device=device)
