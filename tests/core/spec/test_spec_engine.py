@@ -215,3 +215,22 @@ def test_state_and_drafter_context_after_speculative_steps_equal_plain_steps():
     engine.set_drafter(None)
     assert rejected > 0  # rollbacks happened
     assert 2 < longest <= 4 + 2  # accepted tokens were fed again, never more than anchor + drafts + 1
+
+
+def test_greedy_identity_under_v41_decoder_prefill_truncation(monkeypatch):
+    """DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact: verify chunks and re-feeds stay within KEEP of the anchor,
+    so speculative decoding after a truncated prefill equals plain decoding after it."""
+    from tests.support.v41_fixtures import references
+
+    monkeypatch.setenv("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact")
+    monkeypatch.setenv("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", "40")  # tiny_b: window 24
+    llm = LLM(str(MODELS["v41_b"]), dtype="float32", max_num_batched_tokens=50)
+    prompts = [references("tiny_b")[0].tokens[:120].tolist(), references("tiny_b")[0].tokens[:77].tolist()]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+    plain = _generate(llm, prompts, params)
+    oracle = [p + o.outputs[0].token_ids for p, o in zip(prompts, plain, strict=True)]
+    spec = _generate(llm, prompts, params, StandInDrafter(llm.engine.model.vocab_size, 4, "mixed", oracle),
+                     SpecPolicy(4))
+    for a, b in zip(plain, spec, strict=True):
+        assert_same_output(a, b, tol=TOL["v41_b"])
+        assert b.spec_decoding_stats.num_accepted_tokens > 0

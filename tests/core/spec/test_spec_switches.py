@@ -66,10 +66,13 @@ def test_a_checkpoint_without_a_drafter_says_so_once(monkeypatch, caplog):
     assert sum("speculative decoding off: this checkpoint has no drafter" in r.message for r in caplog.records) == 1
 
 
-def test_llm_generate_with_the_models_drafter_equals_plain_decoding():
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_llm_generate_with_the_models_drafter_equals_plain_decoding(async_scheduling):
     prompts = ragged_prompts(1000, lengths=[6, 19, 11])
     plain = LLM(str(TINY_V4), dtype="float32").generate(prompts, GREEDY, use_tqdm=False)
-    spec = LLM.from_model(_model_with_drafter(), build_tokenizer()).generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM.from_model(_model_with_drafter(), build_tokenizer(), async_scheduling=async_scheduling)
+    spec = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert not llm.engine.seqs and llm.engine._inflight is None  # nothing left behind
     for a, b in zip(plain, spec, strict=True):
         assert_same_output(a, b, tol=1e-4)
         assert b.spec_decoding_stats is not None and b.spec_decoding_stats.num_drafts > 0
