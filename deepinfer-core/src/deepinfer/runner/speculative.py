@@ -35,14 +35,17 @@ _GOLDEN = 0x9E3779B97F4A7C15
 
 @dataclass(slots=True)
 class _Spec:
-    """One speculating chunk: its index, sample, drafts (after the grammar's cut) and grammar masks."""
+    """One speculating chunk: its index, sample, its row of the drafter's output, how many drafts it verifies
+    (after the grammar's cut), their values on the host when they were read, and its grammar masks."""
 
     chunk: int
     sample: ScheduledSample
-    drafts: list[int]
-    confidence: list[float]
+    index: int
+    count: int
+    drafts: list[int] | None = None
     mask: torch.Tensor | None = None
     rows: list[int] = field(default_factory=list)  # its target rows in the flat batch
+    emitted: list[int] = field(default_factory=list)  # the tokens it got (accepted drafts, then its own)
 
 
 def draft_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
@@ -58,8 +61,9 @@ def _chunk_samples(step: StepInput) -> list[list[ScheduledSample]]:
 
 
 def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]]
-           ) -> tuple[list[_Spec], torch.Tensor | None]:
-    """The speculating chunks with their drafts, and the drafter's q of every draft (None: greedy drafter)."""
+           ) -> tuple[list[_Spec], Drafts | None]:
+    """The speculating chunks and the drafter's output (tokens clamped into the vocabulary).  The drafts stay on
+    the device unless a grammar or a penalty needs their values (one read for the step)."""
     chosen = [i for i, c in enumerate(step.chunks) if c.num_drafts]
     if not chosen:
         return [], None
@@ -75,18 +79,17 @@ def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledS
                                      draft_generator(row.seed, position, device) if sampled else None))
     k_max = max(step.chunks[i].num_drafts for i in chosen)
     drafts: Drafts = runner.drafter.draft(requests, k_max)
-    tokens, confidence = drafts.tokens[:, :k_max].tolist(), drafts.confidence[:, :k_max].tolist()
-    out = []
-    for n, i in enumerate(chosen):
-        d = tokens[n][: step.chunks[i].num_drafts]
-        d = d[: next((j for j, t in enumerate(d) if not 0 <= t < vocab), len(d))]
-        spec = _Spec(i, per_chunk[i][0], d, confidence[n][: step.chunks[i].num_drafts])
-        grammar = spec.sample.row.grammar
-        if grammar is not None:
-            mask, allowed = grammar_rows(grammar, d, vocab)
-            spec.drafts, spec.mask = d[:allowed], mask[: allowed + 1]
-        out.append(spec)
-    return out, drafts.probs
+    drafts.tokens = drafts.tokens[:, :k_max].clamp(0, vocab - 1)
+    specs = [_Spec(i, per_chunk[i][0], n, step.chunks[i].num_drafts) for n, i in enumerate(chosen)]
+    wanted = [s for s in specs if s.sample.row.grammar is not None or s.sample.row.params.has_penalties]
+    if wanted:
+        tokens = drafts.tokens.tolist()
+        for s in wanted:
+            s.drafts = tokens[s.index][: s.count]
+            if s.sample.row.grammar is not None:
+                mask, allowed = grammar_rows(s.sample.row.grammar, s.drafts, vocab)
+                s.drafts, s.mask, s.count = s.drafts[:allowed], mask[: allowed + 1], allowed
+    return specs, drafts
 
 
 def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
@@ -99,24 +102,29 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
             raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
                                f"chunk starts at {chunk.start}")
     per_chunk = _chunk_samples(step)
-    specs, draft_probs = _draft(runner, step, per_chunk)
-    drafts = {s.chunk: s.drafts for s in specs}
-    chunks = [replace(c, token_ids=c.token_ids + drafts.get(i, [])) for i, c in enumerate(step.chunks)]
+    specs, drafts = _draft(runner, step, per_chunk)
+    counts = {s.chunk: s.count for s in specs}
+    chunks = [replace(c, token_ids=c.token_ids + [0] * counts.get(i, 0)) for i, c in enumerate(step.chunks)]
     plan = runner._plan(replace(step, chunks=chunks))
     offsets = [0]
     for n in plan.seq_lens:
         offsets.append(offsets[-1] + n)
     for s in specs:
         last = offsets[s.chunk] + len(step.chunks[s.chunk].token_ids) - 1
-        s.rows = list(range(last, last + len(s.drafts) + 1))
+        s.rows = list(range(last, last + s.count + 1))
+    ids = runner._upload(plan.input_ids)
     checkpoint: StateCheckpoint | None = None
     if specs:
-        assert isinstance(model, Rewindable)
-        checkpoint = model.checkpoint([step.states[s.chunk] for s in specs], [len(chunks[s.chunk].token_ids)
-                                                                              for s in specs])
+        assert drafts is not None and isinstance(model, Rewindable)
+        dst = [r for s in specs for r in s.rows[1:]]
+        src = [s.index * drafts.tokens.shape[1] + j for s in specs for j in range(s.count)]
+        if dst:  # the drafts go into the batch on the device
+            ids[runner._upload(dst)] = drafts.tokens.flatten()[runner._upload(src)]
+        checkpoint = model.checkpoint([step.states[s.chunk] for s in specs],
+                                      [len(chunks[s.chunk].token_ids) for s in specs])
     capture = bool(runner.drafter is not None and runner.drafter.capture_layer_ids)
-    batch = ForwardBatch(runner._upload(plan.input_ids), runner._upload(plan.positions), plan.seq_lens,
-                         step.states, to_device=runner.backend.to_device, needed_from=plan.needed_from or None,
+    batch = ForwardBatch(ids, runner._upload(plan.positions), plan.seq_lens, step.states,
+                         to_device=runner.backend.to_device, needed_from=plan.needed_from or None,
                          capture_rows=runner._upload(list(range(len(plan.input_ids)))) if capture else None)
     hidden = model.forward(batch)
 
@@ -128,7 +136,8 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
         for (scoring, pos, _), tl in zip(plan.prompt_targets, read(), strict=True):
             out.prompt_logprobs.append((scoring.seq_id, pos, tl))
     plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, hidden)
-    verified = _verify(runner, specs, draft_probs, hidden)
+    verified = _verify(runner, specs, drafts, hidden)
+    confidence = drafts.confidence[:, : max(counts.values(), default=0)].tolist() if drafts is not None else []
     accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
     _undo(runner, step, specs, accepted, checkpoint)
     _extend(runner, step, offsets, accepted, batch, plan.positions)
@@ -137,7 +146,8 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
         if i in by_chunk:
             s, (n, tls) = by_chunk[i]
             out.sampled += [(s.sample.seq_id, tl) for tl in tls]
-            out.spec.append(SpecResult(s.sample.seq_id, len(s.drafts), n, step.states[i].num_tokens, s.confidence))
+            out.spec.append(SpecResult(s.sample.seq_id, s.count, n, step.states[i].num_tokens,
+                                       confidence[s.index][: step.chunks[i].num_drafts]))
         else:
             out.sampled += [(sample.seq_id, plain.pop(0)) for sample in samples]
     return StepHandle(None, [s.seq_id for s in step.samples], lambda: out)
@@ -151,12 +161,12 @@ def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: di
     a row reject."""
     commit = []
     for index, s in enumerate(specs):
-        if accepted[s.chunk] < len(s.drafts):
+        if accepted[s.chunk] < s.count:
             assert checkpoint is not None
             checkpoint.restore(index)
             chunk = step.chunks[s.chunk]
             if len(chunk.token_ids) > 1:
-                commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.drafts[: accepted[s.chunk]]))
+                commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.emitted[: accepted[s.chunk]]))
     if not commit:
         return
     ids = [t for _, _, tokens in commit for t in tokens]
@@ -185,36 +195,42 @@ def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[Sch
     return runner._logprobs(logits, tokens, [r.params.logprobs or 0 for r in sampling])()
 
 
-def _verify(runner: ModelRunner, specs: list[_Spec], draft_probs: torch.Tensor | None,
+def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
             hidden: torch.Tensor) -> list[tuple[int, list[TokenLogprobs]]]:
-    """Per speculating chunk: (drafts accepted, the logprobs of every token it gets)."""
+    """Per speculating chunk: (drafts accepted, the logprobs of every token it gets); sets ``_Spec.emitted``."""
     if not specs:
         return []
+    assert drafts is not None
     rows = [r for s in specs for r in s.rows]
     logits = runner.model.compute_logits(hidden[runner._upload(rows)])
-    sampling = [verify_rows(s.sample.row, s.drafts) for s in specs]
+    sampling = [verify_rows(s.sample.row, s.drafts if s.drafts is not None else s.count) for s in specs]
     bitmask = None
     if any(s.mask is not None for s in specs):
         width = (logits.shape[-1] + 31) // 32
         parts = [s.mask if s.mask is not None else torch.full((len(s.rows), width), -1, dtype=torch.int32)
                  for s in specs]
         bitmask = runner.backend.to_device(torch.cat(parts), logits.device)
+    k = max(s.count for s in specs)
+    index = runner._upload([s.index for s in specs])
+    tokens_in = drafts.tokens[index, :k]
+    counts = [s.count for s in specs]
     if runner.forced_acceptance is None:
-        tokens, accepted = verify(runner.ops, runner.sampler, logits, sampling, [s.drafts for s in specs],
-                                  draft_probs, bitmask)
+        probs = drafts.probs[index, :k] if drafts.probs is not None else None
+        tokens, accepted = verify(runner.ops, runner.sampler, logits, sampling, tokens_in, counts, probs, bitmask)
     else:  # benchmarks: accept L - 1 drafts a step on average (lossy; see ModelRunner.forced_acceptance)
         x, t = runner.forced_acceptance - 1.0, runner.forced_steps
         runner.forced_steps += 1
         n = int(x * (t + 1)) - int(x * t)
-        tokens, accepted = forced(runner.sampler, logits, sampling, [s.drafts for s in specs], [n] * len(specs))
+        tokens, accepted = forced(runner.sampler, logits, sampling, tokens_in, counts, [n] * len(specs))
     accepted_l, tokens_l = accepted.tolist(), tokens.tolist()
     emitted: list[int] = []
     chosen: list[int] = []
     ks: list[int] = []
     start = 0
     for s, n, toks in zip(specs, accepted_l, tokens_l, strict=True):
+        s.emitted = toks[: n + 1]
         emitted += range(start, start + n + 1)
-        chosen += toks[: n + 1]
+        chosen += s.emitted
         ks += [s.sample.row.params.logprobs or 0] * (n + 1)
         start += len(s.rows)
     tls = runner._logprobs(logits[runner._upload(emitted)], runner._upload(chosen), ks)()

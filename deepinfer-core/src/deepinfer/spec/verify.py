@@ -20,8 +20,14 @@ from deepinfer.sample.sampler import Sampler, signed64
 from deepinfer.step import SamplingRow
 
 
-def verify_rows(row: SamplingRow, drafts: list[int]) -> list[SamplingRow]:
-    """The ``len(drafts) + 1`` target rows of a request whose next token would be sampled with ``row``."""
+def verify_rows(row: SamplingRow, drafts: list[int] | int) -> list[SamplingRow]:
+    """The ``k + 1`` target rows of a request whose next token would be sampled with ``row``: row ``j`` at output
+    position ``row.step + j`` with ``drafts[:j]`` counted as output.  ``drafts`` may be just their number ``k`` when
+    their values stay on the device: only for a request without penalties (nothing else reads ``output_ids``)."""
+    if isinstance(drafts, int):
+        if row.params.has_penalties:
+            raise ValueError("verify_rows: a request with penalties needs its drafts' values")
+        return [replace(row, step=row.step + j) for j in range(drafts + 1)]
     return [replace(row, step=row.step + j, output_ids=row.output_ids + drafts[:j]) for j in range(len(drafts) + 1)]
 
 
@@ -33,54 +39,51 @@ def grammar_rows(grammar: Any, drafts: list[int], vocab_size: int) -> tuple[torc
     return mask, grammar.fill_draft_bitmasks(drafts, mask, 0)
 
 
-def verify(ops: Ops, sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], drafts: list[list[int]],
-           draft_probs: torch.Tensor | None, bitmask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_target(sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], k: int,
+                   bitmask: torch.Tensor | None) -> torch.Tensor:
+    """The processed target rows ``[B, k + 1, V]`` (padding rows zero: never read)."""
+    dist = sampler.distribution(logits, [r for group in rows for r in group], bitmask)
+    index = [i * (k + 1) + j for i, group in enumerate(rows) for j in range(len(group))]
+    target = torch.zeros(len(rows) * (k + 1), logits.shape[-1], dtype=dist.dtype, device=logits.device)
+    target.index_copy_(0, sampler.upload(torch.tensor(index, dtype=torch.int64), logits.device), dist)
+    return target.view(len(rows), k + 1, -1)
+
+
+def verify(ops: Ops, sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], drafts: torch.Tensor,
+           counts: list[int], draft_probs: torch.Tensor | None, bitmask: torch.Tensor | None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify every request's drafts.  ``logits`` fp32 ``[sum(k_i + 1), V]``: each request's target rows in order
-    (``rows[i]`` from :func:`verify_rows`, ``k_i = len(drafts[i])``); ``draft_probs`` ``[B, >= max k, V]`` the
-    drafter's q (None: greedy drafter); ``bitmask``: the rows' grammar masks or None.  Returns (tokens ``[B, K+1]``
-    accepted drafts then the target's token then -1, accepted ``[B]``), on the logits' device."""
-    device, vocab = logits.device, logits.shape[-1]
-    flat = [r for group in rows for r in group]
-    dist = sampler.distribution(logits, flat, bitmask)
-    k_max = max((len(d) for d in drafts), default=0)
-    b = len(drafts)
-    index = [i * (k_max + 1) + j for i, group in enumerate(rows) for j in range(len(group))]
-    target = torch.zeros(b * (k_max + 1), vocab, dtype=dist.dtype, device=device)
-    target.index_copy_(0, sampler.upload(torch.tensor(index, dtype=torch.int64), device), dist)
-    tokens = torch.tensor([d + [0] * (k_max - len(d)) for d in drafts], dtype=torch.int64).view(b, k_max)
+    (``rows[i]`` from :func:`verify_rows`, ``k_i = counts[i]``); ``drafts`` ``[B, >= max k_i]`` int64 and
+    ``draft_probs`` ``[B, >= max k_i, V]`` the drafter's tokens and q on the logits' device (None: greedy drafter);
+    ``bitmask``: the rows' grammar masks or None.  Returns (tokens ``[B, K+1]``: accepted drafts, then the
+    target's token, then -1; accepted ``[B]``), on the logits' device."""
+    device = logits.device
+    k = max(counts, default=0)
     first = [group[0] for group in rows]
-    probs = draft_probs[:, :k_max].float() if draft_probs is not None else None
     return ops.verify_drafts(
-        target.view(b, k_max + 1, vocab),
+        _padded_target(sampler, logits, rows, k, bitmask),
         sampler.upload(torch.tensor([r.params.greedy for r in first], dtype=torch.bool), device),
-        sampler.upload(tokens, device),
-        probs,
-        sampler.upload(torch.tensor([len(d) for d in drafts], dtype=torch.int64), device),
+        drafts[:, :k],
+        draft_probs[:, :k].float() if draft_probs is not None else None,
+        sampler.upload(torch.tensor(counts, dtype=torch.int64), device),
         sampler.upload(torch.tensor([signed64(r.seed) for r in first], dtype=torch.int64), device),
         sampler.upload(torch.tensor([r.step for r in first], dtype=torch.int64), device),
     )
 
 
-def forced(sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], drafts: list[list[int]],
-           accept: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def forced(sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], drafts: torch.Tensor,
+           counts: list[int], accept: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Benchmarks only (lossy): accept the first ``accept[i]`` drafts of request ``i`` whatever they are, then draw
-    its own token from the row after them as plain sampling would.  Same shapes as :func:`verify`."""
+    its own token from the row after them as plain sampling would.  Same arguments and results as :func:`verify`."""
     device = logits.device
-    starts, at = [], 0
-    for group in rows:
-        starts.append(at)
-        at += len(group)
-    picked = [starts[i] + min(a, len(d)) for i, (a, d) in enumerate(zip(accept, drafts, strict=True))]
-    flat = [r for group in rows for r in group]
-    dist = sampler.distribution(logits, flat)
-    own = sampler.draw(dist[sampler.upload(torch.tensor(picked, dtype=torch.int64), device)],
-                       [flat[p] for p in picked]).tolist()
-    k_max = max((len(d) for d in drafts), default=0)
-    out = torch.full((len(drafts), k_max + 1), -1, dtype=torch.int64)
-    accepted = []
-    for i, (a, d) in enumerate(zip(accept, drafts, strict=True)):
-        a = min(a, len(d))
-        out[i, :a] = torch.tensor(d[:a], dtype=torch.int64)
-        out[i, a] = own[i]
-        accepted.append(a)
-    return out.to(device), torch.tensor(accepted, dtype=torch.int64, device=device)
+    k = max(counts, default=0)
+    taken = [min(a, c) for a, c in zip(accept, counts, strict=True)]
+    target = _padded_target(sampler, logits, rows, k, None)
+    b = len(rows)
+    at = sampler.upload(torch.tensor(taken, dtype=torch.int64), device)
+    every = torch.arange(b, device=device)
+    own = sampler.draw(target[every, at], [group[a] for group, a in zip(rows, taken, strict=True)])
+    keep = torch.arange(k + 1, device=device)[None, :] < at[:, None]
+    out = torch.where(keep, torch.nn.functional.pad(drafts[:, :k], (0, 1)), -1)
+    out[every, at] = own
+    return out, at
