@@ -51,3 +51,26 @@ def test_greedy_output_with_the_dspark_drafter_is_the_plain_output(llm, k, varle
     stats = [o.spec_decoding_stats for o in spec]
     assert all(s is not None and s.num_drafts > 0 for s in stats)
     assert sum(s.num_accepted_tokens for s in stats) > 0  # a random drafter still guesses some
+
+
+def test_the_embedded_v41_drafter_through_the_engine():
+    """The embedded tiny V4.1 with its trained drafter: greedy output equals plain decoding and most drafts are
+    accepted (offline its mean acceptance length is 4.5 of 5)."""
+    from pathlib import Path
+
+    import deepinfer
+
+    path = Path(deepinfer.__file__).parent / "assets" / "tiny_v41"
+    if not (path / "config.json").exists():
+        pytest.skip("no embedded tiny V4.1 in this tree")
+    llm = LLM(str(path), dtype="float32")
+    drafter = llm.engine.drafter or _drafter(llm)
+    prompts = ["Once upon a time", "One day, a boy"]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=1)
+    llm.engine.set_drafter(None)
+    plain = llm.generate(prompts, params, use_tqdm=False)
+    llm.engine.set_drafter(drafter, SpecPolicy(min(4, drafter.max_draft_len)))
+    spec = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(plain, spec, strict=True):
+        assert_same_output(a, b, tol=2e-2)
+        assert b.spec_decoding_stats.mean_acceptance_length > 3.0
