@@ -16,24 +16,23 @@ import random
 import threading
 from typing import Any
 
-from deepinfer import envs
 from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine.speculation import apply_results, policy_from_env
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
 from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, SequenceState
 from deepinfer.ops import Ops
-from deepinfer.outputs import RequestOutput, SpecDecodingStats
-from deepinfer.runner.cost_profile import profile_step_costs
+from deepinfer.outputs import RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.spec.budget import CostTable, SpecPolicy
+from deepinfer.spec.budget import SpecPolicy
 from deepinfer.spec.drafter import Drafter
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
@@ -97,14 +96,7 @@ class Engine:
         if self.seqs:
             raise RuntimeError("set_drafter: the engine has requests in progress")
         if drafter is not None and policy is None:
-            k = envs.nextn_decode()
-            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE") and k > drafter.max_draft_len:
-                raise ValueError(f"DEEPINFER_USE_NEXTN_DECODE={k}: this checkpoint's drafter drafts at most "
-                                 f"{drafter.max_draft_len} tokens a step; set 1..{drafter.max_draft_len}, or 0 for off")
-            k = min(k, drafter.max_draft_len)
-            policy = SpecPolicy(k, envs.enable_mtp_varlen()) if k else None
-            if policy is not None and policy.varlen and isinstance(self.model, Rewindable):
-                policy = SpecPolicy(k, True, self._profile_costs(k))
+            policy = policy_from_env(drafter, self.model, self.runner.backend, self.config)
         if drafter is not None and not isinstance(self.model, Rewindable):
             logger.info("speculative decoding off: %s cannot undo a forward", type(self.model).__name__)
             drafter = None
@@ -117,14 +109,6 @@ class Engine:
         self.runner.drafter = drafter
         self.scheduler.spec = policy
         self.state_cache.on_release = self._forget_draft_context if drafter is not None else None
-
-    def _profile_costs(self, k: int) -> CostTable:
-        """The step cost table of confidence-scheduled verification, measured now (runner/cost_profile.py)."""
-        limit = min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (k + 1))
-        table = profile_step_costs(self.model, self.runner.backend, k + 1, max(limit, k + 1), self.config.max_num_seqs)
-        logger.info("verify step costs (ms) by step tokens: %s",
-                    ", ".join(f"{n}: {c * 1e3:.2f}" for n, c in zip(table.buckets, table.costs, strict=True)))
-        return table
 
     def _forget_draft_context(self, state: SequenceState) -> None:
         slot = getattr(state, "slot", None)
@@ -307,16 +291,7 @@ class Engine:
         return self.process(sched, result)
 
     def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
-        for spec in result.spec:
-            seq = self.seqs.get(spec.seq_id)
-            if seq is None:
-                continue
-            if seq.request.spec_stats is None:
-                seq.request.spec_stats = SpecDecodingStats()
-            seq.request.spec_stats.record(spec.num_drafts, spec.num_accepted)
-            if seq.status is not SequenceStatus.FINISHED:
-                seq.num_computed = spec.num_computed  # below the scheduler's guess when a draft was rejected
-                seq.draft_confidence = spec.confidence
+        apply_results(result.spec, self.seqs)
         for seq_id, position, tl in result.prompt_logprobs:
             seq = self.seqs.get(seq_id)
             if seq is not None:
