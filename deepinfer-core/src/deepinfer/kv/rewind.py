@@ -11,11 +11,13 @@ A forward that advances a state from ``n`` to ``n + m`` tokens writes, in the po
 
 So saving the first two before the forward and writing them back afterwards returns the state to exactly ``n``
 tokens, whatever the model computes from them; the pages it reserved stay with the state (its budget already
-covers them).  Saving is one gather per buffer, restoring one scatter per buffer.
+covers them).  Saving is one gather per buffer for all the states, restoring one gather and one scatter per
+buffer for the states being restored, with one upload of row indices per ring count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,59 +26,80 @@ from deepinfer.kv.pool import StatePool
 from deepinfer.kv.spec import KVBuffer, SlotBuffer
 from deepinfer.kv.state import PooledState
 
+Upload = Callable[[torch.Tensor], torch.Tensor]
+
 
 @dataclass(slots=True)
 class PoolCheckpoint:
-    """Saved rows of some states (see the module docstring); :meth:`restore` puts one state back."""
+    """Saved rows of some states (see the module docstring); :meth:`restore` puts some of them back."""
 
     pool: StatePool
     states: list[PooledState]
     num_tokens: list[int]
-    ring_rows: list[torch.Tensor]  # per state: [m * rings] rows of every KV buffer with rings (same for each)
-    saved: dict[str, list[torch.Tensor]]  # buffer name -> per state, its saved rows
+    #: Per ring count: every state's ring rows, ring-major per state, states one after the other (host) ...
+    ring_rows: dict[int, torch.Tensor]
+    #: ... and where each state's part starts (len(states) + 1 offsets).
+    ring_offsets: dict[int, list[int]]
+    saved: dict[str, torch.Tensor]  # buffer name -> the saved rows of every state (KV: ring rows; slot: [S, ...])
+    upload: Upload
 
-    def restore(self, index: int) -> None:
-        """Return state ``index`` to what it was when the checkpoint was taken."""
-        state = self.states[index]
+    def restore(self, indices: list[int]) -> None:
+        """Return states ``indices`` (positions in the checkpoint) to what they were when it was taken."""
+        if not indices:
+            return
+        picked: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for rings, rows in self.ring_rows.items():
+            offsets = self.ring_offsets[rings]
+            parts = [torch.arange(offsets[i], offsets[i + 1]) for i in indices]
+            where = torch.cat(parts)
+            both = self.upload(torch.stack([where, rows[where]]))
+            picked[rings] = (both[0], both[1])
+        slots = self.upload(torch.tensor([[i, self.states[i].slot or 0] for i in indices], dtype=torch.int64).T)
         for b in self.pool.spec.buffers:
-            if b.name not in self.saved:
+            values = self.saved.get(b.name)
+            if values is None:
                 continue
             t = self.pool.tensors[b.name]
-            values = self.saved[b.name][index]
-            if isinstance(b, KVBuffer):  # ring-major rows: a buffer with fewer rings owns a prefix
-                rows = self.ring_rows[index][: values.shape[0]]
+            if isinstance(b, KVBuffer):
+                where, rows = picked[b.rings]
+                t.index_copy_(0, rows, values[where])
             else:
-                rows = torch.tensor([state.slot], device=t.device)
-            t.index_copy_(0, rows, values)
-        state.num_tokens = self.num_tokens[index]
+                t.index_copy_(0, slots[1], values[slots[0]])
+        for i in indices:
+            self.states[i].num_tokens = self.num_tokens[i]
 
 
 def _ring_rows(pool: StatePool, slot: int, rings: int, start: int, count: int) -> torch.Tensor:
     """Rows of positions ``start .. start + count - 1`` in every ring of ``slot`` (ring-major)."""
     window = pool.spec.window
     offsets = torch.arange(start, start + count) % window + slot * window
-    return torch.cat([offsets + pool.ring_base(m) for m in range(rings)]).to(pool.device)
+    return torch.cat([offsets + pool.ring_base(m) for m in range(rings)])
 
 
-def checkpoint(states: list[PooledState], advances: list[int]) -> PoolCheckpoint:
+def checkpoint(states: list[PooledState], advances: list[int], upload: Upload | None = None) -> PoolCheckpoint:
     """Save what advancing each state by ``advances[i]`` tokens will overwrite.  Every state needs its slot
-    (reserve first) and one pool."""
+    (reserve first) and one pool.  ``upload``: host-to-device copy of index tensors (default ``.to(device)``)."""
     pool = states[0].pool
-    kv = [b for b in pool.spec.of(KVBuffer) if isinstance(b, KVBuffer) and b.rings]
-    rings = max((b.rings for b in kv), default=0)
-    ring_rows: list[torch.Tensor] = []
-    saved: dict[str, list[torch.Tensor]] = {b.name: [] for b in pool.spec.buffers}
-    for state, m in zip(states, advances, strict=True):
+    send: Upload = upload if upload is not None else (lambda t: t.to(pool.device))
+    for state in states:
         if state.pool is not pool or state.slot is None:
             raise ValueError("checkpoint: every state must hold a slot of one pool")
-        rows = _ring_rows(pool, state.slot, rings, state.num_tokens, min(m, pool.spec.window))
-        ring_rows.append(rows)
-        for b in pool.spec.buffers:
-            t = pool.tensors[b.name]
-            if isinstance(b, SlotBuffer):
-                saved[b.name].append(t[state.slot : state.slot + 1].clone())
-            elif isinstance(b, KVBuffer) and b.rings:
-                per_ring = rows.numel() // rings
-                saved[b.name].append(t[rows[: per_ring * b.rings]].clone())
-    saved = {name: rows for name, rows in saved.items() if rows}
-    return PoolCheckpoint(pool, list(states), [s.num_tokens for s in states], ring_rows, saved)
+    ring_counts = sorted({b.rings for b in pool.spec.of(KVBuffer) if isinstance(b, KVBuffer) and b.rings})
+    ring_rows, ring_offsets, device_rows = {}, {}, {}
+    for rings in ring_counts:
+        parts = [_ring_rows(pool, s.slot or 0, rings, s.num_tokens, min(m, pool.spec.window))
+                 for s, m in zip(states, advances, strict=True)]
+        offsets = [0]
+        for part in parts:
+            offsets.append(offsets[-1] + part.numel())
+        ring_rows[rings], ring_offsets[rings] = torch.cat(parts), offsets
+        device_rows[rings] = send(ring_rows[rings])
+    slots = send(torch.tensor([s.slot for s in states], dtype=torch.int64))
+    saved = {}
+    for b in pool.spec.buffers:
+        t = pool.tensors[b.name]
+        if isinstance(b, SlotBuffer):
+            saved[b.name] = t[slots]
+        elif isinstance(b, KVBuffer) and b.rings:
+            saved[b.name] = t[device_rows[b.rings]]
+    return PoolCheckpoint(pool, list(states), [s.num_tokens for s in states], ring_rows, ring_offsets, saved, send)

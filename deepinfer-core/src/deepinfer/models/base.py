@@ -136,8 +136,8 @@ class GraphDecodable(Protocol):
 class StateCheckpoint(Protocol):
     """What a forward wrote into some states, saved before it ran (:meth:`Rewindable.checkpoint`)."""
 
-    def restore(self, index: int) -> None:
-        """Return state ``index`` of the checkpoint to exactly what it was before the forward."""
+    def restore(self, indices: list[int]) -> None:
+        """Return states ``indices`` (positions in the checkpoint) to exactly what they were before the forward."""
         ...
 
 
@@ -146,8 +146,10 @@ class Rewindable(Protocol):
     """A model whose states can be returned to an earlier token count: speculative decoding verifies drafts by
     feeding them, and undoes the forward of a request whose drafts the target rejected."""
 
-    def checkpoint(self, states: list[SequenceState], advances: list[int]) -> StateCheckpoint:
-        """Save what the next forward overwrites when state ``i`` advances by ``advances[i]`` tokens."""
+    def checkpoint(self, states: list[SequenceState], advances: list[int],
+                   upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StateCheckpoint:
+        """Save what the next forward overwrites when state ``i`` advances by ``advances[i]`` tokens.  ``upload``:
+        the host-to-device copy for index tensors (the backend's non-blocking one; default ``.to(device)``)."""
         ...
 
 

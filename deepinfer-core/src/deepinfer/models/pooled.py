@@ -108,11 +108,12 @@ class PooledCausalLM:
         assert self.pool is not None, "decode_forward: the model has no configured state pool"
         return self._decode(DecodeStep.from_tensors(tensors), self.pool)
 
-    def checkpoint(self, states: list[PooledState], advances: list[int]) -> PoolCheckpoint:
+    def checkpoint(self, states: list[PooledState], advances: list[int],
+                   upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> PoolCheckpoint:
         """Save what advancing each state by ``advances[i]`` tokens overwrites (:mod:`deepinfer.kv.rewind`)."""
         for state, n in zip(states, advances, strict=True):
             state.pool.reserve(state, state.num_tokens + n)
-        return checkpoint(states, advances)
+        return checkpoint(states, advances, upload)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.head).float()

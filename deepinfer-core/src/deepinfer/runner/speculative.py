@@ -120,8 +120,10 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
         src = [s.index * drafts.tokens.shape[1] + j for s in specs for j in range(s.count)]
         if dst:  # the drafts go into the batch on the device
             ids[runner._upload(dst)] = drafts.tokens.flatten()[runner._upload(src)]
+        device = model.device
         checkpoint = model.checkpoint([step.states[s.chunk] for s in specs],
-                                      [len(chunks[s.chunk].token_ids) for s in specs])
+                                      [len(chunks[s.chunk].token_ids) for s in specs],
+                                      lambda t: runner.backend.to_device(t, device))
     capture = bool(runner.drafter is not None and runner.drafter.capture_layer_ids)
     batch = ForwardBatch(ids, runner._upload(plan.positions), plan.seq_lens, step.states,
                          to_device=runner.backend.to_device, needed_from=plan.needed_from or None,
@@ -159,14 +161,15 @@ def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: di
     tokens again with its next chunk; one whose chunk already re-fed tokens gets them (and its accepted drafts)
     committed now in one more forward, so a chunk never exceeds anchor + drafts + 1 tokens, however many steps in
     a row reject."""
+    rejected = [index for index, s in enumerate(specs) if accepted[s.chunk] < s.count]
+    if rejected:
+        assert checkpoint is not None
+        checkpoint.restore(rejected)
     commit = []
-    for index, s in enumerate(specs):
-        if accepted[s.chunk] < s.count:
-            assert checkpoint is not None
-            checkpoint.restore(index)
-            chunk = step.chunks[s.chunk]
-            if len(chunk.token_ids) > 1:
-                commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.emitted[: accepted[s.chunk]]))
+    for s in (specs[index] for index in rejected):
+        chunk = step.chunks[s.chunk]
+        if len(chunk.token_ids) > 1:
+            commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.emitted[: accepted[s.chunk]]))
     if not commit:
         return
     ids = [t for _, _, tokens in commit for t in tokens]
