@@ -225,7 +225,8 @@ def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
         runner.forced_steps += 1
         n = int(x * (t + 1)) - int(x * t)
         tokens, accepted = forced(runner.sampler, logits, sampling, tokens_in, counts, [n] * len(specs))
-    accepted_l, tokens_l = accepted.tolist(), tokens.tolist()
+    read = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # one wait for the step
+    accepted_l, tokens_l = [r[0] for r in read], [r[1:] for r in read]
     emitted: list[int] = []
     chosen: list[int] = []
     ks: list[int] = []
