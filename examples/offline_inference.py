@@ -1,11 +1,11 @@
 """Offline inference with DeepInfer: the same shape as vLLM's ``LLM.generate``.
 
     python examples/offline_inference.py                      # embedded tiny model, offline, seconds on a CPU
-    python examples/offline_inference.py --model /path/to/DeepSeek-V4-checkpoint
+    python examples/offline_inference.py --model /path/to/DeepSeek-V4.1-checkpoint
     DEEPINFER_HF_MODEL_DIR=/path/to/checkpoint python examples/offline_inference.py
 
-With no model configured, DeepInfer uses the tiny DeepSeek-V4 checkpoint that ships in the package
-(a toy trained on simple stories; it exercises the full V4 architecture but knows little English).
+With no model configured, DeepInfer uses the tiny DeepSeek-V4.1 checkpoint that ships in the package
+(a toy trained on simple stories; it exercises the full V4.1 architecture but knows little English).
 DeepInfer's one-line notices (which model, which backend) go to stderr; DEEPINFER_LOGGING_LEVEL=WARNING hides them.
 """
 

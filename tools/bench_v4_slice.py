@@ -43,6 +43,19 @@ import sys
 import time
 from collections.abc import Callable
 
+from bench_common import (
+    SwitchableOps,
+    deepinfer_cases,
+    di_decode_step,
+    di_prefill,
+    di_prefill_once,
+    di_step,
+    measure_ceilings,
+    queue_time,
+    sync,
+    time_median,
+)
+
 SLICE = dict(
     vocab_size=129280, hidden_size=4096, num_hidden_layers=8, num_attention_heads=64, num_key_value_heads=1,
     head_dim=512, q_lora_rank=1024, o_groups=8, o_lora_rank=1024, n_routed_experts=64, num_experts_per_tok=6,
@@ -53,55 +66,6 @@ CONTEXT = 512
 PREFILL = 1024
 MAX_SEQS = 64  # the state pool's sequence slots (the largest decode batch)
 DEVICE = "cuda"
-
-
-def _sync() -> None:
-    import torch
-
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
-def _time(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` (synchronised), after one warm-up call."""
-    fn()
-    _sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def _queue_time(fn: Callable[[], object], repeats: int) -> float:
-    """Median host time until ``fn`` returns, its device work queued but not awaited (after one warm-up call):
-    below the synchronised wall time, the step is device-bound; near it, host-bound."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        _sync()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    _sync()
-    return statistics.median(samples)
-
-
-def measure_ceilings() -> tuple[float, float]:
-    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), on random data."""
-    import torch
-    from triton.testing import do_bench
-
-    src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() * 2 / (do_bench(lambda d=dst, s=src: d.copy_(s), return_mode="median") * 1e-3)
-    del src, dst
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    flops = 2 * 8192**3 / (do_bench(lambda: a @ b, return_mode="median") * 1e-3)
-    return bw, flops
 
 
 class ParamCounts:
@@ -155,7 +119,7 @@ def hf_cases(model, cases: list[str]) -> list[dict[str, object]]:
     with torch.inference_mode():
         if "prefill" in cases:
             ids = torch.randint(0, vocab, (1, PREFILL), device=DEVICE)
-            t = _time(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), repeats=3)
+            t = time_median(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), repeats=3)
             rows.append({"case": f"prefill 1x{PREFILL}", "tokens": PREFILL, "hf_s": t})
         for case in cases:
             if not case.startswith("decode"):
@@ -167,10 +131,10 @@ def hf_cases(model, cases: list[str]) -> list[dict[str, object]]:
             step_ids = torch.randint(0, vocab, (batch, 1), device=DEVICE)
             steps = []
             for _ in range(6):
-                _sync()
+                sync()
                 start = time.perf_counter()
                 out = model(input_ids=step_ids, cache=cache, use_cache=True)
-                _sync()
+                sync()
                 steps.append(time.perf_counter() - start)
                 cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
             rows.append({"case": f"decode b{batch} ctx {CONTEXT}", "tokens": batch,
@@ -178,16 +142,6 @@ def hf_cases(model, cases: list[str]) -> list[dict[str, object]]:
             del cache, out
             torch.cuda.empty_cache()
     return rows
-
-
-class SwitchableOps:
-    """An op table the benchmark can swap under a built model (every layer keeps a reference to its ops)."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def __getattr__(self, name: str):
-        return getattr(self.table, name)
 
 
 def op_tables() -> dict[str, object]:
@@ -232,153 +186,6 @@ def deepinfer_from_hf(hf_model, ops, dtype, device):
     return V4Model(cfg, V4Weights(tensors), ops=ops, dtype=dtype, device=torch.device(device))
 
 
-def _di_step(model, ids, positions, lens, states):
-    """One DeepInfer step: forward, then the logits of each sequence's last row.  Host-built index tensors go
-    through the backend's non-blocking copy, as in the engine's runner."""
-    import torch
-
-    from deepinfer.models import ForwardBatch
-    from deepinfer_cuda.plugin import CudaBackend
-
-    upload = CudaBackend().to_device
-    hidden = model.forward(ForwardBatch(ids, positions, lens, states, to_device=upload))
-    last = upload(torch.tensor(lens).cumsum(0) - 1, ids.device)
-    return model.compute_logits(hidden[last])
-
-
-def _di_prefill(model, tokens, chunk_seqs: int = 8):
-    """Fresh states holding ``tokens`` [B, S] (fed ``chunk_seqs`` sequences per forward)."""
-    import torch
-
-    batch, length = tokens.shape
-    states = [model.new_state() for _ in range(batch)]
-    positions = torch.arange(length, device=tokens.device)
-    for first in range(0, batch, chunk_seqs):
-        group = list(range(first, min(batch, first + chunk_seqs)))
-        _di_step(model, tokens[group].flatten(), positions.repeat(len(group)), [length] * len(group),
-                 [states[i] for i in group])
-    return states
-
-
-def _di_prefill_once(model, ids, pos):
-    state = model.new_state()
-    try:
-        return _di_step(model, ids, pos, [len(ids)], [state])
-    finally:
-        state.release()
-
-
-def _di_decode_step(model, states, graphs):
-    """One decode step of ``states`` (one random token each), eager or replayed from ``graphs``."""
-    import torch
-
-    batch = len(states)
-    if graphs is None:
-        ids = torch.randint(0, model.vocab_size, (batch,), device=DEVICE)
-        pos = torch.tensor([s.num_tokens for s in states], device=DEVICE)
-        return _di_step(model, ids, pos, [1] * batch, states)
-    ids = torch.randint(0, model.vocab_size, (batch,)).tolist()
-    return graphs.run(states, ids)
-
-
-def _prefill_graph(model, ids, pos):
-    """The prefill step captured in a CUDA graph (a measurement, not an engine path: its plan and uploads are
-    frozen at capture): replaying it times the prefill's device work without the host's launches in the way.
-    Returns (replay, the state it writes; release it when done) or None if the capture failed."""
-    import torch
-
-    state = model.new_state()
-
-    def step():
-        state.num_tokens = 0  # the same chunk at position 0 again: same pages, same plan
-        _di_step(model, ids, pos, [len(ids)], [state])
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph, stream=stream):
-            step()
-    except Exception as exc:  # noqa: BLE001 - report, keep the eager numbers
-        print(f"prefill graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-        state.release()
-        return None
-    return graph.replay, state
-
-
-def _host_costs(model, graphs, states) -> dict[str, float]:
-    """Host seconds of a replayed decode step's parts (medians of 5): building the inputs, the upload, and the
-    graph launch call (which returns before the device finishes)."""
-    parts = {"inputs": [], "upload": [], "launch": []}
-    for _ in range(5):
-        _sync()
-        rows, tokens = graphs.buckets(states)
-        t0 = time.perf_counter()
-        host = model.decode_inputs(states, [0] * len(states), rows, tokens)
-        t1 = time.perf_counter()
-        graph = graphs._graphs[rows, tokens]
-        graph.stage(host)  # pack into pinned staging + queue the copy
-        t2 = time.perf_counter()
-        graph.replay()
-        t3 = time.perf_counter()
-        _sync()
-        for key, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-            parts[key].append(value)
-    return {k: statistics.median(v) for k, v in parts.items()}
-
-
-def deepinfer_cases(model, cases: list[str], use_graphs: bool) -> dict[str, float]:
-    """Seconds per case (same cases as :func:`hf_cases`); decode steps replayed from CUDA graphs (captured
-    per batch size, as the engine does) unless ``use_graphs`` is false."""
-    import torch
-
-    from deepinfer.runner.decode_graphs import DecodeGraphs
-    from deepinfer_cuda.plugin import CudaBackend
-
-    vocab = model.vocab_size
-    out: dict[str, float] = {}
-    with torch.inference_mode():
-        if "prefill" in cases:
-            ids = torch.randint(0, vocab, (PREFILL,), device=DEVICE)
-            pos = torch.arange(PREFILL, device=DEVICE)
-            out[f"prefill 1x{PREFILL}"] = _time(lambda: _di_prefill_once(model, ids, pos), 3)
-            out[f"prefill 1x{PREFILL} host"] = {"queued": _queue_time(lambda: _di_prefill_once(model, ids, pos), 3)}
-            captured = _prefill_graph(model, ids, pos) if use_graphs else None
-            if captured is not None:
-                replay, state = captured
-                out[f"prefill 1x{PREFILL} replay"] = _time(replay, 3)
-                state.release()  # its slot: the b64 case needs every one
-        for case in cases:
-            if not case.startswith("decode"):
-                continue
-            batch = int(case[len("decode"):])
-            graphs = DecodeGraphs(model, CudaBackend(), torch.device(DEVICE), MAX_SEQS, CONTEXT + 64) \
-                if use_graphs else None
-            states = _di_prefill(model, torch.randint(0, vocab, (batch, CONTEXT), device=DEVICE))
-            steps = []
-            for _ in range(8):
-                _sync()
-                start = time.perf_counter()
-                _di_decode_step(model, states, graphs)
-                _sync()
-                steps.append(time.perf_counter() - start)
-            out[f"decode b{batch} ctx {CONTEXT}"] = statistics.median(steps[2:])
-            if graphs is not None:  # device time of the step alone: replays of its graph, back to back
-                replay = graphs._graphs[graphs.buckets(states)].replay
-                out[f"decode b{batch} ctx {CONTEXT} replay"] = _time(lambda: [replay() for _ in range(10)], 3) / 10
-                out[f"decode b{batch} ctx {CONTEXT} host"] = _host_costs(model, graphs, states)
-            for state in states:
-                state.release()
-            if graphs is not None:
-                graphs.close()
-            del states, graphs
-            torch.cuda.empty_cache()
-    return out
-
-
 def _profiled(step, name: str, directory: str) -> str:
     """Run ``step`` once under torch.profiler; write the CPU- and CUDA-sorted tables to ``directory/name.txt``
     and return a summary line plus the CUDA-sorted table."""
@@ -389,7 +196,7 @@ def _profiled(step, name: str, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
-        _sync()
+        sync()
     averages = prof.key_averages()
     by_cuda = averages.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60)
     by_cpu = averages.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
@@ -414,19 +221,19 @@ def profile_steps(model, batch: int, directory: str) -> str:
     from deepinfer_cuda.plugin import CudaBackend
 
     with torch.inference_mode():
-        states = _di_prefill(model, torch.randint(0, model.vocab_size, (batch, CONTEXT), device=DEVICE))
+        states = di_prefill(model, torch.randint(0, model.vocab_size, (batch, CONTEXT), device=DEVICE))
 
         graphs = DecodeGraphs(model, CudaBackend(), torch.device(DEVICE), MAX_SEQS, CONTEXT + 64)
-        _di_decode_step(model, states, graphs)
-        _di_decode_step(model, states, graphs)
-        _sync()
-        decode = _profiled(lambda: _di_decode_step(model, states, graphs), f"profile_decode_b{batch}", directory)
+        di_decode_step(model, states, graphs, DEVICE)
+        di_decode_step(model, states, graphs, DEVICE)
+        sync()
+        decode = _profiled(lambda: di_decode_step(model, states, graphs, DEVICE), f"profile_decode_b{batch}", directory)
         for state in states:
             state.release()
         graphs.close()
         ids = torch.randint(0, model.vocab_size, (PREFILL,), device=DEVICE)
         pos = torch.arange(PREFILL, device=DEVICE)
-        prefill = _profiled(lambda: _di_prefill_once(model, ids, pos), "profile_prefill", directory)
+        prefill = _profiled(lambda: di_prefill_once(model, ids, pos), "profile_prefill", directory)
     return decode + "\n" + "\n".join(prefill.splitlines()[:18])
 
 
@@ -440,8 +247,8 @@ def sync_trace(model) -> str:
 
     ids = torch.randint(0, model.vocab_size, (PREFILL,), device=DEVICE)
     pos = torch.arange(PREFILL, device=DEVICE)
-    _di_prefill_once(model, ids, pos)  # warm: allocations, first launches
-    _sync()
+    di_prefill_once(model, ids, pos)  # warm: allocations, first launches
+    sync()
     seen: list[str] = []
 
     def record(message, *_args, **_kwargs):
@@ -455,7 +262,7 @@ def sync_trace(model) -> str:
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            _di_prefill_once(model, ids, pos)
+            di_prefill_once(model, ids, pos)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return f"host syncs in one prefill of {PREFILL} tokens: {len(seen)}\n" + "\n".join(seen)
@@ -471,18 +278,18 @@ def mixed_step(model, decode_rows: int) -> dict[str, float]:
 
     upload = CudaBackend().to_device
     with torch.inference_mode():
-        states = _di_prefill(model, torch.randint(0, model.vocab_size, (decode_rows, CONTEXT), device=DEVICE))
+        states = di_prefill(model, torch.randint(0, model.vocab_size, (decode_rows, CONTEXT), device=DEVICE))
 
         def step():
             fresh = model.new_state()
             try:
                 ids = torch.randint(0, model.vocab_size, (decode_rows + PREFILL,), device=DEVICE)
                 positions = upload(torch.tensor([s.num_tokens for s in states] + list(range(PREFILL))), ids.device)
-                _di_step(model, ids, positions, [1] * decode_rows + [PREFILL], states + [fresh])
+                di_step(model, ids, positions, [1] * decode_rows + [PREFILL], states + [fresh])
             finally:
                 fresh.release()
 
-        wall, queued = _time(step, 3), _queue_time(step, 3)
+        wall, queued = time_median(step, 3), queue_time(step, 3)
         for state in states:
             state.release()
     return {"wall": wall * 1e3, "queued": queued * 1e3}
@@ -514,10 +321,10 @@ def engine_decode(model, ops, batch: int, new_tokens: int = 49, repeats: int = 3
                 # sampled, not greedy: a random model's greedy tokens repeat, which sends the hash-routed layers'
                 # tokens to few experts and flatters the MoE (random ids, as in the timed steps above, do not)
                 params = SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, seed=7 + rep)
-                _sync()
+                sync()
                 start = time.perf_counter()
                 llm.generate(prompts, params, use_tqdm=False)
-                _sync()
+                sync()
                 times[n] = time.perf_counter() - start
             if rep:
                 per_step.append((times[new_tokens] - times[1]) / (new_tokens - 1) * 1e3)
@@ -562,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         model.configure_state(MAX_SEQS, model.state_pool_bytes(MAX_SEQS, max(PREFILL, CONTEXT + 64)))
         for variant in variants:
             ops.table = tables[variant.removesuffix("-eager")]
-            times = deepinfer_cases(model, cases, use_graphs=not variant.endswith("-eager"))
+            times = deepinfer_cases(model, cases, not variant.endswith("-eager"), prefill=PREFILL, context=CONTEXT,
+                                    max_seqs=MAX_SEQS, device=DEVICE)
             for r in rows:
                 r[f"di_{variant}_s"] = times[r["case"]]
                 if r["case"] + " replay" in times:

@@ -98,7 +98,8 @@ def test_engine_runs_on_the_gpu_with_the_cuda_op_table(case, nvidia):
     from deepinfer_cuda.ops import OVERRIDES
 
     for name, fn in OVERRIDES.items():
-        assert getattr(model.ops, name) is fn, f"op {name} is not the CUDA backend's"
+        op = getattr(model.ops, name)  # a partially covered op is the kernel behind a reference fallback
+        assert name in model.ops.overridden and getattr(op, "__wrapped__", op) is fn, f"op {name} is not CUDA's"
     state = model.new_state()
     from deepinfer.models import ForwardBatch
 

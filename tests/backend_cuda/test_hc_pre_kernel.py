@@ -70,6 +70,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# slow: minutes under the interpreter on 2 cores; test_kernels_interpreted covers hc_pre.
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_gpu_kernels.py checks the kernels")
 def test_split_k_hc_pre_matches_reference_and_is_batch_invariant_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}

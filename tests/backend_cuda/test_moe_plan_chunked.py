@@ -75,6 +75,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# slow: minutes under the interpreter on 2 cores. test_kernels_interpreted runs the routing kernels (one chunk)
+# through moe_experts; test_chunked_plan_on_the_gpu runs this on the device.
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_chunked_plan_on_the_gpu runs instead")
 def test_chunked_plan_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}

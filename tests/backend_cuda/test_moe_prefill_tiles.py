@@ -82,6 +82,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# slow: minutes under the interpreter on 2 cores; test_kernels_interpreted covers moe_experts.
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_gpu_moe.py checks the compiled kernels")
 def test_moe_prefill_tiles_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}

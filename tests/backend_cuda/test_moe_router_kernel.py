@@ -122,6 +122,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# slow: minutes under the interpreter on 2 cores; test_kernels_interpreted covers moe_router.
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="a GPU is present: test_gpu_kernels.py checks the compiled kernel")
 def test_moe_router_kernel_under_the_triton_interpreter():

@@ -88,6 +88,8 @@ def _run_script(env: dict[str, str]) -> None:
     assert "CHECKED 4" in proc.stdout, proc.stdout
 
 
+# slow: minutes under the interpreter on 2 cores; test_kernels_interpreted covers sparse_attention.
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_skipping_chunks_on_the_gpu runs instead "
                     "(Triton 3.6's interpreter fails on numpy 2.5 there)")
 def test_skipping_chunks_of_padding_keeps_the_bits_under_the_triton_interpreter():

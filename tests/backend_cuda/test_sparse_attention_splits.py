@@ -125,6 +125,8 @@ INTERPRETER_SCRIPT = CHECKS + textwrap.dedent(
 )
 
 
+# slow: minutes under the interpreter on 2 cores; test_kernels_interpreted covers the kernel's default regime.
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_split_regimes_on_gpu checks the kernel")
 def test_split_regimes_agree_bitwise_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}

@@ -74,7 +74,7 @@ def rope_config(arch: CudaArch, dim: int) -> LaunchConfig:
     """Partial RoPE over rows of ``dim`` (head_dim 512 or index_head_dim 128): ~4K elements per program."""
     block = max(16, 1 << (dim - 1).bit_length())
     if arch.triton_arch in (90, 100):
-        return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // block))
+        return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // (1 << (max(block, 1) - 1).bit_length())))
     raise ValueError(f"no RoPE configuration for {arch.name}")
 
 
@@ -361,3 +361,37 @@ def moe_router_config(arch: CudaArch, experts: int) -> LaunchConfig:
         raise ValueError(f"no MoE router configuration for {arch.name}")
     block_e = max(16, 1 << (max(experts, 1) - 1).bit_length())
     return LaunchConfig(num_warps=4, block_rows=max(1, 1024 // block_e))
+
+
+def fake_quant_config(arch: CudaArch, block: int) -> LaunchConfig:
+    """QAT fake-quantization, one program per ``block_rows`` scale blocks of ``block`` channels (4096 elements a
+    program, 8 a thread at 4 warps: one 16-byte load of bf16).  Every block is reduced by itself, so the tile
+    never changes a bit (batch-invariant)."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no fake-quant configuration for {arch.name}")
+    return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // (1 << (max(block, 1) - 1).bit_length())))
+
+
+def hc_collapse_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
+    """V4.1's final mHC collapse, one program per (token, chunk of the hidden dim): returns (config, block_d).
+    A token's N streams of one chunk are read once; 1024 columns at 4 warps (8 a thread)."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no hc_collapse configuration for {arch.name}")
+    return LaunchConfig(num_warps=4), min(1024, max(16, 1 << (max(dim, 1) - 1).bit_length()))
+
+
+def engram_gate_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
+    """Engram's gate, one program per (token, stream): the stream's row and its key row [D] in registers (two
+    fp32 reductions over D, then one fused update): returns (config, block_d).  8 warps up to 8192 columns
+    (V4.1-Flash 5120: 32 elements a thread per row)."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no engram_gate configuration for {arch.name}")
+    block_d = max(16, 1 << (max(dim, 1) - 1).bit_length())
+    return LaunchConfig(num_warps=8 if block_d >= 2048 else 4), block_d
+
+
+def engram_hash_config(arch: CudaArch) -> LaunchConfig:
+    """Engram's n-gram hash: int64 arithmetic on a [block_rows, columns] tile of tokens x hash heads."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no engram_hash configuration for {arch.name}")
+    return LaunchConfig(num_warps=4, block_rows=64)

@@ -35,6 +35,12 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     return is_pow2(streams.shape[1]) and sinkhorn_iters >= 1
 
 
+def hc_pre_single_pass(streams: torch.Tensor, previous_pre: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
+                       scale: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int) -> bool:
+    """As :func:`hc_pre` (the same kernels)."""
+    return hc_pre(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+
+
 def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> bool:
     """The streams are one tile: a power-of-two count."""
     return is_pow2(streams.shape[1])
@@ -68,6 +74,7 @@ def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_pr
 #: Ops whose kernel covers only some inputs; the other overrides take everything their reference does.
 COVERAGE: dict[str, Callable[..., bool]] = {
     "hc_pre": hc_pre,
+    "hc_pre_single_pass": hc_pre_single_pass,
     "hc_post": hc_post,
     "rope": rope,
     "rms_norm_rope": rms_norm_rope,

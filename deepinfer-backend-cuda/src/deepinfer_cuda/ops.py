@@ -12,9 +12,17 @@ from typing import Any
 
 from deepinfer_cuda.kernels.compress_entries import compress_entries
 from deepinfer_cuda.kernels.compress_pool import compress_pool
+from deepinfer_cuda.kernels.engram_gate import engram_gate
+from deepinfer_cuda.kernels.engram_hash import engram_hash
+from deepinfer_cuda.kernels.fp4_e2m1_fake_quant import fp4_e2m1_fake_quant
+from deepinfer_cuda.kernels.fp8_e4m3_fake_quant import fp8_e4m3_fake_quant
+from deepinfer_cuda.kernels.hc_collapse import hc_collapse
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
+from deepinfer_cuda.kernels.hc_pre_single_pass import hc_pre_single_pass
+from deepinfer_cuda.kernels.indexer_candidates import indexer_candidates
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
+from deepinfer_cuda.kernels.indexer_topk_in_blocks import indexer_topk_in_blocks
 from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
@@ -30,15 +38,23 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm_rope": rms_norm_rope,
     "hc_pre": hc_pre,
     "hc_post": hc_post,
+    "hc_pre_single_pass": hc_pre_single_pass,
+    "hc_collapse": hc_collapse,
     "moe_experts": moe_experts,
     "moe_router": moe_router,
     "moe_hash_router": moe_hash_router,
     "sparse_attention": sparse_attention,
     "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
     "indexer_topk": indexer_topk,
+    "indexer_candidates": indexer_candidates,
+    "indexer_topk_in_blocks": indexer_topk_in_blocks,
     "compress_pool": compress_pool,
     "compress_entries": compress_entries,
     "sample_tokens": sample_tokens,
+    "fp8_e4m3_fake_quant": fp8_e4m3_fake_quant,
+    "fp4_e2m1_fake_quant": fp4_e2m1_fake_quant,
+    "engram_hash": engram_hash,
+    "engram_gate": engram_gate,
 }
 
 #: What ``DEEPINFER_BATCH_INVARIANT=1`` replaces: kernels whose tiles are fixed for every batch size.

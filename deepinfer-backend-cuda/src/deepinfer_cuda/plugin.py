@@ -23,9 +23,13 @@ class CudaBackend(Backend):
     #: Kernels whose programs read only their own row with fixed tiles: a row's bits never depend on the batch
     #: (sparse_attention: one program per query, fixed key chunks; compress_pool: per window; sample_tokens: per
     #: row and fixed vocabulary chunks).  Each passed check_batch_invariance on an H200 (2026-11-29).  moe_experts:
-    #: its fixed-tile form (``ops.BATCH_INVARIANT_OVERRIDES``, what ``load_ops`` gives under the flag).
+    #: its fixed-tile form (``ops.BATCH_INVARIANT_OVERRIDES``, what ``load_ops`` gives under the flag).  V4.1's
+    #: row-local kernels (single-pass mHC, the final collapse, the fake-quantizers, Engram's hash and gate) are
+    #: declared by construction (a row's or block's program reads only it, tiles from the model dims); not yet run
+    #: through check_batch_invariance on an H200.
     batch_invariant_ops = ("sparse_attention", "sparse_attention_inverse_rope", "compress_pool", "compress_entries",
-                           "sample_tokens", "hc_pre", "rms_norm_rope", "moe_experts")
+                           "sample_tokens", "hc_pre", "rms_norm_rope", "moe_experts", "hc_pre_single_pass",
+                           "hc_collapse", "fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", "engram_hash", "engram_gate")
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:

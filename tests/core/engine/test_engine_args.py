@@ -181,14 +181,14 @@ def test_llm_takes_vllms_memory_fraction(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny_v4():
+def embedded():
     model = load_model(EMBEDDED_MODEL_DIR, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
     return model, toy_tokenizer()
 
 
 @pytest.mark.parametrize("max_num_seqs", [256, 1])
-def test_the_minimum_state_budget_named_is_accepted(tiny_v4, max_num_seqs):
-    model, tok = tiny_v4
+def test_the_minimum_state_budget_named_is_accepted(embedded, max_num_seqs):
+    model, tok = embedded
     with pytest.raises(ValueError, match="raise state_cache_bytes to at least") as info:
         LLM.from_model(model, None, state_cache_bytes=1000, max_num_seqs=max_num_seqs)
     least = int(re.search(r"at least (\d+)", str(info.value)).group(1))

@@ -9,9 +9,15 @@ from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 from deepinfer_cuda.kernels import (
                                     compress_entries,
                                     compress_pool,
+                                    engram_gate,
+                                    engram_hash,
+                                    fp4_e2m1_fake_quant,
+                                    fp8_e4m3_fake_quant,
+                                    hc_collapse,
                                     hc_post,
                                     hc_pre,
                                     indexer_topk,
+                                    indexer_topk_in_blocks,
                                     moe_experts,
                                     moe_hash_router,
                                     moe_router,
@@ -25,8 +31,11 @@ from deepinfer_cuda.kernels import (
 
 ALL: tuple[TritonKernel, ...] = (
     rms_norm.KERNEL, rope.KERNEL, rms_norm_rope.KERNEL, hc_pre.MIX_KERNEL, hc_pre.KERNEL, hc_post.KERNEL,
+    hc_pre.SINGLE_PASS_KERNEL, hc_collapse.KERNEL,
     moe_routing.PLAN_KERNEL, moe_routing.COUNT_KERNEL, moe_routing.SCAN_KERNEL, moe_routing.SCATTER_KERNEL,
     moe_experts.UP_KERNEL, moe_experts.DOWN_KERNEL, moe_experts.COMBINE_KERNEL,
     sparse_attention.KERNEL, sparse_attention.COMBINE_KERNEL, indexer_topk.KERNEL, compress_pool.KERNEL,
+    indexer_topk_in_blocks.KERNEL,
     compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL,
+    fp8_e4m3_fake_quant.KERNEL, fp4_e2m1_fake_quant.KERNEL, engram_hash.KERNEL, engram_gate.KERNEL,
 )

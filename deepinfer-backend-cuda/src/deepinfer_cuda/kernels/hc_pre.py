@@ -230,13 +230,23 @@ def _gates4(mix, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, 
     tl.store(out + 15, c33)
 
 
+@triton.jit
+def _pre_gate(gate_ws_ptr, slot, s_ok, ks, inv_rms, scale_ptr, base_ptr, hc_eps, GATE_W: tl.constexpr):
+    """``pre`` [N] of one token: its slices' partial mixes summed in a fixed order, normalised, gated."""
+    pre_w = tl.sum(tl.load(gate_ws_ptr + slot[:, None] * GATE_W + ks[None, :], mask=s_ok[:, None], other=0.0), axis=0)
+    return tl.sigmoid(pre_w * inv_rms * tl.load(scale_ptr) + tl.load(base_ptr + ks)) + hc_eps
+
+
 @triton.jit(do_not_specialize=["tokens", "sinkhorn_iters"])
 def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_ptr, collapsed_ptr, post_ptr,
-                          comb_ptr, tokens, norm_eps, hc_eps, sinkhorn_iters,
+                          comb_ptr, prev_pre_ptr, pre_ptr, tokens, norm_eps, hc_eps, sinkhorn_iters,
                           N: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_D: tl.constexpr, STEP_D: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr):
+                          BLOCK_D: tl.constexpr, STEP_D: tl.constexpr, GATE_W: tl.constexpr, MIX_W: tl.constexpr,
+                          SINGLE_PASS: tl.constexpr):
     """Program (token, c): c < cdiv(D, BLOCK_D) collapses hidden chunk c with pre (STEP_D columns at a time: fewer
-    registers, more programs resident); the last c writes post, comb."""
+    registers, more programs resident); the last c writes post, comb.  SINGLE_PASS (V4.1's
+    ``hc_pre_single_pass``): chunks collapse with the previous site's pre [T, N] (``prev_pre_ptr``), and the last
+    program also writes this site's pre (``pre_ptr``)."""
     token = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     ss = tl.arange(0, BLOCK_S)
@@ -247,9 +257,10 @@ def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_
     sumsq = tl.sum(tl.load(gate_ws_ptr + slot * GATE_W + N, mask=s_ok, other=0.0), axis=0)
     inv_rms = tl.rsqrt(sumsq / (N * D) + norm_eps)
     if chunk * BLOCK_D < D:
-        pre_w = tl.sum(tl.load(gate_ws_ptr + slot[:, None] * GATE_W + ks[None, :], mask=s_ok[:, None], other=0.0),
-                       axis=0)
-        pre = tl.sigmoid(pre_w * inv_rms * tl.load(scale_ptr) + tl.load(base_ptr + ks)) + hc_eps
+        if SINGLE_PASS:
+            pre = tl.load(prev_pre_ptr + token * N + ks)
+        else:
+            pre = _pre_gate(gate_ws_ptr, slot, s_ok, ks, inv_rms, scale_ptr, base_ptr, hc_eps, GATE_W)
         # Collapse the streams with pre (fp32 products, summed, rounded once to the stream dtype).
         for d0 in tl.static_range(0, BLOCK_D, STEP_D):
             dcols = chunk * BLOCK_D + d0 + tl.arange(0, STEP_D)
@@ -258,11 +269,22 @@ def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_
                         other=0.0).to(tl.float32)
             out = tl.sum(pre[:, None] * x, axis=0)
             tl.store(collapsed_ptr + token * D + dcols, out.to(collapsed_ptr.dtype.element_ty), mask=dok)
-    elif N == 4:
-        _gates4(mix_ws_ptr + slot * MIX_W, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps,
-                sinkhorn_iters, N)
     else:
-        mix = mix_ws_ptr + slot * MIX_W
+        if SINGLE_PASS:
+            tl.store(pre_ptr + token * N + ks,
+                     _pre_gate(gate_ws_ptr, slot, s_ok, ks, inv_rms, scale_ptr, base_ptr, hc_eps, GATE_W))
+        _gates(mix_ws_ptr + slot * MIX_W, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps,
+               sinkhorn_iters, N)
+
+
+@triton.jit
+def _gates(mix, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps, sinkhorn_iters,
+           N: tl.constexpr):
+    """post and comb of one token: on 16 scalars for N = 4, as [N] / [N, N] tiles otherwise."""
+    if N == 4:
+        _gates4(mix, s_ok, inv_rms, base_ptr, scale_ptr, post_ptr, comb_ptr, token, hc_eps, sinkhorn_iters, N)
+    else:
+        ks = tl.arange(0, N)
         post_w = tl.sum(tl.load(mix[:, None] + ks[None, :], mask=s_ok[:, None], other=0.0), axis=0)
         comb_w = tl.sum(tl.load(mix[:, None, None] + N + ks[None, :, None] * N + ks[None, None, :],
                                 mask=s_ok[:, None, None], other=0.0), axis=0)
@@ -297,7 +319,7 @@ def _plan(tiles: HcPreTiles, n: int, dim: int, tier: HcPreTier,
     return mix, finish
 
 
-def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
+def _aot_variants(arch: CudaArch, which: str, single_pass: bool = False) -> list[Variant]:
     variants = []
     for n, dim in AOT_SHAPES:
         tiles = hc_pre_config(arch, n, dim)
@@ -312,9 +334,14 @@ def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
                 _, finish = _plan(tiles, n, dim, tiles.tiers[0], dtype == "bf16")
                 sig = {"streams_ptr": f"*{dtype}:D", "gate_ws_ptr": "*fp32:D", "mix_ws_ptr": "*fp32:D",
                        "base_ptr": "*fp32:D", "scale_ptr": "*fp32:D", "collapsed_ptr": f"*{dtype}:D",
-                       "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D", "tokens": "i32", "norm_eps": "fp32",
-                       "hc_eps": "fp32", "sinkhorn_iters": "i32"}
-                variants.append(Variant(sig, dict(finish), tiles.finish.num_warps, tiles.finish.num_stages))
+                       "post_ptr": "*fp32:D", "comb_ptr": "*fp32:D"}
+                const: dict[str, object] = {**finish, "SINGLE_PASS": single_pass}
+                if single_pass:
+                    sig.update({"prev_pre_ptr": "*fp32:D", "pre_ptr": "*fp32:D"})
+                else:
+                    const.update({"prev_pre_ptr": None, "pre_ptr": None})
+                sig.update({"tokens": "i32", "norm_eps": "fp32", "hc_eps": "fp32", "sinkhorn_iters": "i32"})
+                variants.append(Variant(sig, const, tiles.finish.num_warps, tiles.finish.num_stages))
     # Two tiers of one shape may share a tile: compile each specialization once.
     unique: dict[tuple[str, str, int, int], Variant] = {}
     for v in variants:
@@ -325,12 +352,16 @@ def _aot_variants(arch: CudaArch, which: str) -> list[Variant]:
 MIX_KERNEL = TritonKernel("hc_pre_mix", _hc_pre_mix_kernel, functools.partial(_aot_variants, which="mix"))
 #: The finishing kernel carries the op's name (tests look the op up by ``KERNEL.name``); both are in ``ALL``.
 KERNEL = TritonKernel("hc_pre", _hc_pre_finish_kernel, functools.partial(_aot_variants, which="finish"))
+#: The same finishing kernel with ``SINGLE_PASS`` (``hc_pre_single_pass.py`` uses it with :data:`MIX_KERNEL`).
+SINGLE_PASS_KERNEL = TritonKernel("hc_pre_single_pass", _hc_pre_finish_kernel,
+                                  functools.partial(_aot_variants, which="finish", single_pass=True))
 
 
-def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
-            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch, tiles: HcPreTiles | None = None) -> LaunchChain:
-    """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched.
-    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep_hc_pre.py times candidates this way)."""
+def plan_hc_pre(streams: torch.Tensor, previous_pre: torch.Tensor | None, fn: torch.Tensor, base: torch.Tensor,
+                scale: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch,
+                tiles: HcPreTiles | None, interpreted: bool) -> LaunchChain:
+    """Both kernels' launches; ``previous_pre`` [T, N] given: the single-pass form (the finish collapses with it and
+    also writes this site's pre).  The chain's result: (collapsed, post, comb), or (collapsed, pre, post, comb)."""
     tokens, n, dim = streams.shape
     if not coverage.hc_pre(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
         raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1 (got "
@@ -347,16 +378,30 @@ def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: 
     collapsed = torch.empty((tokens, dim), dtype=streams.dtype, device=device)
     post = torch.empty((tokens, n), dtype=torch.float32, device=device)
     comb = torch.empty((tokens, n, n), dtype=torch.float32, device=device)
+    pre = prev = None
+    if previous_pre is not None:
+        prev = previous_pre.to(device=device, dtype=torch.float32).contiguous()
+        pre = torch.empty((tokens, n), dtype=torch.float32, device=device)
     mix_launch = Launch((triton.cdiv(tokens, tier.block_t), slices), tier.config,
                         dict(streams_ptr=streams, fn_ptr=fn, gate_ws_ptr=gate_ws, mix_ws_ptr=mix_ws, tokens=tokens,
-                             **{**mix, "INTERPRETED": INTERPRETED}), None)
+                             **{**mix, "INTERPRETED": interpreted}), None)
     finish_launch = Launch((tokens, triton.cdiv(dim, tiles.block_d) + 1), tiles.finish,
                            dict(streams_ptr=streams, gate_ws_ptr=gate_ws, mix_ws_ptr=mix_ws, base_ptr=base,
                                 scale_ptr=scale, collapsed_ptr=collapsed, post_ptr=post, comb_ptr=comb,
-                                tokens=tokens, norm_eps=float(norm_eps), hc_eps=float(hc_eps),
-                                sinkhorn_iters=int(sinkhorn_iters), **finish), None)
-    result = (collapsed, post, comb)
-    return LaunchChain([(MIX_KERNEL, mix_launch), (KERNEL, finish_launch)], lambda: result)
+                                prev_pre_ptr=prev, pre_ptr=pre, tokens=tokens, norm_eps=float(norm_eps),
+                                hc_eps=float(hc_eps), sinkhorn_iters=int(sinkhorn_iters), **finish,
+                                SINGLE_PASS=previous_pre is not None), None)
+    result = (collapsed, post, comb) if pre is None else (collapsed, pre, post, comb)
+    finish_kernel = KERNEL if pre is None else SINGLE_PASS_KERNEL
+    return LaunchChain([(MIX_KERNEL, mix_launch), (finish_kernel, finish_launch)], lambda: result)
+
+
+def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+            hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch, tiles: HcPreTiles | None = None) -> LaunchChain:
+    """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched.
+    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep_hc_pre.py times candidates this way)."""
+    return plan_hc_pre(streams, None, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, arch=arch, tiles=tiles,
+                       interpreted=INTERPRETED)
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,

@@ -4,7 +4,7 @@ Overrides core's ``indexer_topk(q, weights, keys, seq_ids, limits, topk, softmax
 (deepinfer/ops/indexer.py).  The reference gathers every query's sequence keys ([T, N, c] fp32) and runs an
 fp32 bmm; here:
 
-    _index_scores_kernel   per (query, chunk of BLOCK_N entries): s = q [H, c] @ k^T [c, BLOCK_N] (tensor cores,
+    index_scores_kernel   per (query, chunk of BLOCK_N entries): s = q [H, c] @ k^T [c, BLOCK_N] (tensor cores,
                            fp32 accumulate), score_n = sum_h ReLU(s_hn) * softmax_scale * (w_h * weights_scale);
                            entries at or past the query's limit get -inf, chunks wholly past it skip the product
     finish (torch)         torch.topk of the [T, N] fp32 scores, -inf picks -> -1, padded with -1 to ``topk``
@@ -23,17 +23,23 @@ from deepinfer_cuda.arch import CudaArch, indexer_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 
-#: (index heads, index head dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 128.
-AOT_SHAPES = ((64, 128),)
+#: (index heads, index head dim) compiled ahead of time: V4-Flash 64 x 128, V4.1-Flash 32 x 128.
+AOT_SHAPES = ((64, 128), (32, 128))
+#: V4.1-Flash's candidate blocks (entries a block), for ``indexer_topk_in_blocks``'s variants.
+AOT_CANDIDATE_BLOCKS = (8,)
 #: Work around Triton's CPU interpreter, which computes bf16 ``tl.dot`` wrongly: multiply in fp32 (bf16 products
 #: are exact in fp32).  Off on the GPU, turned on by the interpreter test.
 INTERPRETED = False
 
 
-@triton.jit(do_not_specialize=["entries", "softmax_scale", "weights_scale"])
-def _index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr, entries, softmax_scale,
-                         weights_scale, H: tl.constexpr, C: tl.constexpr, FP32_DOT: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+@triton.jit(do_not_specialize=["entries", "softmax_scale", "weights_scale", "allowed_stride"])
+def index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr, allowed_ptr, entries, softmax_scale,
+                         weights_scale, allowed_stride, H: tl.constexpr, C: tl.constexpr, FP32_DOT: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
+                         CANDIDATE_BLOCK: tl.constexpr):
+    """Scores of query t against entries [pid1 * BLOCK_N, +BLOCK_N).  CANDIDATE_BLOCK > 0 (``indexer_topk_in_blocks``):
+    entries whose block (``e // CANDIDATE_BLOCK``) is not set in the query's row of ``allowed`` [T, blocks] (uint8)
+    score -inf too."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     limit = tl.load(limit_ptr + t)
@@ -57,30 +63,63 @@ def _index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr,
         s = tl.dot(q, tl.trans(k))
     w = tl.load(w_ptr + t * H + heads, mask=head_ok, other=0.0).to(tl.float32) * weights_scale
     score = tl.sum(tl.maximum(s, 0.0) * softmax_scale * w[:, None], axis=0)  # [BLOCK_N]
-    tl.store(out_ptrs, tl.where(cols < limit, score, float("-inf")), mask=col_ok)
+    keep = cols < limit
+    if CANDIDATE_BLOCK > 0:
+        block_ok = tl.load(allowed_ptr + t * allowed_stride + cols // CANDIDATE_BLOCK, mask=col_ok, other=0)
+        keep = keep & (block_ok != 0)
+    tl.store(out_ptrs, tl.where(keep, score, float("-inf")), mask=col_ok)
 
 
-def _constexprs(heads: int, dim: int, block_n: int, fp32: bool) -> dict[str, object]:
-    return {"H": heads, "C": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
-            "BLOCK_C": max(16, triton.next_power_of_2(dim)), "BLOCK_N": block_n}
+def _constexprs(heads: int, dim: int, block_n: int, fp32: bool, candidate_block: int) -> dict[str, object]:
+    return {"H": heads, "C": dim, "FP32_DOT": fp32, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
+            "BLOCK_C": max(16, triton.next_power_of_2(dim)), "BLOCK_N": block_n, "CANDIDATE_BLOCK": candidate_block}
 
 
-def _aot_variants(arch: CudaArch) -> list[Variant]:
-    """Contiguous bf16 queries, weights and keys, int64 sequence ids and limits, at the model shapes."""
+def aot_variants(arch: CudaArch, in_blocks: bool = False) -> list[Variant]:
+    """Contiguous bf16 queries, weights and keys, int64 sequence ids and limits, at the model shapes; with the
+    candidate-block mask (``in_blocks``) at V4.1's block sizes."""
     variants = []
     for heads, dim in AOT_SHAPES:
         cfg, block_n = indexer_config(arch, heads, dim, 2)
-        sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", "keys_ptr": "*bf16:D", "seq_ptr": "*i64:D",
-               "limit_ptr": "*i64:D", "scores_ptr": "*fp32:D", "entries": "i32", "softmax_scale": "fp32",
-               "weights_scale": "fp32"}
-        variants.append(Variant(sig, _constexprs(heads, dim, block_n, False), cfg.num_warps, cfg.num_stages))
+        for block in AOT_CANDIDATE_BLOCKS if in_blocks else (0,):
+            sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", "keys_ptr": "*bf16:D", "seq_ptr": "*i64:D",
+                   "limit_ptr": "*i64:D", "scores_ptr": "*fp32:D"}
+            const = _constexprs(heads, dim, block_n, False, block)
+            if block:
+                sig["allowed_ptr"] = "*u8:D"
+            else:
+                const["allowed_ptr"] = None
+            sig.update({"entries": "i32", "softmax_scale": "fp32", "weights_scale": "fp32", "allowed_stride": "i32"})
+            variants.append(Variant(sig, const, cfg.num_warps, cfg.num_stages))
     return variants
 
 
-KERNEL = TritonKernel("indexer_topk", _index_scores_kernel, _aot_variants)
+KERNEL = TritonKernel("indexer_topk", index_scores_kernel, aot_variants)
 
 
-def _top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
+def plan_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
+                limits: torch.Tensor, softmax_scale: float, weights_scale: float, *, arch: CudaArch,
+                interpreted: bool, allowed: torch.Tensor | None = None, candidate_block: int = 0) -> Launch:
+    """The scores kernel's launch; ``result``: the fp32 scores [T, N] (``-inf`` at and past each query's limit,
+    and outside its ``allowed`` [T, >= cdiv(N, candidate_block)] uint8 blocks when given)."""
+    tokens, heads, dim = q.shape
+    entries = keys.shape[1]
+    q = q.contiguous()
+    weights, keys = weights.to(q.dtype).contiguous(), keys.to(q.dtype).contiguous()
+    seq_ids = seq_ids.to(device=q.device, dtype=torch.int64).contiguous()
+    limits = limits.to(device=q.device, dtype=torch.int64).contiguous()
+    scores = torch.empty((tokens, entries), dtype=torch.float32, device=q.device)
+    cfg, block_n = indexer_config(arch, heads, dim, q.element_size())
+    const = _constexprs(heads, dim, block_n, q.dtype == torch.float32 or interpreted,
+                        candidate_block if allowed is not None else 0)
+    args = dict(q_ptr=q, w_ptr=weights, keys_ptr=keys, seq_ptr=seq_ids, limit_ptr=limits, scores_ptr=scores,
+                allowed_ptr=allowed, entries=entries, softmax_scale=float(softmax_scale),
+                weights_scale=float(weights_scale), allowed_stride=allowed.stride(0) if allowed is not None else 0,
+                **const)
+    return Launch((tokens, triton.cdiv(entries, block_n)), cfg, args, scores)
+
+
+def top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
     """Ids of the ``topk`` best finite scores per row, best first; ``-1`` pads."""
     kept = min(topk, scores.shape[1])
     values, ids = torch.topk(scores, kept, dim=1, sorted=True)
@@ -94,19 +133,9 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids:
             limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float, *,
             arch: CudaArch) -> LaunchChain:
     """Plan ``indexer_topk(...)`` for ``arch``: the scores kernel's launch and the top-k, nothing launched."""
-    tokens, heads, dim = q.shape
-    entries = keys.shape[1]
-    q = q.contiguous()
-    weights, keys = weights.to(q.dtype).contiguous(), keys.to(q.dtype).contiguous()
-    seq_ids = seq_ids.to(device=q.device, dtype=torch.int64).contiguous()
-    limits = limits.to(device=q.device, dtype=torch.int64).contiguous()
-    scores = torch.empty((tokens, entries), dtype=torch.float32, device=q.device)
-    cfg, block_n = indexer_config(arch, heads, dim, q.element_size())
-    args = dict(q_ptr=q, w_ptr=weights, keys_ptr=keys, seq_ptr=seq_ids, limit_ptr=limits, scores_ptr=scores,
-                entries=entries, softmax_scale=float(softmax_scale), weights_scale=float(weights_scale),
-                **_constexprs(heads, dim, block_n, q.dtype == torch.float32))
-    launch = Launch((tokens, triton.cdiv(entries, block_n)), cfg, args, scores)
-    return LaunchChain([(KERNEL, launch)], lambda: _top_entries(scores, topk))
+    launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
+                         interpreted=INTERPRETED)
+    return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
 def indexer_topk(

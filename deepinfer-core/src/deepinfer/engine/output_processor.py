@@ -129,4 +129,5 @@ class OutputProcessor:
             finished=request.finished,
             error=request.error,
             spec_decoding_stats=request.spec_stats,
+            metrics=request.metrics,
         )

@@ -9,10 +9,11 @@ its model state has consumed (reset to 0 when it is preempted, then recomputed).
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from deepinfer.outputs import CompletionOutput, PositionLogprobs, SpecDecodingStats
+from deepinfer.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, SpecDecodingStats
 from deepinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class Request:
     error: str | None = None
     #: Speculative decoding counts over its completions (None until it first verifies drafts).
     spec_stats: SpecDecodingStats | None = None
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.time()))
 
     @property
     def prompt_len(self) -> int:

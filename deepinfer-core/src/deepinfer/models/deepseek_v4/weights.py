@@ -16,6 +16,7 @@ import torch
 
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, SLIDING, DeepseekV4Config
+from deepinfer.models.layer_shapes import shared_layer_shapes
 from deepinfer.models.tensor_checks import (
     FLOAT_DTYPES,
     FP4_DTYPES,
@@ -54,9 +55,7 @@ def keeps_fp32(name: str) -> bool:
 
 def expected_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the main model (MTP layers excluded) with its dense shape."""
-    d, n_hc, heads, hd = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim
-    hc_out = (2 + n_hc) * n_hc
-    inter = cfg.moe_intermediate_size
+    d, n_hc, hd, inter = cfg.hidden_size, cfg.hc_mult, cfg.head_dim, cfg.moe_intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "embed.weight": (cfg.vocab_size, d),
         "norm.weight": (d,),
@@ -68,21 +67,8 @@ def expected_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
         shapes["head.weight"] = (cfg.vocab_size, d)
     for i, (kind, ratio, mlp) in enumerate(zip(cfg.layer_types, cfg.compress_ratios, cfg.mlp_layer_types, strict=True)):
         p = f"layers.{i}."
-        shapes.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,)})
-        for site in ("attn", "ffn"):
-            shapes.update({f"{p}hc_{site}_fn": (hc_out, n_hc * d), f"{p}hc_{site}_base": (hc_out,),
-                           f"{p}hc_{site}_scale": (3,)})
+        shapes.update(shared_layer_shapes(p, cfg, kv_norm="norm"))
         a = p + "attn."
-        shapes.update({
-            a + "wq_a.weight": (cfg.q_lora_rank, d),
-            a + "q_norm.weight": (cfg.q_lora_rank,),
-            a + "wq_b.weight": (heads * hd, cfg.q_lora_rank),
-            a + "wkv.weight": (hd, d),
-            a + "norm.weight": (hd,),
-            a + "wo_a.weight": (cfg.o_groups * cfg.o_lora_rank, heads * hd // cfg.o_groups),
-            a + "wo_b.weight": (d, cfg.o_groups * cfg.o_lora_rank),
-            a + "attn_sink": (heads,),
-        })
         if kind != SLIDING:
             width = (2 if kind == CSA else 1) * hd  # CSA projects two overlapping series
             _compressor(shapes, a + "compressor.", d, width, hd, ratio)

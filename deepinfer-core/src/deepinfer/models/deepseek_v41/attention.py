@@ -58,8 +58,10 @@ class GraphStep:
 
 
 class Attention:
-    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor]):
-        p = f"layers.{role.layer_id}.attn."
+    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
+                 prefix: str | None = None):
+        """``prefix``: the tensors' name prefix (default ``layers.N.attn.``; the DSpark drafter's ``mtp.i.attn.``)."""
+        p = prefix if prefix is not None else f"layers.{role.layer_id}.attn."
         self.ops, self.role, self.ratio = ops, role, role.ratio
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.eps = cfg.rms_norm_eps
@@ -83,6 +85,7 @@ class Attention:
         # what the layer projects the token itself to, as one GEMM: wq_a | wkv (| indexer head weights)
         parts = [get(p + name + ".weight") for name in names]
         self.w_in, self.in_splits = torch.cat(parts), [w.shape[0] for w in parts]
+        self.wkv = self.w_in[self.in_splits[0] : self.in_splits[0] + self.in_splits[1]]  # a view of w_in
 
     # --- shared by both paths -------------------------------------------------------------------------
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
@@ -94,6 +97,13 @@ class Attention:
         q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
         kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
         return q_residual, q, ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK), (rest[0] if rest else None)
+
+    def latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The K=V latents [T, Dh] of rows ``x`` alone (rotated, FP8): the DSpark drafter's context, projected
+        from its main feature by each draft layer's own ``wkv`` / ``kv_norm``."""
+        kv = self.ops.rms_norm_rope(self.ops.linear(x, self.wkv), self.kv_norm, self.eps, positions, self.inv_freq,
+                                    self.rope_scaling)
+        return self.ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK)
 
     def _entries(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Compressed entries of pre-RoPE latents at their windows' first positions: rotated, then FP4."""
@@ -163,6 +173,16 @@ class Attention:
         keys_pool = torch.cat([cache.kv[gather_rows], kv])
         cache.kv.index_copy_(0, ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
         return self._output(q, keys_pool, cols, positions)
+
+    # --- a DSpark draft block: non-causal, over precomputed context latents -----------------------
+    def block(self, x: torch.Tensor, positions: torch.Tensor, context: torch.Tensor, cols: torch.Tensor
+              ) -> torch.Tensor:
+        """Attention of draft-block rows ``x`` [T, D] at ``positions``: the keys are ``context`` [C, Dh] (latents
+        from :meth:`latents`) followed by the block's own latents; ``cols`` [T, K] index that concatenation
+        (``-1``: unused), so the caller decides who sees whom (the drafter: every row sees its block and its
+        sequence's context window).  No state is written."""
+        _, q, kv, _ = self._project(x, positions)
+        return self._output(q, torch.cat([context, kv]), cols, positions)
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
     def decode(self, x: torch.Tensor, graph: GraphStep, cache: LayerCache, entry_base: int) -> torch.Tensor:

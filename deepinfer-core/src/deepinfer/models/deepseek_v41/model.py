@@ -27,7 +27,8 @@ from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoE, MoESpec
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
-from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.capture import Capture
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
 from deepinfer.models.deepseek_v41.engram import Engram
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after
 from deepinfer.models.deepseek_v41.indexer import Published
@@ -42,19 +43,27 @@ Stored = torch.Tensor | QuantizedTensor
 Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
 
 
+def moe_spec(cfg: DeepseekV41Config, experts: int, top_k: int) -> MoESpec:
+    """The MoE of a backbone layer (``n_routed_experts`` / ``num_experts_per_tok``) or of a DSpark draft layer
+    (``dspark_n_routed_experts`` / ``dspark_num_experts_per_tok``): the rest is shared."""
+    limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
+    return MoESpec(experts, top_k, cfg.routed_scaling_factor, cfg.scoring_func, limit, gate_temp=cfg.gate_temp)
+
+
 class DecoderLayer:
-    def __init__(self, ops: Ops, cfg: DeepseekV41Config, layer: int, get: Callable[[str], torch.Tensor],
-                 engram: Engram | None):
-        p = f"layers.{layer}."
+    """One block: mHC sites, attention, MoE.  Backbone layer N reads ``layers.N.*``; the DSpark drafter builds
+    its draft layers from the same class with ``prefix="mtp.i."``, a sliding-only role and its own MoE spec."""
+
+    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
+                 engram: Engram | None, *, prefix: str | None = None, moe: MoESpec | None = None):
+        p = prefix if prefix is not None else f"layers.{role.layer_id}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
         self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, cfg.layers[layer], get)
-        limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
-        moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
-                      limit, gate_temp=cfg.gate_temp)
+        self.attn = Attention(ops, cfg, role, get, prefix=p + "attn.")
+        moe = moe if moe is not None else moe_spec(cfg, cfg.n_routed_experts, cfg.num_experts_per_tok)
         self.ffn = MoE(ops, moe, p + "ffn.", get)
 
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
@@ -129,13 +138,29 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
-        self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i)) for i in range(cfg.num_hidden_layers)]
+        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i)) for i in range(cfg.num_hidden_layers)]
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg), views_for(cfg)
         self.ratio_kinds = {r: RatioKinds(indexed=True) for r in self.state_spec.paged_ratios}
         self.decoder_keep = decoder_keep
         self.decoder_layer = cut_layer(cfg, decoder_keep) if decoder_keep is not None else None
+        #: Layers whose outputs a batch with ``capture_rows`` gets back (:mod:`.capture`): the drafter's targets.
+        self.capture_layer_ids: tuple[int, ...] = cfg.dspark_target_layer_ids
+        self._capture: Capture | None = None  # set for the duration of one capturing forward
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """:meth:`PooledCausalLM.forward`; with ``batch.capture_rows`` also sets ``batch.captured``."""
+        if batch.capture_rows is None:
+            return super().forward(batch)
+        self._capture = Capture.request(self.capture_layer_ids, batch.capture_rows, batch.input_ids.shape[0],
+                                        self.config.hc_mult)
+        try:
+            hidden = super().forward(batch)
+            batch.captured = self._capture.result()
+        finally:
+            self._capture = None
+        return hidden
 
     def _ragged(self, batch: ForwardBatch, layout: RaggedLayout, states: list[PooledState], pool: StatePool
                 ) -> torch.Tensor:
@@ -168,11 +193,14 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         streams, pre = self._embed(input_ids)
         for i, layer in enumerate(self.layers[: self.decoder_layer]):
             streams, pre = layer(streams, pre, input_ids, lookback, attend, i)
+            self._take(i, streams)
         split = self.layers[self.decoder_layer]
         site = split.attention_input(streams, pre, lookback)
         split.attn.compress(site.x, step, views.layers[self.decoder_layer])  # the global KV of every row
         hidden = torch.zeros(input_ids.shape[0], site.x.shape[1], dtype=site.x.dtype, device=site.x.device)
         if not cut.states:  # no row of this step is kept (an early chunk of a long prompt)
+            for i in range(self.decoder_layer, len(self.layers)):
+                self._take(i, streams[:0], cut.rows)
             return hidden
         rows, kept = cut.rows, RaggedStep(cut.positions, cut.layout, cut.states, Published(), precompressed=True)
 
@@ -181,8 +209,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
 
         input_ids, lookback = input_ids[rows], (lookback[rows] if lookback is not None else None)
         streams, pre = split.finish(site.rows(rows), input_ids, attend_kept, self.decoder_layer)
+        self._take(self.decoder_layer, streams, rows)
         for i, layer in enumerate(self.layers[self.decoder_layer + 1 :], self.decoder_layer + 1):
             streams, pre = layer(streams, pre, input_ids, lookback, attend_kept, i)
+            self._take(i, streams, rows)
         return hidden.index_copy_(0, rows, self._final(streams, pre))
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
@@ -207,7 +237,12 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         streams, pre = self._embed(input_ids)
         for i, layer in enumerate(self.layers):
             streams, pre = layer(streams, pre, input_ids, lookback, attend, i)
+            self._take(i, streams)
         return self._final(streams, pre)
+
+    def _take(self, layer: int, streams: torch.Tensor, kept: torch.Tensor | None = None) -> None:
+        if self._capture is not None:
+            self._capture.take(self.ops, layer, streams, kept)
 
     def _embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The embedding copied into every stream, and the first site's one-hot pre."""

@@ -14,6 +14,7 @@ from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.weights import _Reader as V4Reader
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.roles import FULL
+from deepinfer.models.layer_shapes import shared_layer_shapes
 from deepinfer.quant import QuantizedTensor
 
 Stored = torch.Tensor | QuantizedTensor
@@ -24,28 +25,15 @@ IGNORED_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_ne
 
 def expected_shapes(cfg: DeepseekV41Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the text model (DSpark layers excluded) with its dense shape."""
-    d, n_hc, heads, hd = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim
-    hc_out, inter, experts = (2 + n_hc) * n_hc, cfg.moe_intermediate_size, cfg.n_routed_experts
+    d, n_hc, hd = cfg.hidden_size, cfg.hc_mult, cfg.head_dim
+    inter, experts = cfg.moe_intermediate_size, cfg.n_routed_experts
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (cfg.vocab_size, d), "norm.weight": (d,)}
     if not cfg.tie_word_embeddings:
         shapes["head.weight"] = (cfg.vocab_size, d)
     for role in cfg.layers:
         p = f"layers.{role.layer_id}."
-        shapes.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,)})
-        for site in ("attn", "ffn"):
-            shapes.update({f"{p}hc_{site}_fn": (hc_out, n_hc * d), f"{p}hc_{site}_base": (hc_out,),
-                           f"{p}hc_{site}_scale": (3,)})
+        shapes.update(shared_layer_shapes(p, cfg, kv_norm="kv_norm"))
         a = p + "attn."
-        shapes.update({
-            a + "wq_a.weight": (cfg.q_lora_rank, d),
-            a + "q_norm.weight": (cfg.q_lora_rank,),
-            a + "wq_b.weight": (heads * hd, cfg.q_lora_rank),
-            a + "wkv.weight": (hd, d),
-            a + "kv_norm.weight": (hd,),
-            a + "wo_a.weight": (cfg.o_groups * cfg.o_lora_rank, heads * hd // cfg.o_groups),
-            a + "wo_b.weight": (d, cfg.o_groups * cfg.o_lora_rank),
-            a + "attn_sink": (heads,),
-        })
         if role.mode == FULL:
             shapes.update({a + "compressor.wkv.weight": (hd, d), a + "compressor.norm.weight": (hd,)})
             if role.ratio > 1:
@@ -115,6 +103,8 @@ class _Reader(V4Reader):
 
 
 _FLOAT_DTYPES = ("F32", "BF16", "F16")
+#: DSpark tensors kept in fp32 whatever the compute dtype (besides the norms, mHC, sinks and biases).
+MTP_FP32 = ("confidence_head.proj.weight",)
 
 
 def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device
@@ -137,4 +127,7 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
         head = f"checkpoint {ckpt.directory} does not match its config ({len(problems)} problems):\n  "
         raise CheckpointError(head + "\n  ".join(problems))
     tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
-    return tensors, {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    drafter = {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    for name in [n for n in drafter if n.endswith(MTP_FP32)]:  # as vLLM builds it: an fp32 head
+        drafter[name] = ckpt.get(reader.on_disk[name]).to(device=device, dtype=torch.float32)
+    return tensors, drafter

@@ -1,0 +1,48 @@
+"""``tools/bench_v41_slice.py`` on the CPU (``--tiny``): the slice builds with every V4.1 layer role, its steps run
+through the shared benchmark helpers (prefill, decode through the decode graphs), and the report's roofline
+arithmetic holds.  The GPU run (the real dims) is the lead's; this keeps the script from rotting in between."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def test_bytes_of_the_v41_flash_slice_follow_the_routing():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import bench_v41_slice as bench
+    finally:
+        sys.path.remove(str(TOOLS))
+    cfg = bench._config(bench.FULL)
+    roles = {(r.mode, r.ratio) for r in cfg.layers}
+    assert {("full", 2), ("reuse", 2), ("reindex", 2), ("full", 1), ("reuse", 1), ("reindex", 1)} <= roles
+    assert any(r.engram for r in cfg.layers) and any(r.is_candidate_source for r in cfg.layers)
+    counts = bench.count_bytes(cfg, bench.FULL)
+    one, sixteen, prefill = (counts.touched(t)[0] for t in (1, 16, 1024))
+    layer_experts = counts.expert * counts.layers
+    assert one == pytest.approx(counts.dense + counts.head + counts.per_token + 7 * layer_experts)  # 6 + shared
+    assert 7 * layer_experts < sixteen - one < 16 * 6 * layer_experts  # distinct experts grow, with overlap
+    assert prefill < counts.dense + counts.head + 1024 * counts.per_token + 385 * layer_experts + 1
+
+
+@pytest.mark.slow
+def test_tiny_slice_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "slice.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(TOOLS / "bench_v41_slice.py"), "--tiny", "--cases",
+                           "prefill,decode1,decode16", "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "| case |" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["prefill 1x64", "decode b1 ctx 80", "decode b16 ctx 80"]
+    assert all(r["s"] > 0 and 0 < r["fraction"] and r["bytes"] > 0 for r in rows)
+    assert all("replay_s" in r for r in rows[1:])  # decode steps went through the decode graphs

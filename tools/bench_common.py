@@ -1,0 +1,240 @@
+"""What the slice benchmarks share (tools/bench_v4_slice.py, tools/bench_v41_slice.py): timing, the roofline
+ceilings measured in the same run, and one DeepInfer step of a pooled model (prefill, decode eager or replayed
+from CUDA graphs, a prefill captured once as a device-time measurement).
+
+Every function works on the CPU too (no CUDA: no synchronisation, ceilings timed with torch, graphs replayed
+eagerly by the CPU backend), so the benchmarks' ``--tiny`` runs test them here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_median(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``fn`` (synchronised), after one warm-up call."""
+    fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def queue_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median host time until ``fn`` returns, its device work queued but not awaited (after one warm-up call):
+    below the synchronised wall time, the step is device-bound; near it, host-bound."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    sync()
+    return statistics.median(samples)
+
+
+def measure_ceilings(device: str = "cuda", small: bool = False) -> tuple[float, float]:
+    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), on random data (``small``: a few MB
+    and a 512-wide matmul, for CPU test runs)."""
+    import torch
+
+    n, m = (1 << 22, 512) if small else (1 << 29, 8192)
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        copy_s = do_bench(lambda d=dst, s=src: d.copy_(s), return_mode="median") * 1e-3
+        matmul_s = do_bench(lambda: a @ b, return_mode="median") * 1e-3
+    else:
+        copy_s, matmul_s = time_median(lambda: dst.copy_(src), 3), time_median(lambda: a @ b, 3)
+    return 2 * src.numel() * 2 / copy_s, 2 * m**3 / matmul_s
+
+
+class SwitchableOps:
+    """An op table the benchmark can swap under a built model (every layer keeps a reference to its ops)."""
+
+    def __init__(self, table: Any):
+        self.table = table
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.table, name)
+
+
+def backend_for(device: str) -> Any:
+    """The DeepInfer backend that runs ``device``'s steps (uploads, graph capture)."""
+    if device == "cuda":
+        from deepinfer_cuda.plugin import CudaBackend
+
+        return CudaBackend()
+    from deepinfer.backends.cpu import CpuBackend
+
+    return CpuBackend()
+
+
+def di_step(model: Any, ids: Any, positions: Any, lens: list[int], states: list[Any]) -> Any:
+    """One DeepInfer step: forward, then the logits of each sequence's last row.  Host-built index tensors go
+    through the backend's non-blocking copy, as in the engine's runner."""
+    import torch
+
+    from deepinfer.models import ForwardBatch
+
+    upload = backend_for(ids.device.type).to_device
+    hidden = model.forward(ForwardBatch(ids, positions, lens, states, to_device=upload))
+    last = upload(torch.tensor(lens).cumsum(0) - 1, ids.device)
+    return model.compute_logits(hidden[last])
+
+
+def di_prefill(model: Any, tokens: Any, chunk_seqs: int = 8) -> list[Any]:
+    """Fresh states holding ``tokens`` [B, S] (fed ``chunk_seqs`` sequences per forward)."""
+    import torch
+
+    batch, length = tokens.shape
+    states = [model.new_state() for _ in range(batch)]
+    positions = torch.arange(length, device=tokens.device)
+    for first in range(0, batch, chunk_seqs):
+        group = list(range(first, min(batch, first + chunk_seqs)))
+        di_step(model, tokens[group].flatten(), positions.repeat(len(group)), [length] * len(group),
+                [states[i] for i in group])
+    return states
+
+
+def di_prefill_once(model: Any, ids: Any, pos: Any) -> Any:
+    state = model.new_state()
+    try:
+        return di_step(model, ids, pos, [len(ids)], [state])
+    finally:
+        state.release()
+
+
+def di_decode_step(model: Any, states: list[Any], graphs: Any, device: str) -> Any:
+    """One decode step of ``states`` (one random token each), eager or replayed from ``graphs``."""
+    import torch
+
+    batch = len(states)
+    if graphs is None:
+        ids = torch.randint(0, model.vocab_size, (batch,), device=device)
+        pos = torch.tensor([s.num_tokens for s in states], device=device)
+        return di_step(model, ids, pos, [1] * batch, states)
+    ids = torch.randint(0, model.vocab_size, (batch,)).tolist()
+    return graphs.run(states, ids)
+
+
+def prefill_graph(model: Any, ids: Any, pos: Any) -> tuple[Callable[[], Any], Any] | None:
+    """The prefill step captured in a CUDA graph (a measurement, not an engine path: its plan and uploads are
+    frozen at capture): replaying it times the prefill's device work without the host's launches in the way.
+    Returns (replay, the state it writes; release it when done) or None if the capture failed (or no CUDA)."""
+    import torch
+
+    if ids.device.type != "cuda":
+        return None
+    state = model.new_state()
+
+    def step() -> None:
+        state.num_tokens = 0  # the same chunk at position 0 again: same pages, same plan
+        di_step(model, ids, pos, [len(ids)], [state])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    except Exception as exc:  # noqa: BLE001 - report, keep the eager numbers
+        print(f"prefill graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        state.release()
+        return None
+    return graph.replay, state
+
+
+def host_costs(model: Any, graphs: Any, states: list[Any]) -> dict[str, float]:
+    """Host seconds of a replayed decode step's parts (medians of 5): building the inputs, the upload, and the
+    graph launch call (which returns before the device finishes)."""
+    parts: dict[str, list[float]] = {"inputs": [], "upload": [], "launch": []}
+    for _ in range(5):
+        sync()
+        rows, tokens = graphs.buckets(states)
+        t0 = time.perf_counter()
+        host = model.decode_inputs(states, [0] * len(states), rows, tokens)
+        t1 = time.perf_counter()
+        graph = graphs._graphs[rows, tokens]
+        graph.stage(host)  # pack into pinned staging + queue the copy
+        t2 = time.perf_counter()
+        graph.replay()
+        t3 = time.perf_counter()
+        sync()
+        for key, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            parts[key].append(value)
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
+def deepinfer_cases(model: Any, cases: list[str], use_graphs: bool, *, prefill: int, context: int, max_seqs: int,
+                    device: str) -> dict[str, Any]:
+    """Seconds per case (``prefill``: one ``prefill``-token sequence; ``decodeB``: a step of B sequences after
+    ``context`` tokens each), plus each case's replay (device) time and host costs; decode steps replayed from
+    CUDA graphs (captured per batch size, as the engine does) unless ``use_graphs`` is false."""
+    import torch
+
+    from deepinfer.runner.decode_graphs import DecodeGraphs
+
+    vocab = model.vocab_size
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        if "prefill" in cases:
+            ids = torch.randint(0, vocab, (prefill,), device=device)
+            pos = torch.arange(prefill, device=device)
+            out[f"prefill 1x{prefill}"] = time_median(lambda: di_prefill_once(model, ids, pos), 3)
+            out[f"prefill 1x{prefill} host"] = {"queued": queue_time(lambda: di_prefill_once(model, ids, pos), 3)}
+            captured = prefill_graph(model, ids, pos) if use_graphs else None
+            if captured is not None:
+                replay, state = captured
+                out[f"prefill 1x{prefill} replay"] = time_median(replay, 3)
+                state.release()  # its slot: the b64 case needs every one
+        for case in cases:
+            if not case.startswith("decode"):
+                continue
+            batch = int(case[len("decode"):])
+            graphs = DecodeGraphs(model, backend_for(device), torch.device(device), max_seqs, context + 64) \
+                if use_graphs else None
+            states = di_prefill(model, torch.randint(0, vocab, (batch, context), device=device))
+            steps = []
+            for _ in range(8):
+                sync()
+                start = time.perf_counter()
+                di_decode_step(model, states, graphs, device)
+                sync()
+                steps.append(time.perf_counter() - start)
+            out[f"decode b{batch} ctx {context}"] = statistics.median(steps[2:])
+            if graphs is not None:  # device time of the step alone: replays of its graph, back to back
+                replay = graphs._graphs[graphs.buckets(states)].replay
+                ten = time_median(lambda r=replay: [r() for _ in range(10)], 3)
+                out[f"decode b{batch} ctx {context} replay"] = ten / 10
+                out[f"decode b{batch} ctx {context} host"] = host_costs(model, graphs, states)
+            for state in states:
+                state.release()
+            if graphs is not None:
+                graphs.close()
+            del states, graphs
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return out
