@@ -133,3 +133,43 @@ def test_mtp_varlen_profiles_the_step_costs_at_start_up(monkeypatch):
     plain = LLM(str(TINY_V4), dtype="float32").generate(prompts, GREEDY, use_tqdm=False)
     for a, b in zip(plain, llm.generate(prompts, GREEDY, use_tqdm=False), strict=True):
         assert_same_output(a, b, tol=1e-4)
+
+
+TINY_V41 = Path(deepinfer.__file__).parent / "assets" / "tiny_v41"
+
+
+def test_the_embedded_v41_decodes_with_its_drafter_by_default(monkeypatch):
+    """LLM() on the embedded V4.1 turns DSpark on (the CPU backend captures no graphs) and its greedy output is
+    the plain output; DEEPINFER_USE_NEXTN_DECODE=0 turns it off."""
+    llm = LLM(str(TINY_V41), dtype="float32")
+    assert llm.engine.drafter is not None and llm.engine.scheduler.spec == SpecPolicy(4, False)
+    prompts = ["Once upon a time", "Tom and his dog"]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    spec = llm.generate(prompts, params, use_tqdm=False)
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "0")
+    plain_llm = LLM(str(TINY_V41), dtype="float32")
+    assert plain_llm.engine.drafter is None
+    for a, b in zip(plain_llm.generate(prompts, params, use_tqdm=False), spec, strict=True):
+        assert_same_output(a, b, tol=2e-2)
+        assert b.spec_decoding_stats.mean_acceptance_length > 2.0 and a.spec_decoding_stats is None
+
+
+def test_a_capturing_backend_keeps_it_off_unless_asked(monkeypatch, caplog):
+    from contextlib import contextmanager
+
+    from deepinfer.backends import Backend
+
+    class Capturing(Backend):
+        name = "capturing"
+
+        @contextmanager
+        def graph_capture(self, device):
+            yield lambda fn: fn
+
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        llm = LLM.from_model(_model_with_drafter(), build_tokenizer(), backend=Capturing())
+    assert llm.engine.drafter is None
+    assert any("off by default on backend 'capturing'" in r.message for r in caplog.records)
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "3")
+    llm = LLM.from_model(_model_with_drafter(), build_tokenizer(), backend=Capturing())
+    assert llm.engine.drafter is not None and llm.engine.scheduler.spec.max_draft_len == 3

@@ -145,19 +145,30 @@ class LLM:
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
-        self._setup_drafter(model)
+        self._setup_drafter(model, backend)
         self._request_ids = itertools.count()
 
-    def _setup_drafter(self, model: CausalLM) -> None:
-        """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``."""
+    def _setup_drafter(self, model: CausalLM, backend: Backend) -> None:
+        """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
+
+        Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
+        really captures, e.g. CUDA): draft and verify steps run eagerly, which can be slower than captured plain
+        decoding."""
         if envs.nextn_decode() == 0:
             return
         drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
-        if drafter is not None:
-            self.engine.set_drafter(drafter)
-        elif envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
-            logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE and "
-                        "DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
+        if drafter is None:
+            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
+                logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE "
+                            "and DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
+            return
+        captures = type(backend).graph_capture is not Backend.graph_capture
+        if captures and self.engine.runner.decode_graphs is not None and not envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+            logger.info("speculative decoding off by default on backend %r: its draft and verify steps are not "
+                        "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE=1..%d to use the checkpoint's drafter",
+                        backend.name, drafter.max_draft_len)
+            return
+        self.engine.set_drafter(drafter)
 
     @property
     def tokenizer(self) -> Any:

@@ -37,6 +37,7 @@ from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, dec
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
+from deepinfer.spec.drafter import Drafter
 
 Stored = torch.Tensor | QuantizedTensor
 #: attend(attention, x, layer index) -> the attention sublayer's output
@@ -148,6 +149,17 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         #: Layers whose outputs a batch with ``capture_rows`` gets back (:mod:`.capture`): the drafter's targets.
         self.capture_layer_ids: tuple[int, ...] = cfg.dspark_target_layer_ids
         self._capture: Capture | None = None  # set for the duration of one capturing forward
+
+    def make_drafter(self) -> Drafter | None:
+        """The checkpoint's DSpark drafter over the configured state pool (one context per pool slot), or None
+        when the checkpoint has none (:class:`deepinfer.models.base.DraftingModel`)."""
+        if not self.config.num_nextn_predict_layers or not self.mtp_weights:
+            return None
+        from deepinfer.models.deepseek_v41.dspark import DSparkDrafter  # (it builds on this module)
+
+        if self.pool is None or self.pool.growable:
+            raise RuntimeError("make_drafter: configure_state first (the drafter keeps a context per state slot)")
+        return DSparkDrafter.from_model(self, self.pool.slots)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`PooledCausalLM.forward`; with ``batch.capture_rows`` also sets ``batch.captured``."""
