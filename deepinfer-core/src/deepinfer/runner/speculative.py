@@ -139,7 +139,7 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
             out.prompt_logprobs.append((scoring.seq_id, pos, tl))
     plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, hidden)
     verified = _verify(runner, specs, drafts, hidden)
-    confidence = drafts.confidence[:, : max(counts.values(), default=0)].tolist() if drafts is not None else []
+    confidence = drafts.confidence[:, : drafts.tokens.shape[1]].tolist() if drafts is not None else []
     accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
     _undo(runner, step, specs, accepted, checkpoint)
     _extend(runner, step, offsets, accepted, batch, plan.positions)
@@ -149,7 +149,7 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
             s, (n, tls) = by_chunk[i]
             out.sampled += [(s.sample.seq_id, tl) for tl in tls]
             out.spec.append(SpecResult(s.sample.seq_id, s.count, n, step.states[i].num_tokens,
-                                       confidence[s.index][: step.chunks[i].num_drafts]))
+                                       confidence[s.index]))  # every drafted position: the next budget's snapshot
         else:
             out.sampled += [(sample.seq_id, plain.pop(0)) for sample in samples]
     return StepHandle(None, [s.seq_id for s in step.samples], lambda: out)
