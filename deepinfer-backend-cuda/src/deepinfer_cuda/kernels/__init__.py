@@ -24,7 +24,9 @@ from deepinfer_cuda.kernels import (
                                     moe_routing,
                                     rms_norm,
                                     rms_norm_rope,
+                                    rms_norm_rope_fp8_e4m3_fake_quant,
                                     rope,
+                                    rope_fp4_e2m1_fake_quant,
                                     sample_tokens,
                                     sparse_attention,
 )
@@ -38,4 +40,5 @@ ALL: tuple[TritonKernel, ...] = (
     indexer_topk_in_blocks.KERNEL,
     compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL,
     fp8_e4m3_fake_quant.KERNEL, fp4_e2m1_fake_quant.KERNEL, engram_hash.KERNEL, engram_gate.KERNEL,
+    rms_norm_rope_fp8_e4m3_fake_quant.KERNEL, rope_fp4_e2m1_fake_quant.KERNEL,
 )

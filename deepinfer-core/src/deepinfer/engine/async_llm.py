@@ -49,6 +49,9 @@ class AsyncLLM:
     """An ``LLM`` served to asyncio callers by an engine thread (see the module docstring)."""
 
     def __init__(self, llm: LLM):
+        if getattr(llm, "parallel", None) is not None:
+            raise ValueError("AsyncLLM serves one rank's engine step by step; an LLM on several ranks "
+                             "(data/expert/context_parallel_size, docs/parallel.md) serves LLM.generate only")
         self.llm = llm
         self.engine = llm.engine
         self.stats = EngineStats()

@@ -27,6 +27,9 @@ from deepinfer.models import load_model, read_model_config
 from deepinfer.models.base import CausalLM, DraftingModel
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
+from deepinfer.parallel.dp import DataParallelEngine
+from deepinfer.parallel.launch import Joined, RankEnv, join_world, stop_peers
+from deepinfer.parallel.plan import ParallelConfig
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
 
@@ -38,6 +41,9 @@ _LOAD_ONLY = {
     "tokenizer": "pass the tokenizer object as the second argument",
     "revision": "it picks a Hub revision when LLM(...) loads a checkpoint; the model is already built",
     "dtype": "the model is already built in its dtype",
+    **{name: "ranks are started, and each builds its share of the experts, when LLM(...) loads the model "
+       "(docs/parallel.md)" for name in ("data_parallel_size", "expert_parallel_size", "context_parallel_size",
+                                         "num_redundant_experts", "eplb_step_interval", "distributed_timeout")},
 }
 
 
@@ -74,7 +80,9 @@ class LLM:
     ``deepinfer.engine.model_source``).  ``kwargs`` are the fields of :class:`~deepinfer.engine.args.EngineArgs`
     (vLLM's names: ``dtype``, ``seed``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
     ``gpu_memory_utilization``, ``max_logprobs``, ``enforce_eager``, ``async_scheduling``, ``tokenizer``,
-    ``revision``; and ``state_cache_bytes``).  Arguments and ``DEEPINFER_*`` variables are checked, and
+    ``revision``; and ``state_cache_bytes``; for several ranks (``docs/parallel.md``): ``data_parallel_size``,
+    ``expert_parallel_size``, ``context_parallel_size``, ``num_redundant_experts``, ``eplb_step_interval``,
+    ``distributed_timeout``).  Arguments and ``DEEPINFER_*`` variables are checked, and
     ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 
@@ -85,14 +93,18 @@ class LLM:
         args = EngineArgs.from_kwargs({"model": model, **kwargs})
         envs.validate()
         source = resolve_model(args.model, args.revision)
-        check_max_model_len(args.max_model_len, model_max_len(read_model_config(source.path)))
+        model_config = read_model_config(source.path)
+        check_max_model_len(args.max_model_len, model_max_len(model_config))
         dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
-        device = backend.device()
-        lm = load_model(source.path, ops=ops, dtype=dtype, device=device)
+        joined = _join_ranks(args, backend, model_config, (model, kwargs))
+        device = backend.device(joined.local_rank if joined is not None else 0)
+        lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
+                        parallel=joined.context if joined is not None else None)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
-        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path)
+        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
+                    joined=joined)
         config = self.engine.config
         kernels = sorted(ops.overridden)
         logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
@@ -127,7 +139,8 @@ class LLM:
         return self
 
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], args: EngineArgs,
-               backend: Backend, token_masks: TokenMaskProvider | None = None, model_path: Path | None = None) -> None:
+               backend: Backend, token_masks: TokenMaskProvider | None = None, model_path: Path | None = None,
+               joined: Joined | None = None) -> None:
         budget = args.state_cache_bytes
         if budget is None:
             budget = default_state_budget(args, model, backend, torch.device(model.device))
@@ -139,24 +152,36 @@ class LLM:
             max_model_len=fit_max_model_len(args.max_model_len, model, capacity.nbytes),
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
-            eos_token_ids=eos, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+            eos_token_ids=eos, async_scheduling=args.async_scheduling,
+            # expert-parallel steps exchange tokens with sizes known only on the host: not capturable
+            enforce_eager=args.enforce_eager or (joined is not None and joined.context.plan.ep_size > 1),
         )
         self.engine_args = args
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
-        self._setup_drafter(model, backend)
+        self._setup_drafter(model, backend, several_ranks=joined is not None)
         self._request_ids = itertools.count()
+        #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
+        self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
+        self._peers = joined.peers if joined is not None else []
 
-    def _setup_drafter(self, model: CausalLM, backend: Backend) -> None:
+    def _setup_drafter(self, model: CausalLM, backend: Backend, several_ranks: bool = False) -> None:
         """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
 
         Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
         really captures, e.g. CUDA): draft and verify steps run eagerly, which can be slower than captured plain
-        decoding."""
+        decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
         if envs.nextn_decode() == 0:
             return
         drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
+        if drafter is not None and several_ranks:
+            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+                raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
+                                 "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
+                                 "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
+            logger.info("speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)")
+            return
         if drafter is None:
             if envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
                 logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE "
@@ -200,6 +225,8 @@ class LLM:
         prompt_list, params_list = _pair(prompts, sampling_params)
         with self.engine.lock:
             try:
+                if self.parallel is not None:
+                    return self._run_parallel(prompt_list, params_list)
                 return self._run(prompt_list, params_list, use_tqdm)
             except BaseException:
                 self.engine.abort_all()  # whatever was interrupted, the next call starts from an empty engine
@@ -214,6 +241,9 @@ class LLM:
 
         The engine is held while the generator runs (so do not call ``generate`` on the same ``LLM`` inside the
         loop: it would wait forever); closing it early (``break``) drops this call's requests."""
+        if self.parallel is not None:
+            raise NotImplementedError("generate_stream runs one rank's engine step by step; with several ranks "
+                                      "(docs/parallel.md) use generate")
         prompt_list, params_list = _pair(prompts, sampling_params)
         with self.engine.lock:
             try:
@@ -284,6 +314,30 @@ class LLM:
         if missing:  # cannot happen: every queued request finishes before the engine is empty
             raise RuntimeError(f"requests {missing} of this call finished without an output")
         return [r for r in results if r is not None]
+
+    def _run_parallel(self, prompts: list[Any], params: list[SamplingParams | None]) -> list[RequestOutput]:
+        """This rank's share of the call, in step with the other ranks (rank 0 of a self-launched world first
+        sends them the call); every rank returns every output."""
+        assert self.parallel is not None
+        request_ids = [str(next(self._request_ids)) for _ in prompts]
+        return self.parallel.generate(prompts, params, request_ids, announce=bool(self._peers))
+
+    def shutdown(self) -> None:
+        """Stop the ranks this ``LLM`` started (a self-launched parallel run); nothing otherwise."""
+        if self._peers and self.parallel is not None:
+            peers, self._peers = self._peers, []
+            stop_peers(self.parallel.context, peers)
+
+
+def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_args: tuple[Any, dict[str, Any]]
+                ) -> Joined | None:
+    """This process's place among the ranks the arguments ask for, or torchrun's (even a world of one, which
+    runs the collectives on one device); None: one process."""
+    config = ParallelConfig(args.data_parallel_size, args.expert_parallel_size, args.context_parallel_size,
+                            args.num_redundant_experts)
+    if not config.enabled and RankEnv.from_environ() is None:
+        return None
+    return join_world(config, backend, model_config, args.distributed_timeout, peer_args)
 
 
 def _pair(prompts: Any, sampling_params: SamplingParams | Seq[SamplingParams] | None

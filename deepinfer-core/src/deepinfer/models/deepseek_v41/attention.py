@@ -95,20 +95,19 @@ class Attention:
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
         q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
-        kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
-        return q_residual, q, ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK), (rest[0] if rest else None)
+        kv = ops.rms_norm_rope_fp8_e4m3_fake_quant(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq,
+                                                   self.rope_scaling, WINDOW_BLOCK)
+        return q_residual, q, kv, (rest[0] if rest else None)
 
     def latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The K=V latents [T, Dh] of rows ``x`` alone (rotated, FP8): the DSpark drafter's context, projected
         from its main feature by each draft layer's own ``wkv`` / ``kv_norm``."""
-        kv = self.ops.rms_norm_rope(self.ops.linear(x, self.wkv), self.kv_norm, self.eps, positions, self.inv_freq,
-                                    self.rope_scaling)
-        return self.ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK)
+        return self.ops.rms_norm_rope_fp8_e4m3_fake_quant(self.ops.linear(x, self.wkv), self.kv_norm, self.eps,
+                                                          positions, self.inv_freq, self.rope_scaling, WINDOW_BLOCK)
 
     def _entries(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Compressed entries of pre-RoPE latents at their windows' first positions: rotated, then FP4."""
-        rotated = self.ops.rope(latents, positions, self.inv_freq, self.rope_scaling)
-        return self.ops.fp4_e2m1_fake_quant(rotated, *LATENT_FORMAT)
+        return self.ops.rope_fp4_e2m1_fake_quant(latents, positions, self.inv_freq, self.rope_scaling, *LATENT_FORMAT)
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, cols: torch.Tensor, positions: torch.Tensor):
         ops, tokens = self.ops, q.shape[0]
@@ -172,6 +171,8 @@ class Attention:
         gather_rows, ring_rows = plan.for_ring(cache.ring_base)
         keys_pool = torch.cat([cache.kv[gather_rows], kv])
         cache.kv.index_copy_(0, ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        if (rows := layout.query_rows) is not None:  # context parallelism: this rank's queries only
+            q, cols, positions = q[rows], cols[rows], positions[rows]
         return self._output(q, keys_pool, cols, positions)
 
     # --- a DSpark draft block: non-causal, over precomputed context latents -----------------------

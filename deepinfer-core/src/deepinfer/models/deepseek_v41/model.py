@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,7 +25,7 @@ from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoE, MoESpec
+from deepinfer.layers.moe import MoESpec, build_moe
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
 from deepinfer.models.deepseek_v41.capture import Capture
@@ -36,8 +37,13 @@ from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context_parallel import context_split, run_split
+from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
 from deepinfer.spec.drafter import Drafter
+
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
 
 Stored = torch.Tensor | QuantizedTensor
 #: attend(attention, x, layer index) -> the attention sublayer's output
@@ -56,7 +62,8 @@ class DecoderLayer:
     its draft layers from the same class with ``prefix="mtp.i."``, a sliding-only role and its own MoE spec."""
 
     def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
-                 engram: Engram | None, *, prefix: str | None = None, moe: MoESpec | None = None):
+                 engram: Engram | None, *, prefix: str | None = None, moe: MoESpec | None = None,
+                 parallel: ParallelContext | None = None):
         p = prefix if prefix is not None else f"layers.{role.layer_id}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
@@ -65,7 +72,7 @@ class DecoderLayer:
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
         self.attn = Attention(ops, cfg, role, get, prefix=p + "attn.")
         moe = moe if moe is not None else moe_spec(cfg, cfg.n_routed_experts, cfg.num_experts_per_tok)
-        self.ffn = MoE(ops, moe, p + "ffn.", get)
+        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, role.layer_id)
 
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
                  lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,11 +120,12 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
     row); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
                  token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-                 decoder_keep: int | None = None):
+                 decoder_keep: int | None = None, parallel: ParallelContext | None = None):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
@@ -139,7 +147,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
-        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i)) for i in range(cfg.num_hidden_layers)]
+            shard_engrams(parallel, engrams, cfg.engram_layer_ids, cfg.engram_num_embeddings)
+        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel)
+                       for i in range(cfg.num_hidden_layers)]
+        self.parallel = parallel
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg), views_for(cfg)
@@ -194,6 +205,11 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         cut = None
         if self.decoder_keep is not None:
             cut = decoder_rows(batch, layout, states, pool, self.decoder_keep)
+        # context parallelism: this rank's rows (not under truncation, nor when the drafter captures every row)
+        split = context_split(self.parallel, batch.seq_lens, self.device) if cut is None and self._capture is None \
+            else None
+        if split is not None:
+            return run_split(self._run, split, layout, batch.input_ids, attend, lookback)
         if cut is None:
             return self._run(batch.input_ids, lookback, attend)
         return self._run_truncated(batch.input_ids, lookback, attend, step, cut, views)
@@ -213,6 +229,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         if not cut.states:  # no row of this step is kept (an early chunk of a long prompt)
             for i in range(self.decoder_layer, len(self.layers)):
                 self._take(i, streams[:0], cut.rows)
+                layer = self.layers[i]  # expert parallelism: the other ranks still exchange these layers' tokens
+                if i > self.decoder_layer and layer.engram is not None:  # (the split layer's Engram ran above)
+                    layer.engram.idle()
+                layer.ffn.idle()
             return hidden
         rows, kept = cut.rows, RaggedStep(cut.positions, cut.layout, cut.states, Published(), precompressed=True)
 
