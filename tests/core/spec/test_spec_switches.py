@@ -173,3 +173,15 @@ def test_a_capturing_backend_keeps_it_off_unless_asked(monkeypatch, caplog):
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "3")
     llm = LLM.from_model(_model_with_drafter(), build_tokenizer(), backend=Capturing())
     assert llm.engine.drafter is not None and llm.engine.scheduler.spec.max_draft_len == 3
+
+
+def test_several_ranks_leave_speculation_off_or_refuse_it(monkeypatch):
+    """The lock-stepped data-parallel loop runs one forward a step (docs/parallel.md)."""
+    model = _model_with_drafter()
+    llm = LLM.from_model(model, build_tokenizer())
+    llm.engine.set_drafter(None)
+    llm._setup_drafter(model, llm.engine.runner.backend, several_ranks=True)
+    assert llm.engine.drafter is None
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "2")
+    with pytest.raises(ValueError, match="DEEPINFER_USE_NEXTN_DECODE on several ranks"):
+        llm._setup_drafter(model, llm.engine.runner.backend, several_ranks=True)
