@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from deepinfer.models import load_model
 from deepinfer.models.checkpoint import CheckpointError
 from deepinfer.ops import OpTable
-from deepinfer.quant import MXFP4
+from deepinfer.quant import MXFP4, QuantizedTensor
 from tests.support.model_runs import run_chunked
 from tests.support.quantized import quantize_checkpoint
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -96,3 +96,21 @@ def test_mxfp4_scales_read_as_16_element_blocks_are_refused(released, tmp_path):
     path = _rewrite(released[0], tmp_path / "bad", change)
     with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.scale \(mxfp4 scales\): expected shape"):
         _load(path)
+
+
+def test_native_weights_stay_fp8_and_match_the_dequantized_load(released, monkeypatch):
+    """``DEEPINFER_QUANTIZED_WEIGHTS=native``: the FP8 projections (both block sizes) stay as stored and run through
+    ``fp8_block_linear``; on the reference ops the logprobs equal those of the same checkpoint dequantized at load
+    (documented tolerance 1e-5 in fp32).  tiny_b's experts mix MXFP4 (w1, w3) and FP8 (w2: K = 16), so they are
+    dequantized (the MXFP4 expert path runs in V4's test, whose dims fit it)."""
+    quantized_dir, _ = released
+    tokens = references("tiny_b")[0].tokens
+    dequantized = run_chunked(_load(quantized_dir), tokens, len(tokens))
+    monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", "native")
+    model = _load(quantized_dir)
+    assert isinstance(model.layers[4].attn.wq_b, QuantizedTensor) and model.layers[4].attn.wq_b.block == (32, 32)
+    assert model.layers[5].attn.wo_a.block == (128, 128)
+    assert isinstance(model.layers[4].attn.indexer.wq_b, QuantizedTensor)
+    assert model.layers[4].ffn.scales is None  # mixed expert formats: dequantized
+    got = run_chunked(model, tokens, 37)
+    torch.testing.assert_close(got, dequantized, atol=1e-5, rtol=0)

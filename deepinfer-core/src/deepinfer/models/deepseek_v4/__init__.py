@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from deepinfer import envs
 from deepinfer.models.checkpoint import SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.config import DeepseekV4Config
 from deepinfer.models.deepseek_v4.model import DeepseekV4ForCausalLM
@@ -17,7 +18,9 @@ __all__ = ["DeepseekV4Config", "DeepseekV4ForCausalLM", "DeepseekV4State", "load
 
 
 def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device) -> DeepseekV4ForCausalLM:
-    """Build the model from a checkpoint directory (config.json + safetensors)."""
+    """Build the model from a checkpoint directory (config.json + safetensors); ``DEEPINFER_QUANTIZED_WEIGHTS=native``
+    keeps FP8 / MXFP4 weights as stored."""
     cfg = DeepseekV4Config.from_file(path)
     weights = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
-    return DeepseekV4ForCausalLM(cfg, weights, ops=ops, dtype=dtype, device=device)
+    return DeepseekV4ForCausalLM(cfg, weights, ops=ops, dtype=dtype, device=device,
+                                 native_weights=envs.quantized_weights() == "native")

@@ -19,6 +19,7 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoE, MoESpec
 from deepinfer.models.base import ForwardBatch
@@ -32,17 +33,18 @@ from deepinfer.quant import QuantizedTensor
 
 
 class DecoderLayer:
-    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor],
+                 weight: GetWeight | None = None):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
         self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, layer, get)
+        self.attn = Attention(ops, cfg, layer, get, weight)
         moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
                       cfg.swiglu_limit, hash_routed=cfg.mlp_layer_types[layer] == HASH_MOE)
-        self.ffn = MoE(ops, moe, p + "ffn.", get)
+        self.ffn = MoE(ops, moe, p + "ffn.", get, weight)
 
     def __call__(self, streams: torch.Tensor, input_ids: torch.Tensor,
                  attend: Callable[[Attention, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -59,12 +61,14 @@ class DecoderLayer:
 class DeepseekV4ForCausalLM(PooledCausalLM):
     """Implements :class:`deepinfer.models.base.CausalLM`.
 
-    Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype; the stored
-    forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
+    Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype, except, with
+    ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the quantized GEMM ops);
+    the stored forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
     """
 
     def __init__(
-        self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: Ops, dtype: torch.dtype, device: torch.device
+        self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: Ops, dtype: torch.dtype, device: torch.device,
+        native_weights: bool = False,
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
@@ -79,7 +83,8 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
         self.norm = get("norm.weight")
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
-        self.layers = [DecoderLayer(ops, cfg, i, get) for i in range(cfg.num_hidden_layers)]
+        weight = stored_weight(weights.tensors, get) if native_weights else None
+        self.layers = [DecoderLayer(ops, cfg, i, get, weight) for i in range(cfg.num_hidden_layers)]
         self.state_spec, self.views = spec_for(cfg), layer_caches
         self.ratio_kinds = {r: RatioKinds(overlap=CSA in kinds, indexed=CSA in kinds, attends_all=HCA in kinds)
                             for r, kinds in _kinds_by_ratio(cfg).items()}

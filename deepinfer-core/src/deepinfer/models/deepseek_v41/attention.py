@@ -19,6 +19,7 @@ import torch
 from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
 from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
@@ -58,17 +59,21 @@ class GraphStep:
 
 
 class Attention:
-    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
+                 weight: GetWeight | None = None):
+        """``weight``: the projections' weights as the model keeps them (FP8 where it keeps them quantized);
+        default ``get``."""
+        weight = weight or get
         p = f"layers.{role.layer_id}.attn."
         self.ops, self.role, self.ratio = ops, role, role.ratio
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.eps = cfg.rms_norm_eps
         spec = cfg.rope_main if role.rope == "main" else cfg.rope_compress
-        self.inv_freq = inv_freq(spec, cfg.rope_dim).to(get(p + "wkv.weight").device)
-        self.rope_scaling = spec.attention_scaling
-        self.q_norm, self.wq_b = get(p + "q_norm.weight"), get(p + "wq_b.weight")
         self.kv_norm = get(p + "kv_norm.weight")
-        self.wo_a, self.wo_b, self.sinks = get(p + "wo_a.weight"), get(p + "wo_b.weight"), get(p + "attn_sink")
+        self.inv_freq = inv_freq(spec, cfg.rope_dim).to(self.kv_norm.device)
+        self.rope_scaling = spec.attention_scaling
+        self.q_norm, self.wq_b = get(p + "q_norm.weight"), weight(p + "wq_b.weight")
+        self.wo_a, self.wo_b, self.sinks = weight(p + "wo_a.weight"), weight(p + "wo_b.weight"), get(p + "attn_sink")
         names = ["wq_a", "wkv"]
         self.compressor = self.indexer = None
         if role.mode == FULL:
@@ -78,19 +83,19 @@ class Attention:
             index_freq = inv_freq(rope, cfg.rope_dim).to(self.inv_freq.device)
             ispec = IndexerSpec(cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, cfg.candidate_block_size,
                                 cfg.candidate_topk_blocks, cfg.rms_norm_eps)
-            self.indexer = Indexer(ops, ispec, role, get, p + "indexer.", index_freq, rope.attention_scaling)
+            self.indexer = Indexer(ops, ispec, role, get, p + "indexer.", index_freq, rope.attention_scaling, weight)
             names.append("indexer.weights_proj")
         # what the layer projects the token itself to, as one GEMM: wq_a | wkv (| indexer head weights)
-        parts = [get(p + name + ".weight") for name in names]
-        self.w_in, self.in_splits = torch.cat(parts), [w.shape[0] for w in parts]
+        self.w_in = Projection([weight(p + name + ".weight") for name in names])
+        self.in_splits = self.w_in.sizes
 
     # --- shared by both paths -------------------------------------------------------------------------
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), index head weights)."""
         ops, tokens = self.ops, x.shape[0]
-        q_lin, kv_lin, *rest = ops.linear(x, self.w_in).split(self.in_splits, dim=1)
+        q_lin, kv_lin, *rest = self.w_in(ops, x).split(self.in_splits, dim=1)
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
-        q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
+        q = linear(ops, q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
         kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
         return q_residual, q, ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK), (rest[0] if rest else None)
@@ -104,8 +109,8 @@ class Attention:
         ops, tokens = self.ops, q.shape[0]
         out = ops.sparse_attention_inverse_rope(q, pool, cols, self.sinks, self.head_dim**-0.5, positions,
                                                 self.inv_freq, self.rope_scaling)
-        out = ops.grouped_linear(out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
-        return ops.linear(out, self.wo_b)
+        out = grouped_linear(ops, out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
+        return linear(ops, out, self.wo_b)
 
     def _picks(self, q_residual, weights, positions, keys, seq_ids, causal: CausalPicks | None,
                published: Published, longest: int) -> torch.Tensor | None:

@@ -23,6 +23,7 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoE, MoESpec
 from deepinfer.models.base import ForwardBatch
@@ -44,18 +45,18 @@ Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
 
 class DecoderLayer:
     def __init__(self, ops: Ops, cfg: DeepseekV41Config, layer: int, get: Callable[[str], torch.Tensor],
-                 engram: Engram | None):
+                 engram: Engram | None, weight: GetWeight | None = None):
         p = f"layers.{layer}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
         self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, cfg.layers[layer], get)
+        self.attn = Attention(ops, cfg, cfg.layers[layer], get, weight)
         limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
         moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
                       limit, gate_temp=cfg.gate_temp)
-        self.ffn = MoE(ops, moe, p + "ffn.", get)
+        self.ffn = MoE(ops, moe, p + "ffn.", get, weight)
 
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
                  lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,12 +103,13 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``decoder_keep``: decoder prefill truncation (:mod:`.truncation`): the decoder runs on the last
     ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
-    row); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    row) and, with ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the
+    quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
                  token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-                 decoder_keep: int | None = None):
+                 decoder_keep: int | None = None, native_weights: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
@@ -117,6 +119,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             t = tensors[name]
             return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
 
+        weight = stored_weight(tensors, get) if native_weights else None
         self.embed = get("embed.weight")
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
         self.norm = get("norm.weight")
@@ -129,7 +132,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
-        self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i)) for i in range(cfg.num_hidden_layers)]
+        self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i), weight) for i in range(cfg.num_hidden_layers)]
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg), views_for(cfg)
@@ -217,4 +220,5 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     def _final(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """The streams collapsed with the last site's pre, normalised: the hidden states."""
         return self.ops.rms_norm(self.ops.hc_collapse(streams, pre), self.norm, self.config.rms_norm_eps)
+
 
