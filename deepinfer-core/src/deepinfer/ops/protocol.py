@@ -333,6 +333,24 @@ class Ops(Protocol):
         """FP4 e2m1 with an e4m3 or ue8m0 scale per block, quantized and dequantized (ops.fake_quant)."""
         raise TypeError
 
+    def fp8_e4m3_pack(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        """Rows as packed FP8 e4m3 codes and ue8m0 scale bytes (ops.kv_quant)."""
+        raise TypeError
+
+    def fp8_e4m3_unpack(self, packed: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
+        """Packed FP8 rows back to values (ops.kv_quant)."""
+        raise TypeError
+
+    def fp4_e2m1_pack(self, x: torch.Tensor, block: int, scale_format: ScaleFormat) -> torch.Tensor:
+        """Rows as packed FP4 e2m1 codes and e4m3 / ue8m0 scale bytes (ops.kv_quant)."""
+        raise TypeError
+
+    def fp4_e2m1_unpack(
+        self, packed: torch.Tensor, block: int, scale_format: ScaleFormat, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Packed FP4 rows back to values (ops.kv_quant)."""
+        raise TypeError
+
     def engram_hash(
         self, lookback: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor, offsets: torch.Tensor
     ) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 - queries: ``q = wq_b(RMSNorm(wq_a x))`` rotated on the last rope dims (no per-head norm, unlike V4);
 - one K=V latent per token: ``RMSNorm(wkv x)`` rotated, then FP8 (ue8m0 scale per 32): the model's own
-  fake-quantization, so the ring stores exactly what is attended;
+  fake-quantization, so the ring stores exactly what is attended (the state's stores apply the formats:
+  :mod:`.state`, :mod:`deepinfer.kv.store`);
 - keys = the layer's last ``sliding_window`` latents and, in layers with a ratio, the top-k entries of its
   group (CSA2 roles: the kv source compresses, index sources pick, Reuse layers take the latest picks);
 - a sink logit per head; the output's rope dims rotated back; grouped output projection ``wo_a`` / ``wo_b``.
@@ -27,11 +28,6 @@ from deepinfer.models.deepseek_v41.indexer import Indexer, IndexerSpec, Publishe
 from deepinfer.models.deepseek_v41.roles import FULL, REUSE, LayerRole
 from deepinfer.models.deepseek_v41.state import LayerCache
 from deepinfer.ops import Ops
-from deepinfer.ops.fake_quant import ScaleFormat
-
-#: The compressed latent's FP4 format (block, scale format) and the sliding window's FP8 block.
-LATENT_FORMAT: tuple[int, ScaleFormat] = (16, "e4m3")
-WINDOW_BLOCK = 32
 
 
 @dataclass(slots=True)
@@ -90,22 +86,26 @@ class Attention:
         self.in_splits = self.w_in.sizes
 
     # --- shared by both paths -------------------------------------------------------------------------
-    def _project(self, x: torch.Tensor, positions: torch.Tensor):
-        """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), index head weights)."""
+    def _project(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache):
+        """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), its rows as the ring
+        stores them, index head weights)."""
         ops, tokens = self.ops, x.shape[0]
         q_lin, kv_lin, *rest = self.w_in(ops, x).split(self.in_splits, dim=1)
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
         q = linear(ops, q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
         kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
-        return q_residual, q, ops.fp8_e4m3_fake_quant(kv, WINDOW_BLOCK), (rest[0] if rest else None)
+        stored, kv = cache.kv_rows.rings.encode(kv)
+        return q_residual, q, kv, stored, (rest[0] if rest else None)
 
-    def _entries(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Compressed entries of pre-RoPE latents at their windows' first positions: rotated, then FP4."""
+    def _entries(self, latents: torch.Tensor, positions: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        """Compressed entries of pre-RoPE latents at their windows' first positions: rotated, then FP4 (as the
+        entry pages store them)."""
         rotated = self.ops.rope(latents, positions, self.inv_freq, self.rope_scaling)
-        return self.ops.fp4_e2m1_fake_quant(rotated, *LATENT_FORMAT)
+        return cache.kv_rows.entries.stored(rotated)
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, cols: torch.Tensor, positions: torch.Tensor):
+        """``pool``: values (rows read from the state, or the state's own tensor)."""
         ops, tokens = self.ops, q.shape[0]
         out = ops.sparse_attention_inverse_rope(q, pool, cols, self.sinks, self.head_dim**-0.5, positions,
                                                 self.inv_freq, self.rope_scaling)
@@ -140,15 +140,15 @@ class Attention:
             plan = step.layout.plans[self.ratio]
             closed = plan.closed_positions
             assert closed is not None and plan.closed_kv_rows is not None and plan.closed_rows is not None
-            cache.kv.index_copy_(0, plan.closed_kv_rows, self._entries(latents, closed))
-            assert self.indexer is not None and cache.index_keys is not None
-            cache.index_keys.index_copy_(0, plan.closed_rows, self.indexer.keys(latents, closed))
+            cache.kv_rows.write_entries(plan.closed_rows, self._entries(latents, closed, cache))
+            assert self.indexer is not None and cache.key_rows is not None
+            cache.key_rows.write(plan.closed_rows, cache.key_rows.stored(self.indexer.keys(latents, closed)))
 
     def __call__(self, x: torch.Tensor, step: RaggedStep, cache: LayerCache) -> torch.Tensor:
         """The step's attention pool is the sequences' window history and the group's entries gathered from the
         layer's KV buffer, then the new latents (``layout.plans``: where); then the ring takes its newest."""
         positions, layout = step.positions, step.layout
-        q_residual, q, kv, weights = self._project(x, positions)
+        q_residual, q, kv, stored, weights = self._project(x, positions, cache)
         plan = layout.plans[self.ratio]
         if not step.precompressed:  # first: the step's closed windows are entries the pool gathers
             self.compress(x, step, cache)
@@ -157,7 +157,8 @@ class Attention:
             longest = max((s + n) // self.ratio for s, n in zip(layout.starts, layout.lens, strict=True))
             keys = None
             if self.indexer is not None and longest > self.indexer.spec.topk:
-                keys = cache.index_keys[layout.entry_rows[self.ratio][:, :longest]]  # type: ignore[index]
+                assert cache.key_rows is not None
+                keys = cache.key_rows.read(layout.entry_rows[self.ratio][:, :longest])
             picks = self._picks(q_residual, weights, positions, keys, layout.seq_ids, None, step.published, longest)
             assert plan.causal_cols is not None and plan.entry_offsets is not None  # a compressed ratio's plan
             if picks is None:
@@ -165,8 +166,8 @@ class Attention:
             else:
                 cols = torch.cat([cols, torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1)], dim=1)
         gather_rows, ring_rows = plan.for_ring(cache.ring_base)
-        keys_pool = torch.cat([cache.kv[gather_rows], kv])
-        cache.kv.index_copy_(0, ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        keys_pool = torch.cat([cache.kv_rows.read(gather_rows), kv])
+        cache.kv_rows.write_rings(ring_rows, stored[plan.ring_src])  # after the gather: it read the old rings
         return self._output(q, keys_pool, cols, positions)
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
@@ -174,19 +175,21 @@ class Attention:
         """The token's latent goes to its ring first (which then holds exactly the window ending at it); the
         window and the group's entry pages are read in place through row indices (``graph.plan``)."""
         step, plan = graph.step, graph.plan
-        q_residual, q, kv, weights = self._project(x, step.positions)
-        cache.kv.index_copy_(0, plan.ring_rows + cache.ring_base, kv)
+        q_residual, q, _, stored, weights = self._project(x, step.positions, cache)
+        cache.kv_rows.write_rings(plan.ring_rows + cache.ring_base, stored)
         cols = graph.window_cols[cache.ring_base]
         if self.ratio:
             ratio = plan.ratios[self.ratio]
             if self.compressor is not None:
                 latents = self.compressor.decode(x, step.slots, ratio, cache.pending)
-                cache.kv[entry_base:].index_copy_(0, ratio.entry_write, self._entries(latents, ratio.entry_positions))
-                assert self.indexer is not None and cache.index_keys is not None
-                cache.index_keys.index_copy_(0, ratio.entry_write, self.indexer.keys(latents, ratio.entry_positions))
+                cache.kv_rows.write_entries(ratio.entry_write, self._entries(latents, ratio.entry_positions, cache))
+                assert self.indexer is not None and cache.key_rows is not None
+                new_keys = self.indexer.keys(latents, ratio.entry_positions)
+                cache.key_rows.write(ratio.entry_write, cache.key_rows.stored(new_keys))
             keys = None
             if ratio.picks is not None and self.indexer is not None:
-                keys = cache.index_keys[ratio.entry_rows]  # type: ignore[index]
+                assert cache.key_rows is not None
+                keys = cache.key_rows.read(ratio.entry_rows)
             longest = ratio.entry_rows.shape[1] if ratio.picks is not None else 0
             picks = self._picks(q_residual, weights, step.positions, keys, plan.seq_ids, ratio.picks,
                                 graph.published, longest)
@@ -196,4 +199,5 @@ class Attention:
             else:
                 assert ratio.pick_cols is not None
                 cols = torch.cat([cols, ratio.pick_cols[plan.seq_ids[:, None], picks]], dim=1)
-        return self._output(q, cache.kv, cols, step.positions)
+        pool, cols = cache.kv_rows.attention_pool(cols)
+        return self._output(q, pool, cols, step.positions)

@@ -58,10 +58,11 @@ class Indexer:
         return self.ops.fp4_e2m1_fake_quant(x, *KEY_FORMAT)
 
     def keys(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The group's indexer keys [n, head_dim] of pre-RoPE ``latents`` [n, dim] at their entries' positions."""
+        """The group's indexer keys [n, head_dim] of pre-RoPE ``latents`` [n, dim] at their entries' positions,
+        before their FP4 (:data:`KEY_FORMAT`), which the state's key store applies as it stores them."""
         assert self.wk is not None
         k = self.ops.rms_norm(self.ops.linear(latents, self.wk), self.k_norm, self.spec.eps)
-        return self._fp4(self.ops.rope(k, positions, self.inv_freq, self.rope_scaling))
+        return self.ops.rope(k, positions, self.inv_freq, self.rope_scaling)
 
     def picks(self, q_residual: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
               seq_ids: torch.Tensor, causal: CausalPicks, published: Published) -> torch.Tensor:

@@ -105,11 +105,12 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
     row) and, with ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the
     quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    ``quantized_kv``: the state stores K=V and indexer keys in the model's formats (:mod:`.state`).
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
                  token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-                 decoder_keep: int | None = None, native_weights: bool = False):
+                 decoder_keep: int | None = None, native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
@@ -135,7 +136,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i), weight) for i in range(cfg.num_hidden_layers)]
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
-        self.state_spec, self.views = state_spec(cfg), views_for(cfg)
+        self.state_spec, self.views = state_spec(cfg, quantized=quantized_kv), views_for(cfg, ops)
         self.ratio_kinds = {r: RatioKinds(indexed=True) for r in self.state_spec.paged_ratios}
         self.decoder_keep = decoder_keep
         self.decoder_layer = cut_layer(cfg, decoder_keep) if decoder_keep is not None else None
