@@ -15,6 +15,8 @@ from deepinfer_cuda.kernels.compress_pool import compress_pool
 from deepinfer_cuda.kernels.engram_gate import engram_gate
 from deepinfer_cuda.kernels.engram_hash import engram_hash
 from deepinfer_cuda.kernels.fp4_e2m1_fake_quant import fp4_e2m1_fake_quant
+from deepinfer_cuda.kernels.fp8_block_grouped_linear import fp8_block_grouped_linear
+from deepinfer_cuda.kernels.fp8_block_linear import fp8_block_linear
 from deepinfer_cuda.kernels.fp8_e4m3_fake_quant import fp8_e4m3_fake_quant
 from deepinfer_cuda.kernels.hc_collapse import hc_collapse
 from deepinfer_cuda.kernels.hc_post import hc_post
@@ -24,6 +26,7 @@ from deepinfer_cuda.kernels.indexer_candidates import indexer_candidates
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.indexer_topk_in_blocks import indexer_topk_in_blocks
 from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
+from deepinfer_cuda.kernels.moe_experts_mxfp4 import moe_experts_mxfp4
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
 from deepinfer_cuda.kernels.rms_norm import rms_norm
@@ -55,6 +58,9 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "fp4_e2m1_fake_quant": fp4_e2m1_fake_quant,
     "engram_hash": engram_hash,
     "engram_gate": engram_gate,
+    "fp8_block_linear": fp8_block_linear,
+    "fp8_block_grouped_linear": fp8_block_grouped_linear,
+    "moe_experts_mxfp4": moe_experts_mxfp4,
 }
 
 #: What ``DEEPINFER_BATCH_INVARIANT=1`` replaces: kernels whose tiles are fixed for every batch size.

@@ -12,6 +12,7 @@ from deepinfer_cuda.kernels import (
                                     engram_gate,
                                     engram_hash,
                                     fp4_e2m1_fake_quant,
+                                    fp8_block_linear,
                                     fp8_e4m3_fake_quant,
                                     hc_collapse,
                                     hc_post,
@@ -19,6 +20,7 @@ from deepinfer_cuda.kernels import (
                                     indexer_topk,
                                     indexer_topk_in_blocks,
                                     moe_experts,
+                                    moe_experts_mxfp4,
                                     moe_hash_router,
                                     moe_router,
                                     moe_routing,
@@ -38,4 +40,6 @@ ALL: tuple[TritonKernel, ...] = (
     indexer_topk_in_blocks.KERNEL,
     compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL,
     fp8_e4m3_fake_quant.KERNEL, fp4_e2m1_fake_quant.KERNEL, engram_hash.KERNEL, engram_gate.KERNEL,
+    fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
+    moe_experts_mxfp4.DOWN_KERNEL,
 )

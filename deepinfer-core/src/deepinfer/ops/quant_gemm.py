@@ -86,7 +86,8 @@ def fp8_block_linear_in_tiles(x, weight, scale, block_n, block_k):
 
 
 def _fp8_grouped_samples(dtype: torch.dtype, gen: torch.Generator):
-    for rows, groups, k, n, block in [(1, 2, 64, 32, (32, 32)), (7, 4, 256, 128, (128, 128))]:
+    for rows, groups, k, n, block in [(1, 2, 64, 32, (32, 32)), (7, 4, 256, 128, (128, 128)),
+                                      (65, 2, 128, 64, (32, 32))]:
         x = torch.randn(rows, groups, k, generator=gen).to(dtype)
         data, scale = _quantized(groups * n, k, block, "ue8m0", gen)
         yield OpSample((x, data, scale, *block), label=f"{rows}x{groups}x{k}->{n} {block}")
