@@ -32,6 +32,26 @@ def v4_layout(expert_dtype: str, block: tuple[int, int]) -> Layout:
     return layout
 
 
+V41_DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
+         ".shared_experts.")
+V41_RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
+            "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+
+
+def v41_released_layout(name: str, w: torch.Tensor):
+    """As released, except that odd layers' dense weights use 128x128 blocks (the per-tensor detection must find
+    both); expert weights whose K is not a multiple of 32 (tiny dims) are FP8."""
+    if not name.endswith(".weight"):
+        return None
+    if name.endswith("engram.embed.weight"):
+        return "fp8", (1, 32)
+    if ".ffn.experts." in name:
+        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
+    if any(p in name for p in V41_DENSE):
+        return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
+    return None
+
+
 def quantize_checkpoint(source: str | Path, target: str | Path, layout: Layout, scale_format: str = "ue8m0",
                         quantization_config: dict | None = None) -> tuple[Path, Path]:
     """Quantize a saved checkpoint by ``layout``; writes ``target/quantized`` (with ``quantization_config`` in

@@ -74,3 +74,12 @@ def test_the_reference_quantizer_vectors_round_trip(name):
 def test_a_width_off_the_block_is_refused():
     with pytest.raises(ValueError, match=r"last dim \(40\) to be a multiple of block \(32\)"):
         OPS.fp8_e4m3_pack(torch.randn(2, 40), 32)
+
+
+def test_fp4_unpack_decodes_every_code():
+    from deepinfer.ops.quant import E2M1_VALUES
+
+    codes = torch.arange(16, dtype=torch.uint8)
+    packed = torch.cat([codes[0::2] | (codes[1::2] << 4), torch.tensor([127], dtype=torch.uint8)])[None]  # scale 1
+    got = OPS.fp4_e2m1_unpack(packed, 16, "ue8m0", torch.float32)[0]
+    assert got.tolist() == list(E2M1_VALUES) and torch.equal(torch.signbit(got), torch.tensor(E2M1_VALUES).signbit())

@@ -23,7 +23,6 @@ from deepinfer.ops.fake_quant import (
     fp8_e4m3_grid,
     same_bits,
 )
-from deepinfer.ops.quant import E2M1_VALUES
 from deepinfer.ops.registry import OpSample, reference_op
 
 
@@ -114,6 +113,14 @@ def fp4_e2m1_pack(x: torch.Tensor, block: int, scale_format: ScaleFormat) -> tor
     return torch.cat([nibbles, _scale_bytes(scale, scale_format).squeeze(-1)], dim=-1)
 
 
+def _e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 values of e2m1 codes (int32 0..15), by arithmetic: ``(2 + m) * 2^(e - 2)``, ``m / 2`` when e = 0, signed
+    by bit 3 (no lookup table to copy to the device: a CUDA graph can capture it)."""
+    e, m = (codes >> 1) & 3, (codes & 1).float()
+    mag = torch.where(e == 0, m * 0.5, (2.0 + m) * torch.exp2((e - 2).float()))
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
 def _fp4_unpack_samples(dtype: torch.dtype, gen: torch.Generator):
     for x, block, fmt, label in _packed_samples(True)(dtype, gen):
         yield OpSample((fp4_e2m1_pack(x, block, fmt), block, fmt, dtype), label=label)
@@ -125,9 +132,8 @@ def fp4_e2m1_unpack(packed: torch.Tensor, block: int, scale_format: ScaleFormat,
     """Packed FP4 rows [..., D / 2 + D / block] uint8 -> values [..., D] in ``dtype`` (``value * scale`` in
     fp32)."""
     width = packed.shape[-1] * 2 * block // (block + 2)
-    bytes_ = packed[..., : width // 2].to(torch.int64)
-    codes = torch.stack((bytes_ & 0xF, bytes_ >> 4), dim=-1).flatten(-2)
-    q = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)[codes]
+    bytes_ = packed[..., : width // 2].to(torch.int32)
+    q = _e2m1_values(torch.stack((bytes_ & 0xF, bytes_ >> 4), dim=-1).flatten(-2))
     scale = _scale_values(packed[..., width // 2 :], scale_format)
     q = q.view(*packed.shape[:-1], width // block, block)
     return (q * scale.unsqueeze(-1)).view(*packed.shape[:-1], width).to(dtype)

@@ -14,28 +14,11 @@ from deepinfer.models.checkpoint import CheckpointError
 from deepinfer.ops import OpTable
 from deepinfer.quant import MXFP4, QuantizedTensor
 from tests.support.model_runs import run_chunked
+from tests.support.quantized import V41_RELEASED as RELEASED
 from tests.support.quantized import quantize_checkpoint
+from tests.support.quantized import v41_released_layout as released_layout
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES, references
-
-DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
-         ".shared_experts.")
-RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
-            "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
-
-
-def released_layout(name: str, w: torch.Tensor):
-    """As released, except that odd layers' dense weights use 128x128 blocks (the per-tensor detection must find
-    both); expert weights whose K is not a multiple of 32 (tiny dims) are FP8."""
-    if not name.endswith(".weight"):
-        return None
-    if name.endswith("engram.embed.weight"):
-        return "fp8", (1, 32)
-    if ".ffn.experts." in name:
-        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
-    if any(p in name for p in DENSE):
-        return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
-    return None
 
 
 def _load(path):
