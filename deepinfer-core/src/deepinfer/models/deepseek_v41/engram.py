@@ -37,12 +37,16 @@ def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor) -> to
     An FP8 table is dequantized after the gather with its per-32-column scales (``fp8 * scale`` in fp32); a
     float table's ``scale`` tensor is ignored, as the reference does."""
     flat = hash_ids.reshape(-1)
-    rows = ops.embedding(flat, weights.table)
-    if rows.dtype == torch.float8_e4m3fn:
+    if weights.table.dtype == torch.float8_e4m3fn:  # gathered as bytes: every device indexes uint8 rows
         if weights.table_scale is None:
             raise ValueError("an FP8 Engram table needs its embed.scale tensor")
-        scales = ops.embedding(flat, weights.table_scale)
+        rows = ops.embedding(flat, weights.table.view(torch.uint8)).view(torch.float8_e4m3fn)
+        scale = weights.table_scale
+        one_byte = scale.element_size() == 1  # e8m0 (float8_e8m0fnu or its bytes); fp32 scales gather as they are
+        scales = ops.embedding(flat, scale.view(torch.uint8) if one_byte else scale)
         rows = ops.dequant_fp8_block(rows, scales, 1, TABLE_SCALE_BLOCK, weights.wkv.dtype)
+    else:
+        rows = ops.embedding(flat, weights.table)
     return rows.to(weights.wkv.dtype).view(hash_ids.shape[0], -1)
 
 
