@@ -13,6 +13,10 @@ no host synchronisation and CUDA-graph replay == eager at decode shapes.
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 
 import pytest
@@ -117,6 +121,42 @@ def _kernels() -> dict:
     ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
           moe_experts_mxfp4.DOWN_KERNEL)
     return {k.name: k for k in ks}
+
+
+INTERPRETER_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from deepinfer_cuda.arch import SM90A
+    import deepinfer_cuda.kernels.fp8_block_linear as m
+
+    m.INTERPRETED = True
+    torch.manual_seed(0)
+    for block in ((128, 128), (32, 32)):
+        x = (torch.randn(70, 256) * torch.exp2(torch.randint(-12, 8, (70, 1)).float())).to(torch.bfloat16)
+        x[0, :block[1]] = 0.0  # a group below the amax floor
+        w = torch.randn(64, 256).to(torch.float8_e4m3fn)
+        s = torch.ones(64 // block[0] + (64 % block[0] > 0), 256 // block[1])
+        plan = m.prepare(x, w, s, *block, arch=SM90A)
+        kernel, launch = plan.steps[0]
+        assert kernel.name == "fp8_act_quant"
+        kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps)
+        g = x.float().view(70, -1, block[1])
+        want_s = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+        want_q = (g / want_s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(launch.args["s_ptr"].view_as(want_s), want_s), block
+        assert torch.equal(launch.args["q_ptr"].view_as(want_q), want_q), block
+        print("OK act quant", block)
+    """
+)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a GPU is present: the GPU test checks the compiled quantizer")
+def test_activation_quantizer_is_torchs_e4m3_cast_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("OK ") == 2, proc.stdout
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------

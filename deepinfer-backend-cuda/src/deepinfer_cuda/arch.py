@@ -415,9 +415,11 @@ class Fp8LinearTiles:
 FP8_ACT_MIN_ROWS = 64
 
 
-def fp8_linear_config(arch: CudaArch, rows: int, block_k: int, element_bytes: int) -> Fp8LinearTiles:
-    """- decode (rows < 64, or fp32): 16-row tiles of 64 columns over 128-deep reduction tiles (a weight tile of
-      8 KiB FP8 per stage), 4 stages, 4 warps: each program streams its columns' weights once;
+def fp8_linear_config(arch: CudaArch, rows: int, cols: int, block_k: int, element_bytes: int) -> Fp8LinearTiles:
+    """``cols``: the output columns of all groups.
+    - decode (rows < 64, or fp32): 16-row tiles over 128-deep reduction tiles, 4 stages, 4 warps, each program
+      streaming its columns' weights once; 64 columns a program where that still makes two programs per SM
+      (132 SMs), else 32, else 16 (V4.1-Flash's wq_a | wkv, 1792 columns: 112 programs; split-K would fill the GPU);
     - prefill (bf16, rows >= 64): 128 x 128 tiles (64 rows below 128), one weight scale block deep per step
       (``block_k``: 128, or 32 for V4.1's 32x32 tensors), FP8 ``tl.dot`` (wgmma m64n128k32), the partial product
       of each step scaled by the activation's and the weight's scales in fp32 (DeepGEMM's promotion every scale
@@ -427,7 +429,8 @@ def fp8_linear_config(arch: CudaArch, rows: int, block_k: int, element_bytes: in
         raise ValueError(f"no FP8 GEMM configuration for {arch.name}")
     if rows < FP8_ACT_MIN_ROWS or element_bytes != 2:
         wide = 2 if element_bytes > 2 else 1
-        return Fp8LinearTiles(LaunchConfig(num_warps=4, num_stages=4 // wide), 16, 64, 128 // wide, False)
+        block_n = 64 if cols >= 64 * 264 else 32 if cols >= 32 * 132 else 16
+        return Fp8LinearTiles(LaunchConfig(num_warps=4, num_stages=4 // wide), 16, block_n, 128 // wide, False)
     block_m = 128 if rows >= 128 else 64
     return Fp8LinearTiles(LaunchConfig(num_warps=8 if block_m == 128 else 4, num_stages=3), block_m, 128, block_k,
                           True)

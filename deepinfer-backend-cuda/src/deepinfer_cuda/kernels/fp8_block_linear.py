@@ -90,7 +90,8 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, BLOCK_
     ok = rows < n_groups
     offs = rows.to(tl.int64)[:, None] * GROUP + cols[None, :]
     x = tl.load(x_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / 448.0
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    s = tl.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))  # IEEE, as torch divides (Triton's / is not)
     scale = tl.broadcast_to(s[:, None], x.shape)
     q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0), 3, -6, 448.0, INTERPRETED)
     tl.store(q_ptr + offs, _e4m3_code(q).to(tl.uint8), mask=ok[:, None])
@@ -160,7 +161,7 @@ def _gemm_variants(arch: CudaArch) -> list[Variant]:
     for n, k, groups in AOT_SHAPES:
         for bn, bk in AOT_BLOCKS:
             for rows in (1, 64, 128):  # decode; prefill's 64- and 128-row tiles
-                tiles = fp8_linear_config(arch, rows, bk, 2)
+                tiles = fp8_linear_config(arch, rows, n * groups, bk, 2)
                 x = "*u8:D" if tiles.act_fp8 else "*bf16:D"
                 sig = {"x_ptr": x, "xs_ptr": "*fp32:D" if tiles.act_fp8 else x, "w_ptr": "*u8:D", "ws_ptr": "*u8:D",
                        "y_ptr": "*bf16:D", "M": "i32"}
@@ -205,9 +206,9 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
     m = x2.shape[0]
     y = torch.empty(m, groups * n, dtype=x.dtype, device=x.device)
     result = y.view(*lead, groups, n) if groups > 1 else y.view(*lead, n)
-    tiles = fp8_linear_config(arch, m, block_k, x.element_size())
+    tiles = fp8_linear_config(arch, m, n * groups, block_k, x.element_size())
     if tiles.act_fp8 and (k % block_k or block_k not in (32, 64, 128) or x.dtype != torch.bfloat16):
-        tiles = fp8_linear_config(arch, 0, block_k, x.element_size())  # the activation path needs whole groups
+        tiles = fp8_linear_config(arch, 0, n * groups, block_k, x.element_size())  # the activation path: whole groups
     w = weight.contiguous().view(torch.uint8)
     ws, e8m0 = _scale_bytes(scale)
     const = _constexprs(n, k, groups, block_n, block_k, e8m0, tiles, x.dtype == torch.float32, interpreted)
