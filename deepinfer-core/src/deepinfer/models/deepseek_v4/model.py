@@ -72,7 +72,10 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        self.quantized = {n: t for n, t in weights.tensors.items() if isinstance(t, QuantizedTensor)}
+        #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
+        #: reference would keep a copy of every weight they restack alive)
+        stored = {n: t for n, t in weights.tensors.items() if isinstance(t, QuantizedTensor)}
+        self.quantized = {} if native_weights else stored
         self.mtp_weights = weights.mtp
 
         def get(name: str) -> torch.Tensor:

@@ -113,7 +113,9 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
                  decoder_keep: int | None = None, native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
+        #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
+        #: reference would keep a copy of every weight they restack alive)
+        self.quantized = {} if native_weights else {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
         self.mtp_weights = mtp
 
         def get(name: str) -> torch.Tensor:
