@@ -75,9 +75,9 @@ def _released_v4(tmp_path):
     return quantize_checkpoint(source, tmp_path / "v4", v4_layout("fp4", (32, 32)), "ue8m0", config)
 
 
-@pytest.mark.parametrize("model", ["v41", "v4"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("model, dtype", [("v41", "float32"), ("v41", "bfloat16"), ("v4", "float32")])
 def test_native_weights_agree_with_the_dequantized_load(tmp_path, monkeypatch, model, dtype):
+    """V4.1: FP8 projections of both block sizes, both GEMM regimes in bf16; V4: MXFP4 experts."""
     quantized, _ = (_released_v41 if model == "v41" else _released_v4)(tmp_path)
     if model == "v41":
         prompts = [r.tokens[:n].tolist() for r, n in zip(references("tiny_b")[:3], [200, 64, 9], strict=True)]
