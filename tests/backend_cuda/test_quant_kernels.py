@@ -44,8 +44,8 @@ def _fp8_weight(n: int, k: int, block: tuple[int, int], device: str, fill: bool)
     if not fill:  # shapes only (the CPU plans never read them)
         return torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(grid, dtype=torch.float8_e8m0fnu)
     data = (torch.randn(n, k, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    exps = torch.randint(-16, -12, grid, device=device).float()  # |w| ~ 64 * 2^-14..2^-12 ~ k^-0.5 scale
-    return data, torch.exp2(exps).to(torch.float8_e8m0fnu)
+    exps = torch.randint(-16, -12, grid, device=device)  # |w| ~ 64 * 2^-14..2^-12 ~ k^-0.5 scale
+    return data, (exps + 127).to(torch.uint8).view(torch.float8_e8m0fnu)  # e8m0 from its bits
 
 
 def _mxfp4_experts(experts: int, device: str, fill: bool) -> tuple[torch.Tensor, ...]:
@@ -187,12 +187,14 @@ def test_quant_kernels_match_the_reference_at_flash_dims():
 def _emulated_prefill(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """The prefill regime's scheme in torch: x quantized per token and block_k channels (fp32 scale amax / 448,
     amax >= 1e-4), each K block's FP8 product promoted to fp32 with both scales."""
+    from deepinfer.ops.quant import scale_values
+
     bn, bk = block
     m, k = x.shape
     g = x.float().view(m, k // bk, bk)
     xs = g.abs().amax(-1).clamp_min(1e-4) / 448.0
     xq = (g / xs[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    ws = s.float().repeat_interleave(bn, 0)[: w.shape[0]]  # [N, K / bk]
+    ws = scale_values(s).repeat_interleave(bn, 0)[: w.shape[0]]  # [N, K / bk]
     acc = torch.zeros(m, w.shape[0], device=x.device)
     for j in range(k // bk):
         part = xq[:, j] @ w[:, j * bk : (j + 1) * bk].float().T
