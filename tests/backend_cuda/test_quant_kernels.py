@@ -32,7 +32,8 @@ BF16 = torch.bfloat16
 #: (N, K) of V4.1-Flash's FP8 projections: wq_a | wkv, wq_b, wo_b, the shared expert's w1 | w3 and w2
 FLASH_LINEAR = ((1792, 5120), (32768, 1280), (5120, 8192), (4608, 5120), (5120, 2304))
 HIDDEN, INTER, EXPERTS, TOP_K = 5120, 2304, 384, 6
-OPS = ("fp8_block_linear", "fp8_block_grouped_linear", "moe_experts_mxfp4")
+OPS = ("fp8_block_linear", "fp8_block_grouped_linear", "moe_experts_mxfp4", "fp8_e4m3_pack", "fp8_e4m3_unpack",
+       "fp4_e2m1_pack", "fp4_e2m1_unpack")
 
 
 def _module(op: str):
@@ -77,6 +78,16 @@ def quant_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64, 512), fill: b
         w, s = _fp8_weight(8 * 1024, 4096, block, device, fill)  # wo_a: 8 groups of 1024 rows
         for t in tokens:
             yield "fp8_block_grouped_linear", (randn(t, 8, 4096), w.to(device), s.to(device), *block)
+    from deepinfer.ops import kv_quant
+
+    for t in tokens:  # the packed KV rows: SWA K=V, compressed latent, indexer key (V4.1-Flash's widths)
+        for width, block, fmt in ((512, 32, None), (512, 16, "e4m3"), (128, 32, "ue8m0")):
+            rows = randn(t, width) * 4
+            extra = () if fmt is None else (fmt,)
+            kind = "fp8_e4m3" if fmt is None else "fp4_e2m1"
+            yield f"{kind}_pack", (rows, block, *extra)
+            packed = getattr(kv_quant, f"{kind}_pack")(rows, block, *extra)
+            yield f"{kind}_unpack", (packed, block, *extra, BF16)
     # decode at 384 experts (< 1 slot an expert), 6 slots an expert, and the prefill tier (192 slots an expert);
     # fewer experts where the batch hits them all: the reference dequantizes every expert a batch uses
     for t, experts in ((1, EXPERTS), (16, EXPERTS), (64, 64), (1024, 32)):
@@ -86,8 +97,8 @@ def quant_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64, 512), fill: b
         yield "moe_experts_mxfp4", (randn(t, HIDDEN), ids, weights, w13, s13, w2, s2, 10.0)
 
 
-def _steps(plan) -> list:
-    return plan.steps if hasattr(plan, "steps") else []
+def _steps(plan, op: str = "") -> list:
+    return plan.steps if hasattr(plan, "steps") else [(_module(op).KERNEL, plan)]
 
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
@@ -97,7 +108,7 @@ def test_every_flash_call_finds_its_cubin():
 
     missing, ours = [], set(_kernels())  # (the routing plan's kernels are moe_experts' own, tested there)
     for op, args in quant_cases("cpu", tokens=(1, 16, 64, 512), fill=False):
-        for kernel, launch in _steps(_module(op).prepare(*args, arch=SM90A)):
+        for kernel, launch in _steps(_module(op).prepare(*args, arch=SM90A), op):
             if kernel.name in ours and 0 not in launch.grid and not kernel.has_aot_variant(launch, SM90A):
                 missing.append(f"{op}/{kernel.name} {[tuple(a.shape) for a in args if hasattr(a, 'shape')]}")
     assert not missing, missing
@@ -115,11 +126,42 @@ def test_quant_kernel_set_builds_for_sm90a(tmp_path):
     assert built == {name: len(k.aot_variants(SM90A)) for name, k in kernels.items()}
 
 
+@pytest.mark.slow
+def test_kv_packers_compile_to_ieee_division_and_round_to_nearest_even():
+    """As the fake quants (test_v41_kernels.py): ``div.rn`` and ``cvt.rni``, the operations the interpreter checks."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from deepinfer_cuda.arch import SM90A
+
+    for op in ("fp8_e4m3_pack", "fp4_e2m1_pack"):
+        kernel = _module(op).KERNEL
+        for v in kernel.aot_variants(SM90A):
+            signature = {p.name: "constexpr" if p.name in v.constexprs else v.signature[p.name].split(":")[0]
+                         for p in kernel.params}
+            compiled = triton.compile(ASTSource(kernel.jit_fn, signature, constexprs=dict(v.constexprs)),
+                                      target=GPUTarget("cuda", SM90A.triton_arch, 32),
+                                      options={"num_warps": v.num_warps})
+            ops = set(re.findall(r"\b(div\.[a-z0-9.]+|rcp\.[a-z0-9.]+|cvt\.rni\.f32\.f32)", compiled.asm["ptx"]))
+            assert ops == {"div.rn.f32", "cvt.rni.f32.f32"}, (op, v.constexprs, ops)
+
+
 def _kernels() -> dict:
-    from deepinfer_cuda.kernels import fp8_block_linear, moe_experts_mxfp4
+    from deepinfer_cuda.kernels import (
+        fp4_e2m1_pack,
+        fp4_e2m1_unpack,
+        fp8_block_linear,
+        fp8_e4m3_pack,
+        fp8_e4m3_unpack,
+        moe_experts_mxfp4,
+    )
 
     ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
-          moe_experts_mxfp4.DOWN_KERNEL)
+          moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
+          fp4_e2m1_unpack.KERNEL)
     return {k.name: k for k in ks}
 
 

@@ -15,9 +15,13 @@ from deepinfer_cuda.kernels.compress_pool import compress_pool
 from deepinfer_cuda.kernels.engram_gate import engram_gate
 from deepinfer_cuda.kernels.engram_hash import engram_hash
 from deepinfer_cuda.kernels.fp4_e2m1_fake_quant import fp4_e2m1_fake_quant
+from deepinfer_cuda.kernels.fp4_e2m1_pack import fp4_e2m1_pack
+from deepinfer_cuda.kernels.fp4_e2m1_unpack import fp4_e2m1_unpack
 from deepinfer_cuda.kernels.fp8_block_grouped_linear import fp8_block_grouped_linear
 from deepinfer_cuda.kernels.fp8_block_linear import fp8_block_linear
 from deepinfer_cuda.kernels.fp8_e4m3_fake_quant import fp8_e4m3_fake_quant
+from deepinfer_cuda.kernels.fp8_e4m3_pack import fp8_e4m3_pack
+from deepinfer_cuda.kernels.fp8_e4m3_unpack import fp8_e4m3_unpack
 from deepinfer_cuda.kernels.hc_collapse import hc_collapse
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
@@ -61,6 +65,10 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "fp8_block_linear": fp8_block_linear,
     "fp8_block_grouped_linear": fp8_block_grouped_linear,
     "moe_experts_mxfp4": moe_experts_mxfp4,
+    "fp8_e4m3_pack": fp8_e4m3_pack,
+    "fp8_e4m3_unpack": fp8_e4m3_unpack,
+    "fp4_e2m1_pack": fp4_e2m1_pack,
+    "fp4_e2m1_unpack": fp4_e2m1_unpack,
 }
 
 #: What ``DEEPINFER_BATCH_INVARIANT=1`` replaces: kernels whose tiles are fixed for every batch size.
