@@ -6,8 +6,9 @@
 - ``DEEPINFER_QUANTIZED_WEIGHTS=native``: a released-format checkpoint (V4.1 ``tiny_b`` with FP8 32x32 / 128x128
   projections; V4 with MXFP4 experts and FP8 projections) runs its FP8 / MXFP4 kernels and agrees with the same
   checkpoint dequantized at load: fp32 within ``FP32_TOL`` (weight-only dequantization, no activation rounding);
-  bf16 prefill of >= 64 rows quantizes activations to FP8 (``fp8_block_linear``'s tolerance): mean |Δ logprob|
-  within ``BF16_MEAN_TOL``.  Decode graphs are captured.
+  bf16 prefill of >= 64 rows quantizes activations to FP8 (``fp8_block_linear``'s tolerance), which moves a random
+  tiny model's logprobs a lot (CPU emulation on ``tiny_b``: mean |Δ| 0.27): the GPU's mean |Δ| must stay within
+  1.5x the CPU emulation's, measured in the run, + ``BF16_SLACK``.  Decode graphs are captured.
 Skipped without a CUDA device.
 """
 
@@ -26,7 +27,7 @@ requires_cuda = pytest.mark.skipif(
 pytestmark = [requires_cuda, pytest.mark.cuda]
 
 FP32_TOL = 1e-3
-BF16_MEAN_TOL = 0.1  # FP8 activation rounding through a random tiny model (bf16 alone moves it 0.08-0.5, CPU)
+BF16_SLACK = 0.05
 
 
 @pytest.fixture(autouse=True)
@@ -79,8 +80,9 @@ def _released_v4(tmp_path):
 def test_native_weights_agree_with_the_dequantized_load(tmp_path, monkeypatch, model, dtype):
     """V4.1: FP8 projections of both block sizes, both GEMM regimes in bf16; V4: MXFP4 experts."""
     quantized, _ = (_released_v41 if model == "v41" else _released_v4)(tmp_path)
-    if model == "v41":
-        prompts = [r.tokens[:n].tolist() for r, n in zip(references("tiny_b")[:3], [200, 64, 9], strict=True)]
+    if model == "v41":  # (bf16: prompts of >= 64 rows, so the CPU emulation runs the GPU's regime too)
+        lengths = [200, 64] if dtype == "bfloat16" else [200, 64, 9]
+        prompts = [r.tokens[:n].tolist() for r, n in zip(references("tiny_b"), lengths, strict=False)]
     else:
         prompts = [list(range(3, 3 + n)) for n in (100, 70, 9)]
     monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", "dequantize")
@@ -93,9 +95,32 @@ def test_native_weights_agree_with_the_dequantized_load(tmp_path, monkeypatch, m
         assert ops.source("moe_experts_mxfp4") == "nvidia" and llm.engine.model.layers[2].ffn.scales is not None
     assert llm.engine.runner.decode_graphs is not None and llm.engine.runner.decode_graphs._graphs
     assert all(len(tokens) == 16 for tokens, _ in decoded)
-    for a, b in zip(native_prompt, dense_prompt, strict=True):
+    limits = _cpu_emulation_errors(quantized, prompts) if dtype == "bfloat16" else None
+    for i, (a, b) in enumerate(zip(native_prompt, dense_prompt, strict=True)):
         err = (a - b).abs()
-        if dtype == "float32":
+        if limits is None:
             assert float(err.max()) <= FP32_TOL, f"max |Δ logprob| {float(err.max()):.3g}"
         else:
-            assert float(err.mean()) <= BF16_MEAN_TOL, f"mean |Δ logprob| {float(err.mean()):.3g}"
+            limit = 1.5 * limits[i] + BF16_SLACK
+            assert float(err.mean()) <= limit, f"prompt {i}: mean |Δ logprob| {float(err.mean()):.3g} > {limit:.3g}"
+
+
+def _cpu_emulation_errors(path, prompts: list[list[int]]) -> list[float]:
+    """Per prompt, the mean |Δ logprob| the FP8 activation rounding causes on the CPU (bf16, native weights, the
+    reference ops against their emulation of the GPU's prefill regime)."""
+    from deepinfer.models import load_model
+    from deepinfer.ops import OpTable
+    from tests.support.model_runs import run_chunked
+    from tests.support.quantized import fp8_prefill_emulation
+
+    def logprobs(ops) -> list[torch.Tensor]:
+        model = load_model(path, ops=ops, dtype=torch.bfloat16, device=torch.device("cpu"))
+        out = []
+        for ids in prompts:
+            tokens = torch.tensor(ids)
+            lp = run_chunked(model, tokens, len(ids))
+            out.append(lp[:-1].gather(1, tokens[1:, None]).squeeze(1))
+        return out
+
+    exact, emulated = logprobs(OpTable()), logprobs(fp8_prefill_emulation(OpTable()))
+    return [float((a - b).abs().mean()) for a, b in zip(exact, emulated, strict=True)]
