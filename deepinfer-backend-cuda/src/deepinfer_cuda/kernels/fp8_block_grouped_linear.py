@@ -27,3 +27,11 @@ def fp8_block_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch
     """[T, G, N] in x's dtype."""
     index, arch = cuda_target(x)
     return prepare(x, weight, scale, block_n, block_k, arch=arch).run(index)
+
+
+def fp8_block_grouped_linear_fixed_tiles(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
+                                         block_k: int) -> torch.Tensor:
+    """:func:`fp8_block_grouped_linear` with the weight-only regime for every batch (the batch-invariant table's)."""
+    index, arch = cuda_target(x)
+    return plan_gemm(x, weight, scale, block_n, block_k, x.shape[1], arch=arch, interpreted=INTERPRETED,
+                     fixed=True).run(index)

@@ -192,8 +192,10 @@ def _scale_bytes(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int, groups: int,
-              *, arch: CudaArch, interpreted: bool) -> LaunchChain:
-    """The launches of ``y [M, groups * N] = x [M, groups * K] @ W^T`` per group (see the module docstring)."""
+              *, arch: CudaArch, interpreted: bool, fixed: bool = False) -> LaunchChain:
+    """The launches of ``y [M, groups * N] = x [M, groups * K] @ W^T`` per group (see the module docstring);
+    ``fixed``: the weight-only regime at every row count (``DEEPINFER_BATCH_INVARIANT=1``: a row's result is its
+    own 16-row tile's, reduced in one order, whatever the batch)."""
     if x.dtype not in (torch.bfloat16, torch.float32, torch.float16):
         raise ValueError(f"fp8_block_linear: x must be bf16, fp16 or fp32, got {x.dtype}")
     if weight.dtype not in (torch.float8_e4m3fn, torch.uint8):
@@ -206,7 +208,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
     m = x2.shape[0]
     y = torch.empty(m, groups * n, dtype=x.dtype, device=x.device)
     result = y.view(*lead, groups, n) if groups > 1 else y.view(*lead, n)
-    tiles = fp8_linear_config(arch, m, n * groups, block_k, x.element_size())
+    tiles = fp8_linear_config(arch, 0 if fixed else m, n * groups, block_k, x.element_size())
     if tiles.act_fp8 and (k % block_k or block_k not in (32, 64, 128) or x.dtype != torch.bfloat16):
         tiles = fp8_linear_config(arch, 0, n * groups, block_k, x.element_size())  # the activation path: whole groups
     w = weight.contiguous().view(torch.uint8)
@@ -241,3 +243,10 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     """``x @ (weight * scale)^T`` [..., N] in x's dtype."""
     index, arch = cuda_target(x)
     return prepare(x, weight, scale, block_n, block_k, arch=arch).run(index)
+
+
+def fp8_block_linear_fixed_tiles(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
+                                 block_k: int) -> torch.Tensor:
+    """:func:`fp8_block_linear` with the weight-only regime for every batch (the batch-invariant table's)."""
+    index, arch = cuda_target(x)
+    return plan_gemm(x, weight, scale, block_n, block_k, 1, arch=arch, interpreted=INTERPRETED, fixed=True).run(index)

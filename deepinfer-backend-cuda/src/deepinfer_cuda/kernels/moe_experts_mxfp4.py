@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_combine_config, moe_experts_config
+from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_batch_invariant_config, moe_combine_config, moe_experts_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.moe_experts import (
@@ -169,8 +169,9 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
-            w2: torch.Tensor, w2_scale: torch.Tensor, swiglu_limit: float | None, *, arch: CudaArch) -> LaunchChain:
-    """Plan the op: the routing plan, the two GEMMs over packed weights, the combine."""
+            w2: torch.Tensor, w2_scale: torch.Tensor, swiglu_limit: float | None, *, arch: CudaArch,
+            tiles: MoeTiles | None = None) -> LaunchChain:
+    """Plan the op: the routing plan, the two GEMMs over packed weights, the combine (``tiles``: fixed ones)."""
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts, two_inter, _ = w13.shape
@@ -180,7 +181,8 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     slots = tokens * top_k
     if slots == 0:
         return LaunchChain([], lambda: torch.zeros_like(x))
-    tiles = _tiles(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
+    if tiles is None:
+        tiles = _tiles(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
     x, ids = x.contiguous(), ids.contiguous()
     order, blocks, plan_steps = plan(ids, num_experts, tiles.block_m, arch=arch)
     n_blocks = blocks.shape[1]
@@ -216,3 +218,12 @@ def moe_experts_mxfp4(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     w2 [E, H, I/2] + scales [E, H, I/32]."""
     index, arch = cuda_target(x)
     return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch).run(index)
+
+
+def moe_experts_mxfp4_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                                  w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                                  swiglu_limit: float | None) -> torch.Tensor:
+    """:func:`moe_experts_mxfp4` with one tile configuration for every batch (as ``moe_experts_fixed_tiles``)."""
+    index, arch = cuda_target(x)
+    tiles = moe_batch_invariant_config(arch, x.shape[1], w13.shape[1] // 2, x.element_size())
+    return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch, tiles=tiles).run(index)
