@@ -2,9 +2,12 @@
 
 For each prompt, greedy generation with the full prefill and with the truncated one (KEEP kept rows): the max
 |difference| of the first token's log-probabilities, and how many of the next N greedy tokens agree before the
-first difference.  The numbers go into docs/models/deepseek_v41.md.
+first difference.  Prompts are random token ids (any model), or with ``--text stories`` the start of fresh
+stories of tools/tiny_corpus.py (the embedded model's own domain).  The numbers go into
+docs/models/deepseek_v41.md.
 
-    .venv/bin/python tools/measure_truncation.py [--model DIR] [--keep 140] [--tokens 32] [--prompts 16]
+    .venv/bin/python tools/measure_truncation.py [--model DIR] [--keep 140 ...] [--tokens 32] [--prompts 16]
+                                                 [--length 400] [--text random|stories]
 """
 
 from __future__ import annotations
@@ -30,22 +33,44 @@ def run(model: str | None, keep: int | None, prompts: list[list[int]], tokens: i
     return llm.generate(prompts, params, use_tqdm=False), llm
 
 
+def random_prompts(tokenizer, vocab_size: int, count: int, length: int) -> list[list[int]]:
+    """Uniform draws from the ids of ordinary text tokens (the specials excluded)."""
+    rng = random.Random(0)
+    text = tokenizer.decode(list(range(3, vocab_size)), skip_special_tokens=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [[rng.choice(ids) for _ in range(length)] for _ in range(count)]
+
+
+def story_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens, each the start of its own run of fresh stories (bos story eos ...)."""
+    from tiny_corpus import build_corpus, pack  # tools/: this script's directory
+
+    rows = pack(tokenizer, build_corpus(40 * count * max(1, length // 256), seed=4242), length)
+    assert len(rows) >= count, "not enough story text for the prompts"
+    return rows[:: len(rows) // count][:count].tolist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--keep", type=int, default=140)
+    parser.add_argument("--keep", type=int, nargs="+", default=[140], help="one or more KEEP values")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--length", type=int, default=400, help="prompt length in tokens (random text)")
+    parser.add_argument("--length", type=int, default=400, help="prompt length in tokens")
+    parser.add_argument("--text", choices=["random", "stories"], default="random")
     args = parser.parse_args()
     torch.set_num_threads(1)
     full, llm = run(args.model, None, [[0]], 1)
-    rng = random.Random(0)
-    text = llm.tokenizer.decode(list(range(3, llm.engine.model.vocab_size)))
-    ids = llm.tokenizer(text, add_special_tokens=False)["input_ids"]
-    prompts = [[rng.choice(ids) for _ in range(args.length)] for _ in range(args.prompts)]
+    if args.text == "stories":
+        prompts = story_prompts(llm.tokenizer, args.prompts, args.length)
+    else:
+        prompts = random_prompts(llm.tokenizer, llm.engine.model.vocab_size, args.prompts, args.length)
     full, _ = run(args.model, None, prompts, args.tokens)
-    cut, _ = run(args.model, args.keep, prompts, args.tokens)
+    for keep in args.keep:
+        report(full, run(args.model, keep, prompts, args.tokens)[0], args, keep)
+
+
+def report(full, cut, args: argparse.Namespace, keep: int) -> None:
     gaps, agree = [], []
     for a, b in zip(full, cut, strict=True):
         first_a, first_b = a.outputs[0].logprobs[0], b.outputs[0].logprobs[0]
@@ -56,7 +81,8 @@ def main() -> None:
                 break
             same += 1
         agree.append(same)
-    print(f"model {args.model or 'embedded'}, prompts {args.prompts} x {args.length} tokens, KEEP {args.keep}")
+    print(f"model {args.model or 'embedded'}, {args.text} prompts {args.prompts} x {args.length} tokens, "
+          f"KEEP {keep}")
     print(f"first-token logprob |diff| (top-20): median {statistics.median(gaps):.3g}, max {max(gaps):.3g}")
     print(f"greedy tokens equal before the first difference (of {args.tokens}): median "
           f"{statistics.median(agree)}, min {min(agree)}, all equal in {sum(a == args.tokens for a in agree)}")

@@ -43,6 +43,26 @@ def test_rotating_kernels_cover_a_power_of_two_pair_count_within_the_row(pairs, 
     assert COVERAGE["rms_norm_rope"](x, None, 1e-6, positions, inv_freq) is covered
 
 
+@pytest.mark.parametrize("block, dim, covered", [(32, 512, True), (16, 512, True), (64, 512, True),
+                                                  (128, 512, False), (24, 96, False), (24, 80, True),
+                                                  (32, 80, True)])
+def test_fused_quantizers_cover_power_of_two_blocks_within_the_rope_channels(block, dim, covered):
+    """The epilogue quantizes the rope channels' tile by itself: its blocks are powers of two that divide it (64
+    channels here).  A row that is no whole number of blocks is rotated only: covered whatever the block."""
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernels import rms_norm_rope_fp8_e4m3_fake_quant as fp8
+    from deepinfer_cuda.kernels import rope_fp4_e2m1_fake_quant as fp4
+
+    x, positions, inv_freq = torch.randn(2, dim), torch.arange(2), torch.rand(32)
+    assert COVERAGE["rms_norm_rope_fp8_e4m3_fake_quant"](x, None, 1e-6, positions, inv_freq, 1.0, block) is covered
+    assert COVERAGE["rope_fp4_e2m1_fake_quant"](x, positions, inv_freq, 1.0, block, "ue8m0") is covered
+    if not covered:  # the kernels' own check agrees
+        with pytest.raises(ValueError, match="block"):
+            fp8.prepare(x, None, 1e-6, positions, inv_freq, 1.0, block, arch=SM90A)
+        with pytest.raises(ValueError, match="block"):
+            fp4.prepare(x, positions, inv_freq, 1.0, block, "ue8m0", arch=SM90A)
+
+
 class _CudaKernelsOnTheCpu(CudaBackend):
     """The CUDA backend's real table (overrides and coverage) with inputs left on the CPU: whatever reaches a
     kernel fails (no GPU), so every call that succeeds went to the reference."""

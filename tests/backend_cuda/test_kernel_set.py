@@ -127,6 +127,9 @@ def test_kernel_set_refused_on_triton_mismatch_or_missing_manifest(sm90_set, tmp
     ks = KernelSet(tmp_path)
     assert ks.entries == {} and "built by triton 0.0.1" in ks.refusal and triton.__version__ in ks.refusal
     assert "no manifest.json" in KernelSet(tmp_path / "absent").refusal
+    dataclasses.replace(manifest, kernel_sources="0" * 64).write(tmp_path)  # a kernel changed since the build
+    assert "other kernel sources" in KernelSet(tmp_path).refusal
+    assert KernelSet(out).refusal is None
     (tmp_path / MANIFEST_NAME).write_text(json.dumps({"format": 99}))
     assert "format 99" in KernelSet(tmp_path).refusal
     assert KernelSet.disabled().refusal == "kernel sets are disabled"

@@ -7,7 +7,7 @@ race with the log-probabilities; greedy rows take the first of tied maxima, as `
 several chunks of the kernel (4096 tokens) and end mid-chunk.
 
 CPU (CI): Triton's interpreter in a subprocess (``TRITON_INTERPRET=1`` must precede Triton's decorators).
-GPU host: the op itself (AOT cubin or JIT), and a seeded request through ``LLM`` on the embedded tiny model gives
+GPU host: the op itself (AOT cubin or JIT), and a seeded request through ``LLM`` on the tiny V4 model gives
 the GPU the CPU's tokens.
 """
 
@@ -102,17 +102,17 @@ def test_sampling_kernel_draws_the_reference_tokens_on_the_gpu():
 def test_seeded_request_samples_the_same_tokens_on_gpu_and_cpu(monkeypatch):
     """fp32 on both; a token may differ only where the CPU's race between the two tokens is within rounding."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer.engine.model_source import EMBEDDED_MODEL_DIR
     from deepinfer.ops.sampling import uniform_noise
+    from tests.support.tiny_assets import TINY_V4_DIR
 
     prompts = [[5, 17, 300, 42, 9], list(range(20, 60))]
     params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=1234, logprobs=1)
     runs = {}
     for accelerator in ("cpu", "nvidia"):
         monkeypatch.setenv("DEEPINFER_ACCELERATOR", accelerator)
-        runs[accelerator] = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32").generate(prompts, params, use_tqdm=False)
+        runs[accelerator] = LLM(str(TINY_V4_DIR), dtype="float32").generate(prompts, params, use_tqdm=False)
     monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
-    cpu_llm = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32")
+    cpu_llm = LLM(str(TINY_V4_DIR), dtype="float32")
     for prompt, cpu, gpu in zip(prompts, runs["cpu"], runs["nvidia"], strict=True):
         mine, theirs = gpu.outputs[0].token_ids, cpu.outputs[0].token_ids
         diverged = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)

@@ -35,7 +35,11 @@ HIDDEN, STREAMS, HEAD_DIM, INDEX_HEADS, INDEX_DIM, TOPK = 5120, 4, 512, 32, 128,
 BLOCK_SIZE, TOPK_BLOCKS, NGRAM, ENGRAM_HEADS, ENGRAM_VOCAB = 8, 2048, 4, 8, 99092
 #: The kernel module of each op (the module is named after the op).
 V41_OPS = ("fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", "hc_pre_single_pass", "hc_collapse", "indexer_candidates",
-           "indexer_topk_in_blocks", "engram_hash", "engram_gate")
+           "indexer_topk_in_blocks", "engram_hash", "engram_gate", "rms_norm_rope_fp8_e4m3_fake_quant",
+           "rope_fp4_e2m1_fake_quant")
+#: The fused rotation + quantizer ops: (fused op, the rotation op it starts with, the quantizer it ends with).
+FUSED = {"rms_norm_rope_fp8_e4m3_fake_quant": ("rms_norm_rope", "fp8_e4m3_fake_quant"),
+         "rope_fp4_e2m1_fake_quant": ("rope", "fp4_e2m1_fake_quant")}
 VECTORS = Path(__file__).parents[1] / "fixtures" / "deepseek_v41" / "quantizers" / "quant_vectors.json"
 
 
@@ -56,6 +60,7 @@ def v41_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64)) -> Iterator[tu
         yield "fp4_e2m1_fake_quant", (randn(t, HEAD_DIM), 16, "e4m3")  # compressed latents
         yield "fp4_e2m1_fake_quant", (randn(t, INDEX_HEADS, INDEX_DIM), 32, "ue8m0")  # index queries
         yield "fp4_e2m1_fake_quant", (randn(t, INDEX_DIM), 32, "ue8m0")  # index keys
+        yield from _fused_cases(t, randn, device)
         streams = randn(t, STREAMS, HIDDEN)
         fn = 0.05 * randn((2 + STREAMS) * STREAMS, STREAMS * HIDDEN, dtype=torch.float32)
         base, scale = randn((2 + STREAMS) * STREAMS, dtype=torch.float32), 1 + 0.1 * randn(3, dtype=torch.float32)
@@ -79,6 +84,21 @@ def v41_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64)) -> Iterator[tu
         scores = index_scores(*cpu[:5], *cpu[6:8])
         blocks = candidate_blocks(scores + torch.rand(scores.shape, generator=gen), cpu[4], BLOCK_SIZE, TOPK_BLOCKS)
         yield "indexer_topk_in_blocks", (*args, blocks.to(device), BLOCK_SIZE)
+
+
+def _fused_cases(t: int, randn, device: str) -> Iterator[tuple[str, tuple]]:
+    """V4.1-Flash's fused rotation + quantizer calls: the window K=V (a column slice of the layer's input
+    projection, fp32 norm weight, FP8 / 32), the compressed entries (FP4 / 16 e4m3), the index queries and keys
+    (FP4 / 32 ue8m0); rope 64 of the compress family (YaRN's scaling)."""
+    positions = torch.randint(0, 65536, (t,), generator=torch.Generator().manual_seed(t)).to(device)
+    inv_freq = (1.0 / (160000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))).to(device)
+    projection = randn(t, 1024 + HEAD_DIM + INDEX_HEADS) * 3  # wq_a | wkv | index head weights
+    weight = (1 + 0.1 * randn(HEAD_DIM, dtype=torch.float32)).to(device)
+    latent = projection[:, 1024 : 1024 + HEAD_DIM]
+    yield "rms_norm_rope_fp8_e4m3_fake_quant", (latent, weight, 1e-6, positions, inv_freq, 1.2, 32)
+    yield "rope_fp4_e2m1_fake_quant", (randn(t, HEAD_DIM), positions, inv_freq, 1.2, 16, "e4m3")
+    yield "rope_fp4_e2m1_fake_quant", (randn(t, INDEX_HEADS, INDEX_DIM), positions, inv_freq, 1.2, 32, "ue8m0")
+    yield "rope_fp4_e2m1_fake_quant", (randn(t, INDEX_DIM), positions, inv_freq, 1.2, 32, "ue8m0")
 
 
 def _indexer_args(tokens: int, seqs: int, entries: int, gen: torch.Generator, device: str) -> tuple:
@@ -140,7 +160,7 @@ def test_fake_quant_compiles_to_ieee_division_and_round_to_nearest_even():
 
     from deepinfer_cuda.arch import SM90A
 
-    for op in ("fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant"):
+    for op in ("fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", *FUSED):
         kernel = _module(op).KERNEL
         for v in kernel.aot_variants(SM90A):
             signature = {p.name: "constexpr" if p.name in v.constexprs else v.signature[p.name].split(":")[0]
@@ -149,7 +169,10 @@ def test_fake_quant_compiles_to_ieee_division_and_round_to_nearest_even():
                                       target=GPUTarget("cuda", SM90A.triton_arch, 32),
                                       options={"num_warps": v.num_warps})
             ops = set(re.findall(r"\b(div\.[a-z0-9.]+|rcp\.[a-z0-9.]+|cvt\.rni\.f32\.f32)", compiled.asm["ptx"]))
-            assert ops == {"div.rn.f32", "cvt.rni.f32.f32"}, (op, v.constexprs, ops)
+            if op in FUSED:  # the norm's mean may divide by a constant its own way; the quantizer's are div.rn
+                assert {"div.rn.f32", "cvt.rni.f32.f32"} <= ops and not any("rcp" in o for o in ops), (op, ops)
+            else:
+                assert ops == {"div.rn.f32", "cvt.rni.f32.f32"}, (op, v.constexprs, ops)
 
 
 INTERPRETER_SCRIPT = textwrap.dedent(
@@ -162,11 +185,17 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     import deepinfer_cuda.kernels.fp4_e2m1_fake_quant as fp4
     import deepinfer_cuda.kernels.engram_hash as engram_hash
     import deepinfer_cuda.kernels.indexer_topk_in_blocks as in_blocks
-    from tests.backend_cuda.test_v41_kernels import _hash_args, _indexer_args
+    import types, importlib, triton.language as tl
+    from deepinfer.ops.fake_quant import same_bits
+    from tests.backend_cuda.test_v41_kernels import FUSED, _fused_cases, _hash_args, _indexer_args
 
     torch.set_num_threads(1)
-    for m in (fp8, fp4, in_blocks):
+    fused = {{op: importlib.import_module(f"deepinfer_cuda.kernels.{{op}}") for op in FUSED}}
+    for m in (fp8, fp4, in_blocks, *fused.values()):
         m.INTERPRETED = True
+    for name in ("rms_norm_rope", "rope"):  # libdevice has no interpreter implementation
+        importlib.import_module(f"deepinfer_cuda.kernels.{{name}}").libdevice = types.SimpleNamespace(
+            cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x))
 
     def run(module, *args):
         plan = module.prepare(*args, arch=SM90A)
@@ -184,7 +213,20 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         got = run(module, x, *extra)
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), name
         print("OK vectors", name.split(" ")[0])
+    # the fused epilogue: the reference quantizer of the rotating kernel's own rows, bit for bit
     gen = torch.Generator().manual_seed(3)
+    checked = 0
+    for dtype in (torch.bfloat16, torch.float32):
+        def randn(*shape, dtype=dtype):
+            return torch.randn(*shape, generator=gen).to(dtype)
+        for op, args in _fused_cases(5, randn, "cpu"):
+            rotation, quantizer = FUSED[op]
+            rotated = run(importlib.import_module(f"deepinfer_cuda.kernels.{{rotation}}"), *args[:-2 if
+                          rotation == "rope" else -1])
+            expected = op_defs()[quantizer].reference(rotated, *args[-2 if rotation == "rope" else -1:])
+            same_bits(run(fused[op], *args), expected, OpSample(args, label=op), dtype)
+            checked += 1
+    print("OK fused", checked)
     args = _hash_args(300, gen, "cpu")
     assert torch.equal(run(engram_hash, *args), op_defs()["engram_hash"].reference(*args))
     print("OK engram_hash")
@@ -208,7 +250,7 @@ def test_v41_kernels_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.count("OK ") == 5, proc.stdout
+    assert proc.stdout.count("OK ") == 6 and "OK fused 8" in proc.stdout, proc.stdout
     assert len(json.loads(VECTORS.read_text())["cases"]) == 3
 
 
@@ -236,6 +278,26 @@ def _check_against_reference(op: str, args: tuple, got) -> None:
 def test_v41_kernels_match_the_reference_at_v41_flash_dims():
     for op, args in v41_cases("cuda"):
         _check_against_reference(op, args, _call(op, args))
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_fused_quantizers_equal_the_rotation_then_the_reference_quantizer_bitwise():
+    """The QUANT epilogue is the quantizer's arithmetic bit for bit: the fused op's output is the reference
+    quantizer of the rotating kernel's own output, and the two kernels composed (at V4.1-Flash's dims)."""
+    from deepinfer.ops.fake_quant import same_bits
+    from deepinfer.ops.registry import OpSample, op_defs
+
+    for op, args in v41_cases("cuda"):
+        if op not in FUSED:
+            continue
+        rotation, quantizer = FUSED[op]
+        split = -2 if rotation == "rope" else -1
+        rotated = _call(rotation, args[:split])
+        got = _call(op, args)
+        sample = OpSample(args, label=f"{op} {tuple(args[0].shape)}")
+        same_bits(got, op_defs()[quantizer].reference(rotated.cpu(), *args[split:]), sample, args[0].dtype)
+        same_bits(got, _call(quantizer, (rotated, *args[split:])).cpu(), sample, args[0].dtype)
 
 
 @pytest.fixture(scope="module")

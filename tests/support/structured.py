@@ -1,6 +1,6 @@
 """Shared pieces of the structured-output tests: a tokenizer and a decoding loop over random logits.
 
-The tokenizer is the embedded model's when it is present (``deepinfer/assets/tiny_v4``); otherwise a
+The tokenizer is the tiny V4 model's when it is present (``deepinfer/assets/tiny_v4``); otherwise a
 small byte-level BPE is trained here, deterministically, on text that looks like what the tests
 generate (byte-level BPE can spell any string, so every grammar stays reachable).
 """
@@ -8,16 +8,15 @@ generate (byte-level BPE can spell any string, so every grammar stays reachable)
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-import deepinfer
 from deepinfer.ops import OpTable
 from deepinfer.structured import GrammarMatcher, allocate_token_bitmask, fill_token_bitmask
+from tests.support.tiny_assets import TINY_V4_DIR
 
-EMBEDDED_TOKENIZER = Path(deepinfer.__file__).parent / "assets" / "tiny_v4"
+EMBEDDED_TOKENIZER = TINY_V4_DIR  # a story tokenizer of ~1,000 words (the V4.1 asset's is the same corpus's)
 BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
 
 _CORPUS = [
@@ -32,7 +31,7 @@ _CORPUS = [
 
 @functools.lru_cache(maxsize=1)
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The embedded model's tokenizer, or a byte-level BPE trained on ``_CORPUS`` (about a second)."""
+    """tiny_v4's tokenizer, or a byte-level BPE trained on ``_CORPUS`` (about a second)."""
     if (EMBEDDED_TOKENIZER / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(EMBEDDED_TOKENIZER)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -71,6 +71,25 @@ def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_pr
     return dim % 2 == 0 and rope_fits(inv_freq, dim)
 
 
+def _quant_block_fits(block: int, inv_freq: torch.Tensor, dim: int) -> bool:
+    """A fused quantizer's blocks in the rotating kernels' epilogue: whole blocks of a power of two in the rope
+    channels (and so in the rest), when the row is whole blocks; otherwise nothing is quantized."""
+    if not rope_fits(inv_freq, dim) or block < 1:
+        return False
+    return dim % block != 0 or (is_pow2(block) and (2 * inv_freq.numel()) % block == 0)
+
+
+def rms_norm_rope_fp8_e4m3_fake_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                                      positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float,
+                                      block: int) -> bool:
+    return _quant_block_fits(block, inv_freq, x.shape[-1])
+
+
+def rope_fp4_e2m1_fake_quant(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                             attention_scaling: float, block: int, scale_format: str) -> bool:
+    return _quant_block_fits(block, inv_freq, x.shape[-1])
+
+
 #: Ops whose kernel covers only some inputs; the other overrides take everything their reference does.
 COVERAGE: dict[str, Callable[..., bool]] = {
     "hc_pre": hc_pre,
@@ -80,4 +99,7 @@ COVERAGE: dict[str, Callable[..., bool]] = {
     "rms_norm_rope": rms_norm_rope,
     "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
     "compress_entries": compress_entries,
+    "rms_norm_rope_fp8_e4m3_fake_quant": rms_norm_rope_fp8_e4m3_fake_quant,
+    "rope_fp4_e2m1_fake_quant": rope_fp4_e2m1_fake_quant,
 }
+

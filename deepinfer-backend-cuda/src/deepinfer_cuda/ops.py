@@ -38,7 +38,9 @@ from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
 from deepinfer_cuda.kernels.rms_norm import rms_norm
 from deepinfer_cuda.kernels.rms_norm_rope import rms_norm_rope
+from deepinfer_cuda.kernels.rms_norm_rope_fp8_e4m3_fake_quant import rms_norm_rope_fp8_e4m3_fake_quant
 from deepinfer_cuda.kernels.rope import rope
+from deepinfer_cuda.kernels.rope_fp4_e2m1_fake_quant import rope_fp4_e2m1_fake_quant
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention, sparse_attention_inverse_rope
 
@@ -65,6 +67,8 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "fp4_e2m1_fake_quant": fp4_e2m1_fake_quant,
     "engram_hash": engram_hash,
     "engram_gate": engram_gate,
+    "rms_norm_rope_fp8_e4m3_fake_quant": rms_norm_rope_fp8_e4m3_fake_quant,
+    "rope_fp4_e2m1_fake_quant": rope_fp4_e2m1_fake_quant,
     "fp8_block_linear": fp8_block_linear,
     "fp8_block_grouped_linear": fp8_block_grouped_linear,
     "moe_experts_mxfp4": moe_experts_mxfp4,

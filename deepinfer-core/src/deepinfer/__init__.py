@@ -18,6 +18,8 @@ _LAZY = {
     "LLM": "deepinfer.engine.llm",
     "EngineArgs": "deepinfer.engine.args",
     "SamplingParams": "deepinfer.sampling_params",
+    "RequestOutputKind": "deepinfer.sampling_params",
+    "RequestMetrics": "deepinfer.outputs",
     "RequestOutput": "deepinfer.outputs",
     "CompletionOutput": "deepinfer.outputs",
     "Logprob": "deepinfer.outputs",
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
     from deepinfer.engine.llm import LLM as LLM
     from deepinfer.outputs import CompletionOutput as CompletionOutput
     from deepinfer.outputs import Logprob as Logprob
+    from deepinfer.outputs import RequestMetrics as RequestMetrics
     from deepinfer.outputs import RequestOutput as RequestOutput
+    from deepinfer.sampling_params import RequestOutputKind as RequestOutputKind
     from deepinfer.sampling_params import SamplingParams as SamplingParams
 
 

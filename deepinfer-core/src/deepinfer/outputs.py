@@ -37,6 +37,21 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class RequestMetrics:
+    """When a request passed each stage (vLLM's names): seconds since the epoch (``time.time()``), ``None``
+    until reached.  ``first_token_time`` / ``last_token_time`` are when the host read a token of any of the
+    request's completions; TTFT is ``first_token_time - arrival_time``."""
+
+    arrival_time: float
+    last_token_time: float | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    #: ``first_scheduled_time - arrival_time``: seconds spent waiting before the first chunk ran.
+    time_in_queue: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """The result of one prompt.
 
@@ -52,3 +67,5 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     error: str | None = None
+    #: Timings of the request (``None`` only for outputs built outside the engine).
+    metrics: RequestMetrics | None = None

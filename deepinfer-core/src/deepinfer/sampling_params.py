@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,16 @@ MAX_LOGPROBS = 20
 GREEDY_TEMPERATURE = 1e-5
 
 _SEED_LOW, _SEED_HIGH = -(2**63), 2**64
+
+
+class RequestOutputKind(enum.Enum):
+    """What a streaming consumer receives per step (vLLM's): ``CUMULATIVE`` everything so far, ``DELTA`` only
+    what is new since the last output, ``FINAL_ONLY`` one output when the request finishes.  ``LLM.generate``
+    returns whole outputs whatever the kind; ``LLM.generate_stream`` and the server follow it."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 def _is_int(value: Any) -> bool:
@@ -54,6 +65,7 @@ class SamplingParams:
     seed: int | None = None
     so_args: dict[str, Any] | None = None
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -101,6 +113,9 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY), "
+                             f"got {self.output_kind!r}")
         self._check_seed()
         self._check_so_args()
 

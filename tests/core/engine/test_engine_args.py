@@ -116,6 +116,14 @@ def test_vllm_keywords_not_built_say_what_to_use(kwargs, says):
         EngineArgs.from_kwargs(kwargs)
 
 
+def test_tensor_parallelism_points_at_the_parallel_sizes():
+    with pytest.raises(ValueError, match="use data_parallel_size=, expert_parallel_size="):
+        EngineArgs.from_kwargs({"tensor_parallel_size": 4})
+    with pytest.raises(ValueError, match="expert_parallel_size=N"):
+        EngineArgs.from_kwargs({"enable_expert_parallel": True})
+    assert EngineArgs.from_kwargs({"data_parallel_size": 2}).data_parallel_size == 2
+
+
 def test_vllm_keywords_asking_for_nothing_new_are_accepted():
     neutral = dict(tensor_parallel_size=1, enable_prefix_caching=False, trust_remote_code=False, quantization=None,
                    kv_cache_dtype="auto", enable_chunked_prefill=True, swap_space=0)
@@ -181,14 +189,14 @@ def test_llm_takes_vllms_memory_fraction(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny_v4():
+def embedded():
     model = load_model(EMBEDDED_MODEL_DIR, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
     return model, toy_tokenizer()
 
 
 @pytest.mark.parametrize("max_num_seqs", [256, 1])
-def test_the_minimum_state_budget_named_is_accepted(tiny_v4, max_num_seqs):
-    model, tok = tiny_v4
+def test_the_minimum_state_budget_named_is_accepted(embedded, max_num_seqs):
+    model, tok = embedded
     with pytest.raises(ValueError, match="raise state_cache_bytes to at least") as info:
         LLM.from_model(model, None, state_cache_bytes=1000, max_num_seqs=max_num_seqs)
     least = int(re.search(r"at least (\d+)", str(info.value)).group(1))

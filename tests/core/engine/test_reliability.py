@@ -17,6 +17,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from tests.support.engine_checks import assert_same_output, ragged_prompts
+from tests.support.tiny_assets import TINY_V4_DIR
 from tests.support.toy_model import ToyCausalLM, toy_tokenizer
 from tests.support.v4_fixtures import single_thread  # noqa: F401 - a fixture: tiny ops on one thread
 
@@ -69,17 +70,19 @@ def test_forks_that_outgrow_the_budget_complete(model, tokenizer, async_scheduli
 
 
 def test_embedded_model_n2_preempted_with_async_scheduling_completes():
-    """The reported case, on the embedded V4 model: ``n=2`` in a budget of two short sequences.  The first fork
-    to pass 68 tokens (where its state grows by a page) preempts the other, which can only return once the
-    first has finished; with async scheduling the first's last token is still in flight at that point."""
+    """The reported case, on the tiny V4 model (then the embedded default): ``n=2`` in a budget of two short
+    sequences.  The first fork to pass 68 tokens (where its state grows by a page) preempts the other, which can
+    only return once the first has finished; with async scheduling the first's last token is still in flight at
+    that point."""
     prompt = [5 + i % 50 for i in range(60)]
     params = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=12, ignore_eos=True, logprobs=1)
-    ample = LLM(dtype="float32", max_model_len=96)
+    ample = LLM(str(TINY_V4_DIR), dtype="float32", max_model_len=96)
     (expected,) = ample.generate([prompt], params, use_tqdm=False)
     budget = ample.engine.model.state_pool_bytes(2, 4)
     del ample
     for async_scheduling in (True, False):
-        llm = LLM(dtype="float32", max_model_len=96, state_cache_bytes=budget, async_scheduling=async_scheduling)
+        llm = LLM(str(TINY_V4_DIR), dtype="float32", max_model_len=96, state_cache_bytes=budget,
+                  async_scheduling=async_scheduling)
         (out,) = llm.generate([prompt], params, use_tqdm=False)
         assert llm.engine.num_preemptions > 0
         assert_same_output(out, expected)

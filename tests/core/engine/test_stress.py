@@ -3,7 +3,8 @@
 Some requests are bad (empty prompt, a token id outside the vocabulary, invalid ``so_args``, a prompt too long,
 text the tokenizer cannot encode, a prompt dict of the wrong shape): each fails alone.  The good ones (``n`` up
 to 3, varied prompt lengths and ``max_tokens``, greedy and seeded sampling, a few stop strings, chunked
-prefill) each complete with exactly the tokens they get alone.  The embedded model runs in fp32 with
+prefill) each complete with exactly the tokens they get alone.  The tiny V4 model (its state pages set the
+prompt lengths below) runs in fp32 with
 ``DEEPINFER_BATCH_INVARIANT=1``, so a request's logits do not depend on its batch and near-ties cannot flip.
 """
 
@@ -15,11 +16,12 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from tests.support.engine_checks import assert_same_output
+from tests.support.tiny_assets import TINY_V4_DIR
 from tests.support.v4_fixtures import single_thread  # noqa: F401 - a fixture: tiny ops on one thread
 
 MAX_MODEL_LEN = 96
 NUM_REQUESTS = 64
-#: Prompt lengths and max_tokens: the long prompts end just below 68 tokens, where the embedded model's state
+#: Prompt lengths and max_tokens: the long prompts end just below 68 tokens, where tiny_v4's state
 #: grows by a page (as at 4), so most of them grow while they decode.
 PROMPT_LENS = (1, 3, 9, 30, 64, 66, 67, 67)
 MAX_TOKENS = (2, 4, 8, 10)
@@ -28,7 +30,7 @@ MAX_TOKENS = (2, 4, 8, 10)
 def _llm(**limits) -> LLM:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DEEPINFER_BATCH_INVARIANT", "1")  # read when the op table is built
-        return LLM(dtype="float32", max_model_len=MAX_MODEL_LEN, **limits)
+        return LLM(str(TINY_V4_DIR), dtype="float32", max_model_len=MAX_MODEL_LEN, **limits)
 
 
 def _workload(vocab: int) -> tuple[list[object], list[SamplingParams], dict[int, str]]:

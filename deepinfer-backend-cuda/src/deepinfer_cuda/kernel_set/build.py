@@ -11,7 +11,7 @@ from pathlib import Path
 
 from deepinfer_cuda.arch import ARCHS, CudaArch
 from deepinfer_cuda.kernel_set.compile import compile_variant
-from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, Manifest
+from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, Manifest, kernel_sources_digest
 
 logger = logging.getLogger("deepinfer.cuda.kernel_set")
 
@@ -40,6 +40,7 @@ def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS,
         triton_version=triton.__version__,
         archs=[a.name for a in archs],
         built_with={"python": platform.python_version(), "triton": triton.__version__},
+        kernel_sources=kernel_sources_digest(),
     )
     start = time.perf_counter()
     for arch in archs:

@@ -22,7 +22,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, arch_for_capability
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.cubin import CubinFunction
-from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, KernelEntry, Manifest, sha256_bytes, variant_key
+from deepinfer_cuda.kernel_set.manifest import (
+    MANIFEST_NAME,
+    KernelEntry,
+    Manifest,
+    kernel_sources_digest,
+    sha256_bytes,
+    variant_key,
+)
 from deepinfer_cuda.kernel_set.specialize import ParamInfo, params_of, signature_of, tensordesc_type
 
 logger = logging.getLogger("deepinfer.cuda.kernel_set")
@@ -56,6 +63,10 @@ class KernelSet:
         if manifest.triton_version != triton.__version__:
             self.refusal = (f"built by triton {manifest.triton_version}, this process runs triton "
                             f"{triton.__version__}; cubins from another compiler may differ from the JIT")
+            return
+        if manifest.kernel_sources != kernel_sources_digest():
+            self.refusal = ("built from other kernel sources than this package's (deepinfer_cuda/kernels changed "
+                            "since; rebuild: python tools/build_kernel_set.py)")
             return
         self.manifest = manifest
         self.entries = {e.key: e for e in manifest.kernels}

@@ -77,6 +77,8 @@ class Manifest:
     kernels: list[KernelEntry] = field(default_factory=list)
     format: int = MANIFEST_FORMAT
     built_with: dict[str, str] = field(default_factory=dict)  #: tool versions, for the record
+    #: :func:`kernel_sources_digest` of the sources it was built from (a set from other sources is refused)
+    kernel_sources: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -101,3 +103,14 @@ class Manifest:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def kernel_sources_digest() -> str:
+    """sha256 over the backend's kernel sources (``deepinfer_cuda/kernels/*.py``, by name).
+
+    Variant keys name a specialization, not the code, so a cubin built before a kernel changed would still match
+    its key: the manifest records this digest and the runtime refuses a set whose digest differs."""
+    digest = hashlib.sha256()
+    for path in sorted((Path(__file__).resolve().parent.parent / "kernels").glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()

@@ -30,7 +30,9 @@ from deepinfer_cuda.kernels import (
                                     moe_routing,
                                     rms_norm,
                                     rms_norm_rope,
+                                    rms_norm_rope_fp8_e4m3_fake_quant,
                                     rope,
+                                    rope_fp4_e2m1_fake_quant,
                                     sample_tokens,
                                     sparse_attention,
 )
@@ -44,6 +46,7 @@ ALL: tuple[TritonKernel, ...] = (
     indexer_topk_in_blocks.KERNEL,
     compress_entries.KERNEL, sample_tokens.KERNEL, moe_router.KERNEL, moe_hash_router.KERNEL,
     fp8_e4m3_fake_quant.KERNEL, fp4_e2m1_fake_quant.KERNEL, engram_hash.KERNEL, engram_gate.KERNEL,
+    rms_norm_rope_fp8_e4m3_fake_quant.KERNEL, rope_fp4_e2m1_fake_quant.KERNEL,
     fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
     moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
     fp4_e2m1_unpack.KERNEL,

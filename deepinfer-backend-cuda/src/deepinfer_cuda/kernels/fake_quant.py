@@ -1,6 +1,9 @@
 """V4.1's QAT fake-quantizers as one Triton pass: a tile of scale blocks loaded once, scaled, rounded onto the
 FP8 e4m3 / FP4 e2m1 grid and back, stored in the input dtype.  Shared by ``fp8_e4m3_fake_quant.py`` and
-``fp4_e2m1_fake_quant.py`` (each op's module has its own ``TritonKernel`` and ``INTERPRETED`` switch).
+``fp4_e2m1_fake_quant.py`` (each op's module has its own ``TritonKernel`` and ``INTERPRETED`` switch); its
+arithmetic (:func:`quantize_blocks`, :func:`quantize_rows`) is also the ``QUANT`` epilogue of ``rms_norm_rope``'s
+and ``rope``'s kernels, which the fused ops ``rms_norm_rope_fp8_e4m3_fake_quant`` / ``rope_fp4_e2m1_fake_quant``
+run.
 
 Bit for bit core's ``deepinfer/ops/fake_quant.py``: the same fp32 operations in the same order, exponents and
 powers of two taken from the fp32 bits, IEEE division (``tl.div_rn``: the reference's true divides), round to
@@ -75,7 +78,41 @@ def _round_to_grid(v, MANTISSA: tl.constexpr, MIN_EXP: tl.constexpr, MAX: tl.con
     a = tl.abs(v)
     e = tl.maximum(_exponent(a), MIN_EXP) - MANTISSA
     r = tl.minimum(_rint(a * _pow2(-e), INTERPRETED) * _pow2(e), MAX)
-    return tl.where(v.to(tl.int32, bitcast=True) < 0, -r, r)
+    # the sign bit copied from v: compiled, ``-r`` is ``0 - r``, which turns -0 into +0
+    sign = v.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quantize_blocks(x, FORMAT: tl.constexpr, AMAX_FLOOR: tl.constexpr, UE8M0_MUL: tl.constexpr,
+                    INTERPRETED: tl.constexpr):
+    """fp32 ``x`` [R, P], one scale block a row (padded with zeros, which no block maximum sees): quantized and
+    dequantized, fp32.  The one copy of the arithmetic: this kernel's, and the epilogue of the kernels that
+    rotate (``rms_norm_rope``, ``rope``) when they run a fused op."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)  # [R]
+    # tl.div_rn does not broadcast: every operand is given the full [R, P] shape
+    if FORMAT == 0:  # FP8 e4m3, ue8m0 scale
+        scale = tl.broadcast_to(_pow2_ceil(amax * UE8M0_MUL)[:, None], x.shape)
+        q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0), 3, -6, 448.0, INTERPRETED)
+    else:
+        if FORMAT == 1:  # FP4 e2m1, e4m3 scale: a true divide, rounded to e4m3
+            block_scale = _round_to_grid(tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)), 3, -6, 448.0,
+                                         INTERPRETED)
+        else:  # FP4 e2m1, ue8m0 scale
+            block_scale = _pow2_ceil(amax * UE8M0_MUL)
+        scale = tl.broadcast_to(block_scale[:, None], x.shape)
+        q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -6.0), 6.0), 1, 0, 6.0, INTERPRETED)
+        q = tl.where(q == 0.0, 0.0, q)  # -0 -> +0 (the reference's code table has one zero)
+    return q * scale
+
+
+@triton.jit
+def quantize_rows(y, ROWS: tl.constexpr, WIDTH: tl.constexpr, QBLOCK: tl.constexpr, FORMAT: tl.constexpr,
+                  AMAX_FLOOR: tl.constexpr, UE8M0_MUL: tl.constexpr, INTERPRETED: tl.constexpr):
+    """An epilogue: fp32 ``y`` [ROWS, WIDTH] quantized per QBLOCK consecutive channels of a row (QBLOCK a power of
+    two dividing WIDTH: the blocks are rows of a reshape that keeps the order)."""
+    blocks = tl.reshape(y, (ROWS * (WIDTH // QBLOCK), QBLOCK))
+    return tl.reshape(quantize_blocks(blocks, FORMAT, AMAX_FLOOR, UE8M0_MUL, INTERPRETED), (ROWS, WIDTH))
 
 
 @triton.jit(do_not_specialize=["n_blocks"])
@@ -89,21 +126,20 @@ def fake_quant_kernel(x_ptr, y_ptr, n_blocks, BLOCK: tl.constexpr, BLOCK_P: tl.c
     mask = (rows < n_blocks)[:, None] & (cols < BLOCK)[None, :]
     offs = rows.to(tl.int64)[:, None] * BLOCK + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)  # [BLOCK_R]
-    # tl.div_rn does not broadcast: every operand is given the full [BLOCK_R, BLOCK_P] shape
-    if FORMAT == 0:  # FP8 e4m3, ue8m0 scale
-        scale = tl.broadcast_to(_pow2_ceil(amax * UE8M0_MUL)[:, None], x.shape)
-        q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0), 3, -6, 448.0, INTERPRETED)
-    else:
-        if FORMAT == 1:  # FP4 e2m1, e4m3 scale: a true divide, rounded to e4m3
-            block_scale = _round_to_grid(tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)), 3, -6, 448.0,
-                                         INTERPRETED)
-        else:  # FP4 e2m1, ue8m0 scale
-            block_scale = _pow2_ceil(amax * UE8M0_MUL)
-        scale = tl.broadcast_to(block_scale[:, None], x.shape)
-        q = _round_to_grid(tl.minimum(tl.maximum(tl.div_rn(x, scale), -6.0), 6.0), 1, 0, 6.0, INTERPRETED)
-        q = tl.where(q == 0.0, 0.0, q)  # -0 -> +0 (the reference's code table has one zero)
-    tl.store(y_ptr + offs, (q * scale).to(y_ptr.dtype.element_ty), mask=mask)
+    y = quantize_blocks(x, FORMAT, AMAX_FLOOR, UE8M0_MUL, INTERPRETED)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def quant_constants(block: int, fmt: int, interpreted: bool) -> dict[str, object]:
+    """The epilogue's constexprs for ``block`` channels a scale in format ``fmt``."""
+    floor, mul = _CONSTANTS[fmt]
+    return {"QUANT": True, "QBLOCK": block, "FORMAT": fmt, "AMAX_FLOOR": floor, "UE8M0_MUL": mul,
+            "INTERPRETED": interpreted}
+
+
+#: What a kernel with the epilogue passes when it does not quantize (constexprs: its cubins stay as they were).
+NO_QUANT: dict[str, object] = {"QUANT": False, "QBLOCK": 1, "FORMAT": 0, "AMAX_FLOOR": 0.0, "UE8M0_MUL": 0.0,
+                               "INTERPRETED": False}
 
 
 @functools.cache

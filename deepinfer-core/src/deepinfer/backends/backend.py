@@ -95,12 +95,22 @@ class Backend:
         """Seed every generator of this device."""
         torch.manual_seed(seed)
 
-    def init_communicator(self, rank: int, world_size: int, init_method: str) -> None:
-        """Create the default torch.distributed process group for collectives between ranks."""
+    def init_communicator(self, rank: int, world_size: int, init_method: str, timeout_s: float = 300.0,
+                          device: torch.device | None = None) -> None:
+        """Create the default torch.distributed process group (``dist_backend``: gloo here, NCCL on CUDA, HCCL on
+        Ascend) for collectives between ranks.  A collective waits at most ``timeout_s`` for the other ranks;
+        ``device``: this rank's device (bound to the group where the device has an index)."""
+        import datetime
+
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            dist.init_process_group(self.dist_backend, init_method=init_method, rank=rank, world_size=world_size)
+        if dist.is_initialized():
+            return
+        if device is not None and device.index is not None:  # collectives and kernels use the current device
+            torch.accelerator.set_device_index(device.index)
+        dist.init_process_group(self.dist_backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device is not None and device.index is not None else None)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} device_type={self.device_type!r}>"

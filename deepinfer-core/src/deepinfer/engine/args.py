@@ -81,6 +81,19 @@ class EngineArgs:
     #: Queue each step before reading the previous one's tokens; False runs steps strictly one after the other
     #: (debugging; outputs are the same).
     async_scheduling: bool = _knob(True, checks.flag())
+    #: Ranks that each own whole requests (data-parallel attention; ``docs/parallel.md``).  With
+    #: ``context_parallel_size``, the world size: ``LLM`` starts that many ranks, or joins torchrun's.
+    data_parallel_size: int = _knob(1, checks.integer(1))
+    #: Ranks that split each MoE layer's experts between them (divides the world size).
+    expert_parallel_size: int = _knob(1, checks.integer(1))
+    #: Ranks that split one DP rank's long prefills (balanced zigzag).
+    context_parallel_size: int = _knob(1, checks.integer(1))
+    #: Extra expert slots per MoE layer for EPLB's replicas; None: the fewest that divide over the EP ranks.
+    num_redundant_experts: int | None = _knob(None, checks.integer(0, optional=True))
+    #: Rebalance experts (EPLB, from the load counted while serving) every this many steps; None: never.
+    eplb_step_interval: int | None = _knob(None, checks.integer(1, optional=True))
+    #: Seconds a collective waits for the other ranks before failing (a rank that died makes the others raise).
+    distributed_timeout: int = _knob(300, checks.integer(1))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

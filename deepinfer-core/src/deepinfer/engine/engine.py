@@ -14,6 +14,7 @@ import itertools
 import logging
 import random
 import threading
+import time
 from typing import Any
 
 from deepinfer.backends import Backend
@@ -26,11 +27,11 @@ from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
 from deepinfer.models.base import CausalLM, GraphDecodable
 from deepinfer.ops import Ops
-from deepinfer.outputs import RequestOutput
+from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
-from deepinfer.sampling_params import SamplingParams
+from deepinfer.sampling_params import RequestOutputKind, SamplingParams
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,10 @@ class Engine:
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self.seqs: dict[int, Sequence] = {}
+        #: Requests queued or running, by id (finished and aborted ones are removed).
+        self.requests: dict[str, Request] = {}
+        #: Streaming requests (``output_kind`` not ``FINAL_ONLY``) that got tokens since ``take_updates``.
+        self._updated: dict[str, Request] = {}
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
         #: The step queued on the device whose results the host has not read yet (async scheduling).
@@ -91,9 +96,12 @@ class Engine:
         tokenizer cannot encode, a grammar that does not compile) is that request's error; the engine is left
         as it was."""
         params = params if params is not None else SamplingParams()
+        arrival_time = time.time()
         arrival = next(self._arrivals)
         request_id = request_id if request_id is not None else str(arrival)
         try:
+            if request_id in self.requests:
+                raise RequestError(f"request_id {request_id!r} is already queued or running; ids must be unique")
             if not isinstance(params, SamplingParams):
                 raise RequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
             text, token_ids = normalize_prompt(prompt, self.tokenizer)
@@ -102,10 +110,11 @@ class Engine:
             grammars = self._grammars(params)
         except RequestError as exc:
             logger.warning("request %s rejected: %s", request_id, exc)
-            return _rejected(request_id, prompt, str(exc))
+            return _rejected(request_id, prompt, str(exc), arrival_time)
         except Exception as exc:  # noqa: BLE001 - whatever fails while checking one request fails it alone
             logger.warning("request %s rejected", request_id, exc_info=True)
-            return _rejected(request_id, prompt, f"could not prepare the request ({type(exc).__name__}: {exc})")
+            return _rejected(request_id, prompt, f"could not prepare the request ({type(exc).__name__}: {exc})",
+                             arrival_time)
 
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
         request = Request(
@@ -116,6 +125,7 @@ class Engine:
             params=params,
             max_total_tokens=min(len(token_ids) + max_tokens, self.config.max_model_len),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            metrics=RequestMetrics(arrival_time),
         )
         base_seed = params.seq_seed if params.seq_seed is not None else self._seed_rng.getrandbits(64)
         for index in range(params.n):
@@ -124,6 +134,7 @@ class Engine:
             request.sequences.append(seq)
             self.seqs[seq.seq_id] = seq
         self.scheduler.add(request)
+        self.requests[request_id] = request
         self.num_prompt_tokens += len(token_ids)
         return None
 
@@ -148,6 +159,26 @@ class Engine:
     def abort_request(self, request: Request) -> None:
         for seq in request.sequences:
             self._retire(seq)
+        self.requests.pop(request.request_id, None)
+        self._updated.pop(request.request_id, None)
+        if request.metrics.finished_time is None:
+            request.metrics.finished_time = time.time()
+
+    def abort(self, request_id: str) -> bool:
+        """Drop the queued or running request ``request_id`` and free its state (a client went away).  Returns
+        whether it was there; its tokens in flight are discarded when their step is read."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self.abort_request(request)
+        return True
+
+    def take_updates(self) -> list[RequestOutput]:
+        """Outputs of the unfinished streaming requests (``output_kind`` not ``FINAL_ONLY``) that got tokens since
+        the last call, in arrival order.  Finished requests come from ``step`` instead.  The outputs share the
+        live completion objects: read them before the next step (``deepinfer.engine.stream`` copies or slices)."""
+        updated, self._updated = self._updated, {}
+        return [self.outputs.request_output(r) for r in updated.values() if not r.finished]
 
     def abort_all(self) -> None:
         """Drop every request, the step in flight and all sequence state: the engine is empty, as new.
@@ -163,6 +194,8 @@ class Engine:
             seq.status = SequenceStatus.FINISHED
             seq.num_inflight = 0
         self.seqs.clear()
+        self.requests.clear()
+        self._updated.clear()
         self.scheduler.clear()
         self.state_cache.clear()
 
@@ -213,6 +246,12 @@ class Engine:
         """Queue ``sched`` on the device (tokens in flight come from the step before); nothing is read back."""
         previous = self._inflight[1] if self._inflight is not None else None
         handle = self.runner.launch(build_step_input(sched, self.seqs, self.state_cache), previous)
+        now = time.time()
+        for chunk in sched.chunks:
+            metrics = self.seqs[chunk.seq_id].request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.time_in_queue = now - metrics.arrival_time
         for chunk in sched.chunks:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)
@@ -259,19 +298,30 @@ class Engine:
             if seq is not None:
                 self.outputs.record_prompt_logprobs(seq.request, position, tl)
         done: list[RequestOutput] = []
+        now = time.time()
         for seq_id, tl in result.sampled:
             seq = self.seqs.get(seq_id)
             if seq is None or seq.status is SequenceStatus.FINISHED:  # finished while this step was in flight
                 continue
             self.num_generated_tokens += 1
+            request = seq.request
+            metrics = request.metrics
+            metrics.first_token_time = metrics.first_token_time or now
+            metrics.last_token_time = now
             if self.outputs.append_token(seq, tl):
-                if seq.request.error is not None:  # it failed while running: so does the whole request
-                    logger.warning("request %s failed: %s", seq.request.request_id, seq.request.error)
-                    self.abort_request(seq.request)
+                if request.error is not None:  # it failed while running: so does the whole request
+                    logger.warning("request %s failed: %s", request.request_id, request.error)
+                    self.abort_request(request)
                 else:
                     self._retire(seq)
-                if seq.request.finished:
-                    done.append(self.outputs.request_output(seq.request))
+                if request.finished:
+                    metrics.finished_time = now
+                    self.requests.pop(request.request_id, None)
+                    self._updated.pop(request.request_id, None)
+                    done.append(self.outputs.request_output(request))
+                    continue
+            if request.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                self._updated[request.request_id] = request
         return done
 
     def _retire(self, seq: Sequence) -> None:
@@ -281,9 +331,10 @@ class Engine:
         self.seqs.pop(seq.seq_id, None)
 
 
-def _rejected(request_id: str, prompt: Any, error: str) -> RequestOutput:
+def _rejected(request_id: str, prompt: Any, error: str, arrival_time: float) -> RequestOutput:
     """The output of a request that was not run: its prompt as given (text, or ids when they are ints)."""
     ids: Any = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
     valid_ids = isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
     return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, list(ids) if valid_ids else [],
-                         None, outputs=[], finished=True, error=error)
+                         None, outputs=[], finished=True, error=error,
+                         metrics=RequestMetrics(arrival_time, finished_time=time.time()))

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,19 @@ import torch
 from deepinfer import envs
 from deepinfer.backends.backend import Backend
 from deepinfer.engine.args import EngineArgs, resolve_dtype
+from deepinfer.engine.chat import render_chat
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
+from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
 from deepinfer.models.base import CausalLM
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
+from deepinfer.parallel.dp import DataParallelEngine
+from deepinfer.parallel.launch import Joined, RankEnv, join_world, stop_peers
+from deepinfer.parallel.plan import ParallelConfig
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
 
@@ -35,6 +41,9 @@ _LOAD_ONLY = {
     "tokenizer": "pass the tokenizer object as the second argument",
     "revision": "it picks a Hub revision when LLM(...) loads a checkpoint; the model is already built",
     "dtype": "the model is already built in its dtype",
+    **{name: "ranks are started, and each builds its share of the experts, when LLM(...) loads the model "
+       "(docs/parallel.md)" for name in ("data_parallel_size", "expert_parallel_size", "context_parallel_size",
+                                         "num_redundant_experts", "eplb_step_interval", "distributed_timeout")},
 }
 
 
@@ -71,7 +80,9 @@ class LLM:
     ``deepinfer.engine.model_source``).  ``kwargs`` are the fields of :class:`~deepinfer.engine.args.EngineArgs`
     (vLLM's names: ``dtype``, ``seed``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
     ``gpu_memory_utilization``, ``max_logprobs``, ``enforce_eager``, ``async_scheduling``, ``tokenizer``,
-    ``revision``; and ``state_cache_bytes``).  Arguments and ``DEEPINFER_*`` variables are checked, and
+    ``revision``; and ``state_cache_bytes``; for several ranks (``docs/parallel.md``): ``data_parallel_size``,
+    ``expert_parallel_size``, ``context_parallel_size``, ``num_redundant_experts``, ``eplb_step_interval``,
+    ``distributed_timeout``).  Arguments and ``DEEPINFER_*`` variables are checked, and
     ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 
@@ -82,14 +93,18 @@ class LLM:
         args = EngineArgs.from_kwargs({"model": model, **kwargs})
         envs.validate()
         source = resolve_model(args.model, args.revision)
-        check_max_model_len(args.max_model_len, model_max_len(read_model_config(source.path)))
+        model_config = read_model_config(source.path)
+        check_max_model_len(args.max_model_len, model_max_len(model_config))
         dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
-        device = backend.device()
-        lm = load_model(source.path, ops=ops, dtype=dtype, device=device)
+        joined = _join_ranks(args, backend, model_config, (model, kwargs))
+        device = backend.device(joined.local_rank if joined is not None else 0)
+        lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
+                        parallel=joined.context if joined is not None else None)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
-        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend)
+        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
+                    joined=joined)
         config = self.engine.config
         kernels = sorted(ops.overridden)
         logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
@@ -124,7 +139,8 @@ class LLM:
         return self
 
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], args: EngineArgs,
-               backend: Backend, token_masks: TokenMaskProvider | None = None) -> None:
+               backend: Backend, token_masks: TokenMaskProvider | None = None, model_path: Path | None = None,
+               joined: Joined | None = None) -> None:
         budget = args.state_cache_bytes
         if budget is None:
             budget = default_state_budget(args, model, backend, torch.device(model.device))
@@ -136,11 +152,18 @@ class LLM:
             max_model_len=fit_max_model_len(args.max_model_len, model, capacity.nbytes),
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
-            eos_token_ids=eos, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+            eos_token_ids=eos, async_scheduling=args.async_scheduling,
+            # expert-parallel steps exchange tokens with sizes known only on the host: not capturable
+            enforce_eager=args.enforce_eager or (joined is not None and joined.context.plan.ep_size > 1),
         )
         self.engine_args = args
+        #: The checkpoint directory (``None`` for ``from_model``).
+        self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
         self._request_ids = itertools.count()
+        #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
+        self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
+        self._peers = joined.peers if joined is not None else []
 
     @property
     def tokenizer(self) -> Any:
@@ -169,20 +192,67 @@ class LLM:
         engine drops every request of the call: the next call runs on an empty engine.  Calls from several
         threads are served one after the other (each waits for the one running).
         """
-        prompt_list = _as_prompt_list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list: list[SamplingParams | None] = [sampling_params] * len(prompt_list)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompt_list):
-                raise ValueError(f"sampling_params has {len(params_list)} entries for {len(prompt_list)} prompts; "
-                                 "pass one SamplingParams or one per prompt")
+        prompt_list, params_list = _pair(prompts, sampling_params)
         with self.engine.lock:
             try:
+                if self.parallel is not None:
+                    return self._run_parallel(prompt_list, params_list)
                 return self._run(prompt_list, params_list, use_tqdm)
             except BaseException:
                 self.engine.abort_all()  # whatever was interrupted, the next call starts from an empty engine
                 raise
+
+    def generate_stream(self, prompts: Any, sampling_params: SamplingParams | Seq[SamplingParams] | None = None
+                        ) -> Iterator[RequestOutput]:
+        """``generate``, yielding outputs as they come: after each engine step, one ``RequestOutput`` per request
+        that has something new, shaped by its ``SamplingParams.output_kind`` (vLLM's: ``CUMULATIVE`` everything
+        so far, ``DELTA`` only the new tokens and text, ``FINAL_ONLY`` one output at the end).  A request's
+        last output has ``finished == True``; a rejected request yields its error output first.
+
+        The engine is held while the generator runs (so do not call ``generate`` on the same ``LLM`` inside the
+        loop: it would wait forever); closing it early (``break``) drops this call's requests."""
+        if self.parallel is not None:
+            raise NotImplementedError("generate_stream runs one rank's engine step by step; with several ranks "
+                                      "(docs/parallel.md) use generate")
+        prompt_list, params_list = _pair(prompts, sampling_params)
+        with self.engine.lock:
+            try:
+                yield from self._stream(prompt_list, params_list)
+            except BaseException:  # GeneratorExit too: a consumer that stops early leaves an empty engine
+                self.engine.abort_all()
+                raise
+
+    def _stream(self, prompts: list[Any], params: list[SamplingParams | None]) -> Iterator[RequestOutput]:
+        engine = self.engine
+        streams: dict[str, OutputStream] = {}
+        for prompt, sp in zip(prompts, params, strict=True):
+            request_id = str(next(self._request_ids))
+            streams[request_id] = OutputStream(sp if sp is not None else SamplingParams())
+            rejected = engine.add_request(prompt, sp, request_id)
+            if rejected is not None:
+                yield rejected
+        while engine.has_unfinished():
+            finished = engine.step()
+            if not engine.has_unfinished():
+                finished += engine.drain()
+            for out in (*engine.take_updates(), *finished):
+                shown = streams[out.request_id].next(out)
+                if shown is not None:
+                    yield shown
+
+    def chat(self, messages: Seq[Mapping[str, Any]] | Seq[Seq[Mapping[str, Any]]],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages) or a list of them,
+        rendered by the tokenizer's chat template (``chat_template`` overrides it; a tokenizer without one gets
+        ``deepinfer.engine.chat.FALLBACK_CHAT_TEMPLATE``).  A conversation that cannot be rendered raises
+        ``ValueError`` naming the message; otherwise as ``generate``."""
+        many = bool(messages) and not isinstance(messages[0], Mapping)
+        conversations = list(messages) if many else [messages]
+        prompts = [render_chat(self.tokenizer, c, chat_template, add_generation_prompt, chat_template_kwargs)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, prompts: list[Any], params: list[SamplingParams | None], use_tqdm: bool) -> list[RequestOutput]:
         """Queue every prompt, then step until all are done; the caller holds the engine's lock."""
@@ -214,6 +284,43 @@ class LLM:
         if missing:  # cannot happen: every queued request finishes before the engine is empty
             raise RuntimeError(f"requests {missing} of this call finished without an output")
         return [r for r in results if r is not None]
+
+    def _run_parallel(self, prompts: list[Any], params: list[SamplingParams | None]) -> list[RequestOutput]:
+        """This rank's share of the call, in step with the other ranks (rank 0 of a self-launched world first
+        sends them the call); every rank returns every output."""
+        assert self.parallel is not None
+        request_ids = [str(next(self._request_ids)) for _ in prompts]
+        return self.parallel.generate(prompts, params, request_ids, announce=bool(self._peers))
+
+    def shutdown(self) -> None:
+        """Stop the ranks this ``LLM`` started (a self-launched parallel run); nothing otherwise."""
+        if self._peers and self.parallel is not None:
+            peers, self._peers = self._peers, []
+            stop_peers(self.parallel.context, peers)
+
+
+def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_args: tuple[Any, dict[str, Any]]
+                ) -> Joined | None:
+    """This process's place among the ranks the arguments ask for, or torchrun's (even a world of one, which
+    runs the collectives on one device); None: one process."""
+    config = ParallelConfig(args.data_parallel_size, args.expert_parallel_size, args.context_parallel_size,
+                            args.num_redundant_experts)
+    if not config.enabled and RankEnv.from_environ() is None:
+        return None
+    return join_world(config, backend, model_config, args.distributed_timeout, peer_args)
+
+
+def _pair(prompts: Any, sampling_params: SamplingParams | Seq[SamplingParams] | None
+          ) -> tuple[list[Any], list[SamplingParams | None]]:
+    """The prompts as a list, and one ``SamplingParams`` (or None) per prompt."""
+    prompt_list = _as_prompt_list(prompts)
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return prompt_list, [sampling_params] * len(prompt_list)
+    params_list: list[SamplingParams | None] = list(sampling_params)
+    if len(params_list) != len(prompt_list):
+        raise ValueError(f"sampling_params has {len(params_list)} entries for {len(prompt_list)} prompts; "
+                         "pass one SamplingParams or one per prompt")
+    return prompt_list, params_list
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

@@ -8,7 +8,7 @@
   branch, tag or commit) pins what is fetched; the commit actually used is logged and kept in
   :attr:`ModelSource.commit`;
 - ``None``: ``DEEPINFER_HF_MODEL_DIR`` if set; else the default repo (``DEFAULT_MODEL``) if it is
-  already in the HF cache; else the tiny DeepSeek-V4 checkpoint shipped in the package (logged).
+  already in the HF cache; else the tiny DeepSeek-V4.1 checkpoint shipped in the package (logged).
   ``None`` never starts a download: the default model is hundreds of GB; ask for it by name.
 
 Whatever the source, the directory's JSON files are checked here (regular files, valid JSON, objects where
@@ -30,7 +30,7 @@ from deepinfer.models.config_fields import Fields
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "deepseek-ai/DeepSeek-V4.1-Flash-1017"
-EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_v4"
+EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_v41"
 #: Files a checkpoint needs; nothing else of a repo is downloaded.
 CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 
@@ -158,6 +158,6 @@ def resolve_model(model: str | os.PathLike | None, revision: str | None = None) 
     if not (EMBEDDED_MODEL_DIR / "config.json").is_file():
         raise ModelSourceError(f"no model configured and the embedded tiny model is missing from {EMBEDDED_MODEL_DIR}; "
                                f"pass model='{DEFAULT_MODEL}' to download the default, or {_HOW_TO_POINT}")
-    logger.info("no model configured and %s is not in the HF cache: using the embedded tiny DeepSeek-V4 checkpoint "
+    logger.info("no model configured and %s is not in the HF cache: using the embedded tiny DeepSeek-V4.1 checkpoint "
                 "(a toy for smoke tests); pass model=... or set DEEPINFER_HF_MODEL_DIR for real weights", DEFAULT_MODEL)
     return ModelSource(_checked_dir(EMBEDDED_MODEL_DIR, "embedded model"), "embedded")

@@ -128,4 +128,5 @@ class OutputProcessor:
             outputs=outputs,
             finished=request.finished,
             error=request.error,
+            metrics=request.metrics,
         )

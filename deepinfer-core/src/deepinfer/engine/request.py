@@ -9,10 +9,11 @@ its model state has consumed (reset to 0 when it is preempted, then recomputed).
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from deepinfer.outputs import CompletionOutput, PositionLogprobs
+from deepinfer.outputs import CompletionOutput, PositionLogprobs, RequestMetrics
 from deepinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     #: Set when the request failed while running (e.g. its grammar rejected a sampled token).
     error: str | None = None
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.time()))
 
     @property
     def prompt_len(self) -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_PARALLEL = ("DeepInfer has no {what} yet: one process drives one device; data-parallel attention and expert "
-             "parallelism (with EPLB) are planned (README, Status). Leave {name} at 1, or pick a model that fits "
-             "one device")
+_PARALLEL = ("DeepInfer has no {what} yet: attention is data-parallel (each rank owns whole requests) and MoE experts "
+             "are expert-parallel; use data_parallel_size=, expert_parallel_size= (and context_parallel_size= for "
+             "long prefills) instead (docs/parallel.md). Leave {name} at 1")
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,9 +27,8 @@ NOT_BUILT: dict[str, NotBuilt] = {
     "tensor_parallel_size": NotBuilt((1,), _PARALLEL.format(what="tensor parallelism", name="tensor_parallel_size")),
     "pipeline_parallel_size": NotBuilt((1,), _PARALLEL.format(what="pipeline parallelism",
                                                               name="pipeline_parallel_size")),
-    "data_parallel_size": NotBuilt((1,), _PARALLEL.format(what="data parallelism", name="data_parallel_size")),
-    "enable_expert_parallel": NotBuilt((False,), _PARALLEL.format(what="expert parallelism",
-                                                                  name="enable_expert_parallel")),
+    "enable_expert_parallel": NotBuilt((False,), "experts are split by expert_parallel_size=N (N ranks hold "
+                                       "the experts between them); this vLLM switch is not read"),
     "enable_prefix_caching": NotBuilt((False, None), "DeepInfer has no prefix caching yet: every request computes "
                                       "its whole prompt (n > 1 completions of one request do share its prefill)"),
     "enable_chunked_prefill": NotBuilt((True, None), "chunked prefill is always on; to prefill prompts whole, set "

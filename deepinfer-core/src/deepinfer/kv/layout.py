@@ -38,6 +38,9 @@ class RaggedLayout:
     entry_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     #: Per compression ratio (0: sliding only), where that kind of layer finds its keys (set by the model, likewise).
     plans: dict[int, PrefillPlan] = field(default_factory=dict)
+    #: Context parallelism: the rows whose attention output this rank computes (keys, states and every other
+    #: row-wise input are every row's); None: every row.
+    query_rows: torch.Tensor | None = None
 
     @classmethod
     def build(cls, seq_lens: list[int], starts: list[int],

@@ -58,7 +58,7 @@ def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolP
     if plan is None:
         raise ValueError(f"a state cache budget of {capacity} bytes cannot hold one sequence of this model (its "
                          "slot and pages, and the pool's null slot and pages): raise state_cache_bytes to at least "
-                         f"{min_pool_bytes(spec, size)}")
+                         f"{min_pool_bytes(spec, size, max_seqs)}")
     return plan
 
 
@@ -86,14 +86,15 @@ def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -
     return _smallest(enough, 2 * want, 1)
 
 
-def min_pool_bytes(spec: StateSpec, size: int) -> int:
+def min_pool_bytes(spec: StateSpec, size: int, max_seqs: int = 1 << 31) -> int:
     """The smallest budget (to the byte, where the plan is monotone in the budget) that holds one sequence of
-    2 tokens, the shortest ``max_model_len``, whatever ``max_seqs`` asks for (more slots only lower what one
-    sequence may take): the least ``state_cache_bytes`` an engine accepts."""
+    2 tokens, the shortest ``max_model_len``, with at most ``max_seqs`` slots: the least ``state_cache_bytes``
+    an engine of that ``max_num_seqs`` accepts.  The default bounds every ``max_seqs`` (more slots only lower
+    what one sequence may take); it is not the least for one slot where a second slot's pages outweigh it."""
     want = spec.state_bytes(2, size)
 
     def enough(capacity: int) -> bool:
-        plan = _try_plan(spec, size, 1 << 31, capacity)
+        plan = _try_plan(spec, size, max_seqs, capacity)
         return plan is not None and plan.admissible >= want
 
     return _smallest(enough, want, 0)

@@ -113,6 +113,16 @@ class Projection:
         self.sizes = [p.shape[0] for p in parts]
         self.weights = stack_rows(parts)
 
+    def rows(self, start: int, stop: int) -> torch.Tensor | None:
+        """A view of rows [start, stop) of the stacked weights (one projection's) where they lie in one dense
+        tensor; None otherwise (an FP8 stack's rows are not a weight of their own)."""
+        offset = 0
+        for w in self.weights:
+            if offset <= start and stop <= offset + w.shape[0]:
+                return w[start - offset : stop - offset] if isinstance(w, torch.Tensor) else None
+            offset += w.shape[0]
+        return None
+
     def __call__(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
         outs = [linear(ops, x, w) for w in self.weights]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

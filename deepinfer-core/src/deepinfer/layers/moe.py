@@ -9,14 +9,18 @@ run through ``moe_experts_mxfp4``; the shared expert (FP8 as released) then runs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from deepinfer.layers.linear import GetWeight, Weight, stack_rows, swiglu_mlp
 from deepinfer.ops import Ops
 from deepinfer.quant import MXFP4, QuantizedTensor
+
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,9 +37,12 @@ class MoESpec:
 
 
 class MoE:
+    """``experts``: the routed experts this instance holds, stacked in that order (expert parallelism holds a
+    rank's share); None: all of them.  ``weight``: the experts' weights as the model keeps them (MXFP4 / FP8 where
+    quantized); None: ``get``."""
+
     def __init__(self, ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
-                 weight: GetWeight | None = None):
-        """``weight``: the experts' weights as the model keeps them (MXFP4 / FP8 where quantized); default ``get``."""
+                 experts: Sequence[int] | None = None, weight: GetWeight | None = None):
         p = prefix
         self.ops, self.spec = ops, spec
         gate = get(p + "gate.weight")
@@ -43,21 +50,21 @@ class MoE:
         self.gate = gate if spec.gate_temp == 1.0 else (gate.float() / spec.gate_temp).to(gate.dtype)
         self.tid2eid = get(p + "gate.tid2eid") if spec.hash_routed else None
         self.bias = None if spec.hash_routed else get(p + "gate.bias")
-        experts = [f"{p}experts.{e}." for e in range(spec.n_routed_experts)]
+        held = [f"{p}experts.{e}." for e in (range(spec.n_routed_experts) if experts is None else experts)]
         shared = p + "shared_experts."
         #: (w13 scales, w2 scales) when the routed experts stay MXFP4 (w13 / w2 then hold the packed bytes)
         self.scales: tuple[torch.Tensor, torch.Tensor] | None = None
         #: (w13, w2) of a shared expert run as its own MLP; None: it is expert E of the grouped GEMMs
         self.shared: tuple[Weight, Weight] | None = None
-        if weight is not None and self._keep_mxfp4(weight, experts, shared, get):
+        if weight is not None and self._keep_mxfp4(weight, held, shared, get):
             return
-        w13 = [self._w13(get, e) for e in experts]
-        w2 = [get(e + "w2.weight") for e in experts]
+        w13 = [self._w13(get, e) for e in held]
+        w2 = [get(e + "w2.weight") for e in held]
         shared_w13, shared_w2 = self._w13(get, shared), get(shared + "w2.weight")
         #: The shared expert has the routed experts' shape in V4, so it runs as one more expert (id E, weight 1)
         #: of the same grouped GEMMs: same arithmetic and order (added after the routed experts, as
         #: ``routed + shared`` would), without a separate MLP's launches.
-        self.shared_id = len(experts) if shared_w13.shape == w13[0].shape and shared_w2.shape == w2[0].shape else None
+        self.shared_id = len(held) if shared_w13.shape == w13[0].shape and shared_w2.shape == w2[0].shape else None
         if self.shared_id is not None:
             w13.append(shared_w13)
             w2.append(shared_w2)
@@ -92,14 +99,20 @@ class MoE:
     def _w13(get: Callable[[str], torch.Tensor], p: str) -> torch.Tensor:
         return torch.cat([get(p + "w1.weight"), get(p + "w3.weight")])
 
-    def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def route(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] fp32, logical expert ids [T, k] int64) of every token."""
         ops, spec = self.ops, self.spec
         if self.tid2eid is not None:
             ids = self.tid2eid[input_ids]
-            weights = ops.moe_hash_router(x, self.gate, ids, spec.routed_scaling_factor, spec.score_func)
-        else:
-            weights, ids = ops.moe_router(x, self.gate, self.bias, spec.top_k, spec.routed_scaling_factor,
-                                          spec.score_func)
+            return ops.moe_hash_router(x, self.gate, ids, spec.routed_scaling_factor, spec.score_func), ids
+        return ops.moe_router(x, self.gate, self.bias, spec.top_k, spec.routed_scaling_factor, spec.score_func)
+
+    def idle(self) -> None:
+        """Join a step with no tokens: nothing to do without expert parallelism."""
+
+    def __call__(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        ops, spec = self.ops, self.spec
+        weights, ids = self.route(x, input_ids)
         if self.shared is not None:
             if self.scales is not None:
                 routed = ops.moe_experts_mxfp4(x, ids, weights, self.w13, self.scales[0], self.w2, self.scales[1],
@@ -111,3 +124,15 @@ class MoE:
         ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
         weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)
         return ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
+
+
+def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
+              parallel: ParallelContext | None = None, layer: int = 0, weight: GetWeight | None = None) -> MoE:
+    """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
+    share, exchanging tokens with the ranks that hold the others.  ``weight``: the experts as the model keeps them
+    (MXFP4 experts stay packed without expert parallelism; with it they are dequantized, for now)."""
+    if parallel is None or parallel.plan.placement is None:
+        return MoE(ops, spec, prefix, get, weight=weight)
+    from deepinfer.parallel.ep_moe import ExpertParallelMoE
+
+    return ExpertParallelMoE(ops, spec, prefix, get, parallel, layer)

@@ -53,6 +53,12 @@ class ForwardBatch:
     #: prompt token's, or the first prompt position whose logprobs were asked for); None: every row's.  A model
     #: may skip work that only rows before it need (V4.1's decoder prefill truncation).
     needed_from: list[int] | None = None
+    #: Rows ([R] int64, on the model's device) whose target features a model with a speculative drafter (V4.1's
+    #: DSpark) returns in :attr:`captured`; None: nothing is captured, at no cost.
+    capture_rows: torch.Tensor | None = None
+    #: Set by ``forward`` when :attr:`capture_rows` is: ``[R, F]`` in the model dtype, rows in ``capture_rows``
+    #: order (V4.1: F = len(capture_layer_ids) * hidden, the mean over the mHC streams of each layer's output).
+    captured: torch.Tensor | None = None
 
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor the model built for this step (row indices, lengths) on the batch's device."""

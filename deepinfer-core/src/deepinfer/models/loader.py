@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,12 +11,19 @@ from deepinfer.models.base import CausalLM
 from deepinfer.models.registry import entry_for
 from deepinfer.ops import OpTable
 
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
+
 
 def read_model_config(path: str | Path) -> Any:
     """The model's config dataclass (``DeepseekV4Config`` for ``deepseek_v4``), from ``path/config.json``."""
     return entry_for(path).read_config(path)
 
 
-def load_model(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """Build the model in ``path`` (config.json + safetensors) for ``ops``' backend, computing in ``dtype``."""
-    return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device))
+def load_model(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device,
+               parallel: ParallelContext | None = None) -> CausalLM:
+    """Build the model in ``path`` (config.json + safetensors) for ``ops``' backend, computing in ``dtype``;
+    ``parallel``: this rank's parallel context (``docs/parallel.md``), None for one process."""
+    if parallel is None:
+        return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device))
+    return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device), parallel=parallel)

@@ -324,13 +324,39 @@ class Ops(Protocol):
         """Disallowed tokens' logits set to -inf (ops.structured)."""
         raise TypeError
 
-    # --- V4.1's QAT fake-quantizers and Engram (deepinfer.ops.fake_quant, deepinfer.ops.engram) ----------------
+    # --- V4.1's QAT fake-quantizers (.fake_quant, fused with rotations: .rope_quant) and Engram (.engram) -------
     def fp8_e4m3_fake_quant(self, x: torch.Tensor, block: int) -> torch.Tensor:
         """FP8 e4m3 with a power-of-two scale per block, quantized and dequantized (ops.fake_quant)."""
         raise TypeError
 
     def fp4_e2m1_fake_quant(self, x: torch.Tensor, block: int, scale_format: ScaleFormat) -> torch.Tensor:
         """FP4 e2m1 with an e4m3 or ue8m0 scale per block, quantized and dequantized (ops.fake_quant)."""
+        raise TypeError
+
+    def rms_norm_rope_fp8_e4m3_fake_quant(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        eps: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+        block: int,
+    ) -> torch.Tensor:
+        """``fp8_e4m3_fake_quant(rms_norm_rope(...), block)`` as one op: V4.1's window K=V (ops.rope_quant)."""
+        raise TypeError
+
+    def rope_fp4_e2m1_fake_quant(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+        block: int,
+        scale_format: ScaleFormat,
+    ) -> torch.Tensor:
+        """``fp4_e2m1_fake_quant(rope(...), block, scale_format)`` as one op: V4.1's entries and indexer q / k
+        (ops.rope_quant)."""
         raise TypeError
 
     def fp8_e4m3_pack(self, x: torch.Tensor, block: int) -> torch.Tensor:

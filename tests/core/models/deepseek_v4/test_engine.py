@@ -73,15 +73,15 @@ STORY_PROMPTS = [
 
 
 def test_embedded_model_greedy_matches_hf():
-    """The trained embedded checkpoint (real tokenizer): greedy stories equal HF's where margins allow."""
+    """The trained tiny_v4 checkpoint (real tokenizer): greedy stories equal HF's where margins allow."""
     from transformers import DeepseekV4ForCausalLM
 
-    from deepinfer.engine.model_source import EMBEDDED_MODEL_DIR
+    from tests.support.tiny_assets import TINY_V4_DIR
 
-    if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("the embedded tiny_v4 checkpoint is not in this checkout yet")
-    hf = DeepseekV4ForCausalLM.from_pretrained(EMBEDDED_MODEL_DIR, dtype=torch.float32).eval()
-    llm = LLM(str(EMBEDDED_MODEL_DIR), dtype="float32")
+    if not (TINY_V4_DIR / "model.safetensors").is_file():
+        pytest.skip("the tiny_v4 checkpoint is not in this checkout yet")
+    hf = DeepseekV4ForCausalLM.from_pretrained(TINY_V4_DIR, dtype=torch.float32).eval()
+    llm = LLM(str(TINY_V4_DIR), dtype="float32")
     outs = llm.generate(STORY_PROMPTS, SamplingParams(temperature=0, max_tokens=12, prompt_logprobs=0),
                         use_tqdm=False)
     exact = 0

@@ -1,30 +1,20 @@
 """The shipped default model (deepinfer/assets/tiny_v4): small, complete V4 architecture, and trained.
 
-"Trained" is checked against fresh stories from the generator in tools/train_tiny_v4.py with a seed the
+"Trained" is checked against fresh stories from the generator in tools/tiny_corpus.py with a seed the
 training never used: an untrained model of this vocabulary scores ~7 nats/token, the shipped one < 1.0.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-import deepinfer
+from tests.support.tiny_assets import TINY_V4_DIR, corpus, known_words
 
-ASSET = Path(deepinfer.__file__).parent / "assets" / "tiny_v4"
-TRAIN_SCRIPT = Path(__file__).resolve().parents[4] / "tools" / "train_tiny_v4.py"
-
-
-def _train_module():
-    spec = importlib.util.spec_from_file_location("train_tiny_v4", TRAIN_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+ASSET = TINY_V4_DIR
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +84,14 @@ def test_hash_routes_pick_distinct_experts(model):
 
 
 def test_model_has_learned_the_story_grammar(model, tokenizer):
-    train = _train_module()
-    ids = train.pack(tokenizer, train.build_corpus(8, seed=12345), seq_len=320)[:1]  # > 128: HCA entries too
+    ids = corpus().pack(tokenizer, corpus().build_corpus(8, seed=12345), seq_len=320)[:1]  # > 128: HCA entries too
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
     assert loss < 1.0, f"{loss:.2f} nats/token; an untrained model scores ~{math.log(len(tokenizer)):.1f}"
 
 
 def test_greedy_text_reads_as_words(model, tokenizer):
-    known = set(" ".join(_train_module().build_corpus(2000, seed=7)).split())
+    known = known_words()
     ids = tokenizer("Once upon a time, there was a", return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=40, do_sample=False)

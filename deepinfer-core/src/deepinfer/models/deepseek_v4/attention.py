@@ -116,6 +116,8 @@ class Attention:
                 cols = plan.causal_cols
         keys = torch.cat([cache.kv[plan.gather_rows], kv])
         cache.kv.index_copy_(0, plan.ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        if (rows := layout.query_rows) is not None:  # context parallelism: this rank's queries only
+            q, cols, positions = q[rows], cols[rows], positions[rows]
         return self._output(q, keys, cols, positions)
 
     def decode(self, x: torch.Tensor, step: DecodeStep, plan: DecodePlan, pool: StatePool,

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,7 +22,7 @@ from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoE, MoESpec
+from deepinfer.layers.moe import MoESpec, build_moe
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v4.attention import Attention
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, HCA, SLIDING, DeepseekV4Config
@@ -29,12 +30,16 @@ from deepinfer.models.deepseek_v4.state import layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.quant import QuantizedTensor
+
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
 
 
 class DecoderLayer:
     def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor],
-                 weight: GetWeight | None = None):
+                 parallel: ParallelContext | None = None, weight: GetWeight | None = None):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
@@ -44,7 +49,7 @@ class DecoderLayer:
         self.attn = Attention(ops, cfg, layer, get, weight)
         moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
                       cfg.swiglu_limit, hash_routed=cfg.mlp_layer_types[layer] == HASH_MOE)
-        self.ffn = MoE(ops, moe, p + "ffn.", get, weight)
+        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, layer, weight)
 
     def __call__(self, streams: torch.Tensor, input_ids: torch.Tensor,
                  attend: Callable[[Attention, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -64,11 +69,12 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
     Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype, except, with
     ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the quantized GEMM ops);
     the stored forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
+    ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
     def __init__(
         self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-        native_weights: bool = False,
+        parallel: ParallelContext | None = None, native_weights: bool = False,
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
@@ -87,7 +93,8 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         self.norm = get("norm.weight")
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
         weight = stored_weight(weights.tensors, get) if native_weights else None
-        self.layers = [DecoderLayer(ops, cfg, i, get, weight) for i in range(cfg.num_hidden_layers)]
+        self.layers = [DecoderLayer(ops, cfg, i, get, parallel, weight) for i in range(cfg.num_hidden_layers)]
+        self.parallel = parallel
         self.state_spec, self.views = spec_for(cfg), layer_caches
         self.ratio_kinds = {r: RatioKinds(overlap=CSA in kinds, indexed=CSA in kinds, attends_all=HCA in kinds)
                             for r, kinds in _kinds_by_ratio(cfg).items()}
@@ -97,6 +104,8 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         def attend(attn, x):
             return attn(x, batch.positions, layout, states, pool, pool.views[attn.layer])
 
+        if (split := context_split(self.parallel, batch.seq_lens, self.device)) is not None:  # this rank's rows
+            return run_split(self._run, split, layout, batch.input_ids, attend)
         return self._run(batch.input_ids, attend)
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:

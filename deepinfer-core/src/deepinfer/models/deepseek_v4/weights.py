@@ -10,6 +10,7 @@ FP8 e4m3 with block scales, or MXFP4 (e2m1 packed in int8/uint8) with one e8m0 s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -200,15 +201,24 @@ class _Reader:
             problems.append(_mismatch(f"{self.where(scale)} ({fmt} scales)", scale_shape, actual_scale))
         return problems
 
-    def load(self, name: str, shape: tuple[int, ...] | None) -> Stored:
+    def load(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
+        """``rows``: only these rows go to the device (an expert-parallel rank's shard of a table whose scales
+        are per row); the tensor is read whole on the host."""
         fmt = self.quant_format(name)
-        stored = self.ckpt.get(self.on_disk[name]).to(self.device)
+        stored = self.ckpt.get(self.on_disk[name])
+        if rows is not None:
+            stored = stored[rows]
+            shape = (stored.shape[0], *shape[1:]) if shape is not None else None
+        stored = stored.to(self.device)
         if fmt is not None:
             scale_name = name.removesuffix(".weight") + ".scale"
-            scale = self.ckpt.get(self.on_disk[scale_name]).to(self.device)
+            scale = self.ckpt.get(self.on_disk[scale_name])
+            scale = (scale[rows] if rows is not None else scale).to(self.device)
             check_finite(self.where(scale_name, full=True), scale_values(scale))
             logical = shape or (stored.shape[0], stored.shape[1] * (2 if fmt == MXFP4 else 1))
             block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)
+            if rows is not None and block[0] != 1:
+                raise CheckpointError(f"{self.where(name)}: a row shard of a weight with {block} blocks")
             return QuantizedTensor(fmt, stored, scale, tuple(logical), block)
         if is_id_table(name):
             ids = stored.long()
@@ -220,9 +230,11 @@ class _Reader:
 
 
 def read_weights(
-    ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device
+    ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device,
+    keep: Callable[[str], bool] | None = None,
 ) -> V4Weights:
-    """Check every name, shape and dtype from the headers, then load, checking values.  Raises
+    """Check every name, shape and dtype from the headers, then load (only the tensors ``keep`` accepts: an
+    expert-parallel rank loads its own experts), checking values.  Raises
     :class:`CheckpointError` listing each missing, unexpected, mis-shaped or mis-typed tensor with its file,
     name, and what was expected and found; or naming the first tensor with a NaN / inf or an id out of range."""
     reader = _Reader(ckpt, cfg, dtype, device)
@@ -241,6 +253,6 @@ def read_weights(
         problems += reader.dtype_problems(name)
     if problems:
         raise problems_error(f"checkpoint {ckpt.directory} does not match its config", problems)
-    tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
+    tensors = {name: reader.load(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
     mtp_tensors = {n: reader.load(n, None) for n in mtp_weights}
     return V4Weights(tensors, mtp_tensors)

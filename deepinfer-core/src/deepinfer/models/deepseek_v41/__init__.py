@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,21 +17,27 @@ from deepinfer.models.deepseek_v41.truncation import cut_layer
 from deepinfer.models.deepseek_v41.weights import read_weights
 from deepinfer.ops import Ops
 
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
+
 __all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config", "DeepseekV41ForCausalLM",
            "LayerRole", "load"]
 
 
-def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device) -> DeepseekV41ForCausalLM:
+def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device,
+         parallel: ParallelContext | None = None) -> DeepseekV41ForCausalLM:
     """Build the model from a checkpoint directory (config.json, safetensors, and tokenizer.json, from which
     Engram's compressed token map is derived).  ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact`` turns on
-    decoder prefill truncation with ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS`` kept rows (checked here);
-    ``DEEPINFER_QUANTIZED_WEIGHTS=native`` keeps FP8 / MXFP4 weights as stored; ``DEEPINFER_QUANTIZED_KV=1`` stores
-    the state in the model's KV formats."""
+    decoder prefill truncation with ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS`` kept rows (checked here).
+    ``parallel``: this rank's parallel context (None: one process).  ``DEEPINFER_QUANTIZED_WEIGHTS=native`` keeps
+    FP8 / MXFP4 weights as stored; ``DEEPINFER_QUANTIZED_KV=1`` stores the state in the model's KV formats."""
     cfg = DeepseekV41Config.from_file(path)
     keep = envs.yoco_prefill_keep_tokens() if envs.yoco_prefill_truncation_mode() == "compact" else None
     if keep is not None:
         cut_layer(cfg, keep)  # refuse a bad KEEP before reading the weights
-    tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device))
+    tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device),
+                                keep=parallel.loads if parallel is not None else None,
+                                rows=parallel.table_rows if parallel is not None else None)
     token_map = None
     if cfg.engram_layer_ids:
         if not (Path(path) / "tokenizer.json").is_file():
@@ -39,5 +46,5 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
         token_map = CompressedTokenMap.from_file(path, cfg.engram_compressed_vocab_size).lookup(
             cfg.vocab_size, cfg.engram_pad_id)
     return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device,
-                                  decoder_keep=keep, native_weights=envs.quantized_weights() == "native",
-                                  quantized_kv=envs.quantized_kv())
+                                  decoder_keep=keep, parallel=parallel,
+                                  native_weights=envs.quantized_weights() == "native", quantized_kv=envs.quantized_kv())

@@ -190,6 +190,7 @@ def _parse(raw: Any, source: str) -> DeepseekV41Config:
     schedule = derive_schedule(
         n, n_nextn, _ints(f, "compress_ratios"), _ints(f, "kv_source_layer_ids"), _ints(f, "index_source_layer_ids"),
         f.optional_integer("candidate_source_layer_id"), _ints(f, "dspark_target_layer_ids"), tuple(engram_ids))
+    _check_drafter(n, n_nextn, schedule.compress_ratios, schedule.dspark_target_layer_ids)
     experts = f.integer("n_routed_experts", 384, lo=1)
     draft_experts = f.integer("dspark_n_routed_experts", 128, lo=1)
     f.string("hidden_act", "silu", choices=("silu",))
@@ -244,6 +245,16 @@ def _parse(raw: Any, source: str) -> DeepseekV41Config:
         # top level in the released composite config (transformers' text config alone would miss it)
         quant=_quant_spec(outer if outer.has("quantization_config") else f),
     )
+
+
+def _check_drafter(n: int, n_nextn: int, ratios: tuple[int, ...], targets: tuple[int, ...]) -> None:
+    """The DSpark draft layers (the last ``num_nextn_predict_layers`` entries of ``compress_ratios``) attend to
+    a sliding window only, and read at least one target layer."""
+    if any(ratios[n:]):
+        raise ConfigError(f"compress_ratios of the {n_nextn} DSpark draft layers (entries {n}..) must be 0 "
+                          f"(sliding window only), got {list(ratios[n:])}")
+    if n_nextn and not targets:
+        raise ConfigError("dspark_target_layer_ids must name at least one layer when num_nextn_predict_layers > 0")
 
 
 def _engram_fields(f: Fields, n: int, vocab: int, layer_ids: list[int]) -> dict[str, Any]:

@@ -31,33 +31,44 @@ class EngramWeights:
     k_weight: torch.Tensor  # [S, D]
 
 
-def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor) -> torch.Tensor:
+#: ``gather(ops, weights, flat ids) -> (table rows, their scale rows or None)``: where the rows come from.
+Gather = Callable[[Any, EngramWeights, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def local_rows(ops: Any, weights: EngramWeights, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows of ``flat`` from the table held here (an FP8 table's scale rows too).  FP8 rows and e8m0 scales are
+    gathered as bytes: every device indexes uint8 rows (not every one has fp8 / e8m0 indexing kernels)."""
+    if weights.table.dtype != torch.float8_e4m3fn:
+        return ops.embedding(flat, weights.table), None
+    if weights.table_scale is None:
+        raise ValueError("an FP8 Engram table needs its embed.scale tensor")
+    rows = ops.embedding(flat, weights.table.view(torch.uint8)).view(torch.float8_e4m3fn)
+    scale = weights.table_scale  # e8m0 (float8_e8m0fnu or its bytes) gathers as bytes; fp32 scales as they are
+    return rows, ops.embedding(flat, scale.view(torch.uint8) if scale.element_size() == 1 else scale)
+
+
+def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor, gather: Gather = local_rows
+                 ) -> torch.Tensor:
     """[T, C * head_dim] in ``wkv``'s dtype: the table rows of ``hash_ids`` [T, C], concatenated.
 
     An FP8 table is dequantized after the gather with its per-32-column scales (``fp8 * scale`` in fp32); a
-    float table's ``scale`` tensor is ignored, as the reference does."""
-    flat = hash_ids.reshape(-1)
-    if weights.table.dtype == torch.float8_e4m3fn:  # gathered as bytes: every device indexes uint8 rows
-        if weights.table_scale is None:
-            raise ValueError("an FP8 Engram table needs its embed.scale tensor")
-        rows = ops.embedding(flat, weights.table.view(torch.uint8)).view(torch.float8_e4m3fn)
-        scale = weights.table_scale
-        one_byte = scale.element_size() == 1  # e8m0 (float8_e8m0fnu or its bytes); fp32 scales gather as they are
-        scales = ops.embedding(flat, scale.view(torch.uint8) if one_byte else scale)
+    float table's ``scale`` tensor is ignored, as the reference does.  ``gather``: where rows come from (an
+    expert-parallel rank's shard and the other ranks', :mod:`deepinfer.parallel.engram_shard`)."""
+    rows, scales = gather(ops, weights, hash_ids.reshape(-1))
+    if scales is not None:
         rows = ops.dequant_fp8_block(rows, scales, 1, TABLE_SCALE_BLOCK, weights.wkv.dtype)
-    else:
-        rows = ops.embedding(flat, weights.table)
     return rows.to(weights.wkv.dtype).view(hash_ids.shape[0], -1)
 
 
-def engram(ops: Any, weights: EngramWeights, streams: torch.Tensor, hash_ids: torch.Tensor, eps: float) -> torch.Tensor:
+def engram(ops: Any, weights: EngramWeights, streams: torch.Tensor, hash_ids: torch.Tensor, eps: float,
+           gather: Gather = local_rows) -> torch.Tensor:
     """The streams after the Engram module.
 
     streams: [T, S, D] (model dtype); hash_ids: [T, C] int64 table rows of this layer; eps: ``rms_norm_eps``.
     ``wkv`` of the looked-up rows gives S keys and one value per token; ``ops.engram_gate`` does the rest.
     Returns [T, S, D] in streams' dtype.
     """
-    kv = ops.linear(engram_embed(ops, weights, hash_ids), weights.wkv)
+    kv = ops.linear(engram_embed(ops, weights, hash_ids, gather), weights.wkv)
     tokens, n_streams, dim = streams.shape
     key = kv[:, : n_streams * dim].view(tokens, n_streams, dim)
     return ops.engram_gate(streams, key, kv[:, n_streams * dim :], weights.q_weight, weights.k_weight, eps)
@@ -74,8 +85,11 @@ class Engram:
         self.weights = EngramWeights(rows, scale, get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight"))
         self.ops, self.eps = ops, eps
         self.hash = layout.hash_tensors(index, self.weights.wkv.device)
+        #: Where table rows come from: this table (default) or a shard exchange (expert parallelism).
+        self.gather: Gather = local_rows
+        self.idle: Callable[[], None] = lambda: None  # join a step with no tokens (a shard exchange does)
 
     def __call__(self, streams: torch.Tensor, lookback: torch.Tensor) -> torch.Tensor:
         """New streams [T, S, D] from ``streams`` and the tokens' look-back compressed ids [T, N]."""
         rows = self.ops.engram_hash(lookback, *self.hash)
-        return engram(self.ops, self.weights, streams, rows, self.eps)
+        return engram(self.ops, self.weights, streams, rows, self.eps, self.gather)

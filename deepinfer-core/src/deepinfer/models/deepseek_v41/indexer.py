@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.kv.decode_plan import CausalPicks
+from deepinfer.kv.store import RowStore
 from deepinfer.layers.linear import GetWeight, linear
 from deepinfer.models.deepseek_v41.roles import FULL, LayerRole
 from deepinfer.ops import Ops
@@ -54,15 +55,18 @@ class Indexer:
         if role.mode == FULL:  # the kv source also makes the group's keys
             self.wk, self.k_norm = get(prefix + "wk.weight"), get(prefix + "k_norm.weight")
 
-    def _fp4(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.fp4_e2m1_fake_quant(x, *KEY_FORMAT)
+    def _rope_fp4(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotated at ``positions``, then FP4: one op (a backend quantizes in the rotation's epilogue)."""
+        return self.ops.rope_fp4_e2m1_fake_quant(x, positions, self.inv_freq, self.rope_scaling, *KEY_FORMAT)
 
-    def keys(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The group's indexer keys [n, head_dim] of pre-RoPE ``latents`` [n, dim] at their entries' positions,
-        before their FP4 (:data:`KEY_FORMAT`), which the state's key store applies as it stores them."""
+    def keys(self, latents: torch.Tensor, positions: torch.Tensor, store: RowStore | None = None) -> torch.Tensor:
+        """The group's indexer keys [n, head_dim] of pre-RoPE ``latents`` [n, dim] at their entries' positions, as
+        ``store`` keeps them: packed (``store.packed``), or the FP4 fake-quantized values."""
         assert self.wk is not None
         k = self.ops.rms_norm(self.ops.linear(latents, self.wk), self.k_norm, self.spec.eps)
-        return self.ops.rope(k, positions, self.inv_freq, self.rope_scaling)
+        if store is not None and store.packed:
+            return store.stored(self.ops.rope(k, positions, self.inv_freq, self.rope_scaling))
+        return self._rope_fp4(k, positions)
 
     def picks(self, q_residual: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
               seq_ids: torch.Tensor, causal: CausalPicks, published: Published) -> torch.Tensor:
@@ -70,7 +74,7 @@ class Indexer:
         keys of each sequence, padded); publishes the candidate blocks if this is the candidate source."""
         ops, s = self.ops, self.spec
         q = linear(ops, q_residual, self.wq_b).view(q_residual.shape[0], s.n_heads, s.head_dim)
-        q = self._fp4(ops.rope(q, positions, self.inv_freq, self.rope_scaling))
+        q = self._rope_fp4(q, positions)
         args = (q, weights, keys, seq_ids, causal.limits, s.topk, s.head_dim**-0.5, s.n_heads**-0.5)
         if self.role.is_candidate_source:
             ids, published.blocks = ops.indexer_candidates(*args, s.block_size, s.topk_blocks)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,10 +26,11 @@ from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoE, MoESpec
+from deepinfer.layers.moe import MoESpec, build_moe
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
-from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.capture import Capture
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
 from deepinfer.models.deepseek_v41.engram import Engram
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after
 from deepinfer.models.deepseek_v41.indexer import Published
@@ -36,27 +38,42 @@ from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context_parallel import context_split, run_split
+from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
+
+if TYPE_CHECKING:
+    from deepinfer.parallel.context import ParallelContext
 
 Stored = torch.Tensor | QuantizedTensor
 #: attend(attention, x, layer index) -> the attention sublayer's output
 Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
 
 
+def moe_spec(cfg: DeepseekV41Config, experts: int, top_k: int) -> MoESpec:
+    """The MoE of a backbone layer (``n_routed_experts`` / ``num_experts_per_tok``) or of a DSpark draft layer
+    (``dspark_n_routed_experts`` / ``dspark_num_experts_per_tok``): the rest is shared."""
+    limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
+    return MoESpec(experts, top_k, cfg.routed_scaling_factor, cfg.scoring_func, limit, gate_temp=cfg.gate_temp)
+
+
 class DecoderLayer:
-    def __init__(self, ops: Ops, cfg: DeepseekV41Config, layer: int, get: Callable[[str], torch.Tensor],
-                 engram: Engram | None, weight: GetWeight | None = None):
-        p = f"layers.{layer}."
+    """One block: mHC sites, attention, MoE.  Backbone layer N reads ``layers.N.*``; the DSpark drafter builds
+    its draft layers from the same class with ``prefix="mtp.i."``, a sliding-only role and its own MoE spec.
+    ``weight``: the projections' and experts' weights as the model keeps them (FP8 / MXFP4); None: ``get``."""
+
+    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
+                 engram: Engram | None, *, prefix: str | None = None, moe: MoESpec | None = None,
+                 parallel: ParallelContext | None = None, weight: GetWeight | None = None):
+        p = prefix if prefix is not None else f"layers.{role.layer_id}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
         self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, cfg.layers[layer], get, weight)
-        limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
-        moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
-                      limit, gate_temp=cfg.gate_temp)
-        self.ffn = MoE(ops, moe, p + "ffn.", get, weight)
+        self.attn = Attention(ops, cfg, role, get, prefix=p + "attn.", weight=weight)
+        moe = moe if moe is not None else moe_spec(cfg, cfg.n_routed_experts, cfg.num_experts_per_tok)
+        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, role.layer_id, weight)
 
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
                  lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,11 +123,13 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     row) and, with ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the
     quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
     ``quantized_kv``: the state stores K=V and indexer keys in the model's formats (:mod:`.state`).
+    ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
                  token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-                 decoder_keep: int | None = None, native_weights: bool = False, quantized_kv: bool = False):
+                 decoder_keep: int | None = None, parallel: ParallelContext | None = None,
+                 native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
@@ -135,13 +154,32 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
-        self.layers = [DecoderLayer(ops, cfg, i, get, engrams.get(i), weight) for i in range(cfg.num_hidden_layers)]
+            shard_engrams(parallel, engrams, cfg.engram_layer_ids, cfg.engram_num_embeddings)
+        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel, weight=weight)
+                       for i in range(cfg.num_hidden_layers)]
+        self.parallel = parallel
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg, quantized=quantized_kv), views_for(cfg, ops)
         self.ratio_kinds = {r: RatioKinds(indexed=True) for r in self.state_spec.paged_ratios}
         self.decoder_keep = decoder_keep
         self.decoder_layer = cut_layer(cfg, decoder_keep) if decoder_keep is not None else None
+        #: Layers whose outputs a batch with ``capture_rows`` gets back (:mod:`.capture`): the drafter's targets.
+        self.capture_layer_ids: tuple[int, ...] = cfg.dspark_target_layer_ids
+        self._capture: Capture | None = None  # set for the duration of one capturing forward
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """:meth:`PooledCausalLM.forward`; with ``batch.capture_rows`` also sets ``batch.captured``."""
+        if batch.capture_rows is None:
+            return super().forward(batch)
+        self._capture = Capture.request(self.capture_layer_ids, batch.capture_rows, batch.input_ids.shape[0],
+                                        self.config.hc_mult)
+        try:
+            hidden = super().forward(batch)
+            batch.captured = self._capture.result()
+        finally:
+            self._capture = None
+        return hidden
 
     def _ragged(self, batch: ForwardBatch, layout: RaggedLayout, states: list[PooledState], pool: StatePool
                 ) -> torch.Tensor:
@@ -163,6 +201,11 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         cut = None
         if self.decoder_keep is not None:
             cut = decoder_rows(batch, layout, states, pool, self.decoder_keep)
+        # context parallelism: this rank's rows (not under truncation, nor when the drafter captures every row)
+        split = context_split(self.parallel, batch.seq_lens, self.device) if cut is None and self._capture is None \
+            else None
+        if split is not None:
+            return run_split(self._run, split, layout, batch.input_ids, attend, lookback)
         if cut is None:
             return self._run(batch.input_ids, lookback, attend)
         return self._run_truncated(batch.input_ids, lookback, attend, step, cut, views)
@@ -174,11 +217,18 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         streams, pre = self._embed(input_ids)
         for i, layer in enumerate(self.layers[: self.decoder_layer]):
             streams, pre = layer(streams, pre, input_ids, lookback, attend, i)
+            self._take(i, streams)
         split = self.layers[self.decoder_layer]
         site = split.attention_input(streams, pre, lookback)
         split.attn.compress(site.x, step, views.layers[self.decoder_layer])  # the global KV of every row
         hidden = torch.zeros(input_ids.shape[0], site.x.shape[1], dtype=site.x.dtype, device=site.x.device)
         if not cut.states:  # no row of this step is kept (an early chunk of a long prompt)
+            for i in range(self.decoder_layer, len(self.layers)):
+                self._take(i, streams[:0], cut.rows)
+                layer = self.layers[i]  # expert parallelism: the other ranks still exchange these layers' tokens
+                if i > self.decoder_layer and layer.engram is not None:  # (the split layer's Engram ran above)
+                    layer.engram.idle()
+                layer.ffn.idle()
             return hidden
         rows, kept = cut.rows, RaggedStep(cut.positions, cut.layout, cut.states, Published(), precompressed=True)
 
@@ -187,8 +237,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
 
         input_ids, lookback = input_ids[rows], (lookback[rows] if lookback is not None else None)
         streams, pre = split.finish(site.rows(rows), input_ids, attend_kept, self.decoder_layer)
+        self._take(self.decoder_layer, streams, rows)
         for i, layer in enumerate(self.layers[self.decoder_layer + 1 :], self.decoder_layer + 1):
             streams, pre = layer(streams, pre, input_ids, lookback, attend_kept, i)
+            self._take(i, streams, rows)
         return hidden.index_copy_(0, rows, self._final(streams, pre))
 
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
@@ -213,7 +265,12 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         streams, pre = self._embed(input_ids)
         for i, layer in enumerate(self.layers):
             streams, pre = layer(streams, pre, input_ids, lookback, attend, i)
+            self._take(i, streams)
         return self._final(streams, pre)
+
+    def _take(self, layer: int, streams: torch.Tensor, kept: torch.Tensor | None = None) -> None:
+        if self._capture is not None:
+            self._capture.take(self.ops, layer, streams, kept)
 
     def _embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The embedding copied into every stream, and the first site's one-hot pre."""

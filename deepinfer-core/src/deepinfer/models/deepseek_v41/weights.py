@@ -8,6 +8,8 @@ The DSpark drafter's ``mtp.*`` tensors are kept apart for speculative decoding; 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
@@ -103,12 +105,17 @@ class _Reader(V4Reader):
 
 
 _FLOAT_DTYPES = ("F32", "BF16", "F16")
+#: DSpark tensors kept in fp32 whatever the compute dtype (besides the norms, mHC, sinks and biases).
+MTP_FP32 = ("confidence_head.proj.weight",)
 
 
-def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device
+def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device,
+                 keep: Callable[[str], bool] | None = None, rows: Callable[[str, int], slice | None] | None = None
                  ) -> tuple[dict[str, Stored], dict[str, Stored]]:
-    """(the text model's tensors, the DSpark drafter's ``mtp.*``), checked by name and shape from the headers
-    first; raises :class:`CheckpointError` listing each missing, unexpected or mis-shaped tensor."""
+    """(the text model's tensors that ``keep`` accepts (default: all; an expert-parallel rank loads its own
+    experts), the DSpark drafter's ``mtp.*``), checked by name and shape from the headers first; raises
+    :class:`CheckpointError` listing each missing, unexpected or mis-shaped tensor.  ``rows(name, n)``: the rows
+    of Engram table ``name`` (of ``n``) to load (a rank's shard), or None for all."""
     reader = _Reader(ckpt, cfg, dtype, device)  # type: ignore[arg-type]
     expected = expected_shapes(cfg)
     scales = {n.removesuffix(".weight") + ".scale" for n in reader.on_disk if n.endswith(".weight")}
@@ -124,5 +131,12 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
     if problems:
         head = f"checkpoint {ckpt.directory} does not match its config ({len(problems)} problems):\n  "
         raise CheckpointError(head + "\n  ".join(problems))
-    tensors = {name: reader.load(name, shape) for name, shape in expected.items()}
-    return tensors, {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    def shard(name: str, shape: tuple[int, ...]) -> slice | None:
+        return rows(name, shape[0]) if rows is not None and name.endswith("engram.embed.weight") else None
+
+    tensors = {name: reader.load(name, shape, shard(name, shape)) for name, shape in expected.items()
+               if keep is None or keep(name)}
+    drafter = {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
+    for name in [n for n in drafter if n.endswith(MTP_FP32)]:  # as vLLM builds it: an fp32 head
+        drafter[name] = ckpt.get(reader.on_disk[name]).to(device=device, dtype=torch.float32)
+    return tensors, drafter

@@ -1,0 +1,1 @@
+"""``deepinfer bench``: offline throughput / latency and a serving benchmark (``docs/serving.md``)."""

@@ -1,0 +1,219 @@
+"""``AsyncLLM``: the engine loop under the server.  One thread owns the engine; asyncio callers stream from it.
+
+``Engine`` is not thread-safe, so a single engine thread does everything to it: it takes the commands callers
+queue (add a request, abort one), steps the engine while anything is unfinished, and hands each request's
+outputs to its caller's ``asyncio.Queue`` (``loop.call_soon_threadsafe``).  Requests join between steps while
+others run: continuous batching across callers.  Each caller iterates ``generate(...)``, an async generator of
+``RequestOutput`` shaped by its ``SamplingParams.output_kind``; a caller that stops iterating (a client that
+disconnected) aborts its request, which frees its state at the next step.
+
+The thread holds ``Engine.lock`` while it has work, so an offline ``LLM.generate`` on the same engine from
+another thread waits until the async requests are done (and vice versa).  If a step raises, every request in
+flight fails with that error and the engine is emptied (``Engine.abort_all``); the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from deepinfer.engine.llm import LLM
+from deepinfer.engine.stats import EngineStats
+from deepinfer.engine.stream import OutputStream
+from deepinfer.outputs import RequestOutput
+from deepinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+@dataclass(slots=True, eq=False)
+class _Caller:
+    """Where one request's outputs go, and what the stats need to remember between its outputs."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+    stream: OutputStream
+    last_token_time: float | None = None
+
+
+class AsyncLLM:
+    """An ``LLM`` served to asyncio callers by an engine thread (see the module docstring)."""
+
+    def __init__(self, llm: LLM):
+        if getattr(llm, "parallel", None) is not None:
+            raise ValueError("AsyncLLM serves one rank's engine step by step; an LLM on several ranks "
+                             "(data/expert/context_parallel_size, docs/parallel.md) serves LLM.generate only")
+        self.llm = llm
+        self.engine = llm.engine
+        self.stats = EngineStats()
+        self._commands: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Condition()
+        self._callers: dict[str, _Caller] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="deepinfer-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.tokenizer
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the engine thread (requests still running are dropped)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    async def generate(self, prompt: Any, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as the engine produces them (per ``params.output_kind``); the last one has
+        ``finished == True`` (a rejected request: one output with ``error``).  Leaving early aborts it."""
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+        caller = _Caller(asyncio.get_running_loop(), asyncio.Queue(), OutputStream(params))
+        self._submit("add", (prompt, params, request_id, caller))
+        finished = False
+        try:
+            while not finished:
+                item = await caller.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Drop ``request_id`` (queued or running) and free its state; nothing if it already finished."""
+        self._submit("abort", request_id)
+
+    # --- the engine thread ----------------------------------------------------------------------
+    def _submit(self, kind: str, payload: Any) -> None:
+        with self._wake:
+            self._commands.append((kind, payload))
+            self._wake.notify()
+
+    def _take_commands(self, block: bool) -> list[tuple[str, Any]] | None:
+        """Queued commands (waiting for one if ``block``); ``None`` once shutting down."""
+        with self._wake:
+            while block and not self._commands and not self._stopping:
+                self._wake.wait()
+            if self._stopping:
+                return None
+            commands = list(self._commands)
+            self._commands.clear()
+            return commands
+
+    def _loop(self) -> None:
+        try:
+            while (commands := self._take_commands(block=True)) is not None:
+                with self.engine.lock:
+                    self._serve(commands)
+        finally:
+            self._fail_all(EngineDeadError("the engine loop stopped"))
+
+    def _serve(self, commands: list[tuple[str, Any]] | None) -> None:
+        """Apply ``commands`` and step until the engine is empty, taking new commands between steps."""
+        while commands is not None:
+            for kind, payload in commands:
+                if kind == "add":
+                    self._add(*payload)
+                else:
+                    self._abort(payload)
+            if not self.engine.has_unfinished():
+                for out in self.engine.drain():  # a step still in flight (its requests were aborted)
+                    self._deliver(out)
+                self._refresh_stats()
+                return
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - the step failed: fail its requests, keep serving
+                logger.exception("engine step failed; failing the %d requests in flight", len(self._callers))
+                self.engine.abort_all()
+                self._fail_all(RuntimeError(f"engine step failed ({type(exc).__name__}: {exc})"))
+            commands = self._take_commands(block=False)
+
+    def _add(self, prompt: Any, params: SamplingParams, request_id: str, caller: _Caller) -> None:
+        rejected: RequestOutput | None
+        if request_id in self._callers:
+            rejected = RequestOutput(request_id, None, [], None, finished=True,
+                                     error=f"request_id {request_id!r} is already running")
+        else:
+            rejected = self.engine.add_request(prompt, params, request_id)
+        if rejected is not None:
+            self.stats.requests["error"] += 1
+            caller.loop.call_soon_threadsafe(caller.queue.put_nowait, rejected)
+            return
+        self._callers[request_id] = caller
+
+    def _abort(self, request_id: str) -> None:
+        if self._callers.pop(request_id, None) is not None and self.engine.abort(request_id):
+            self.stats.requests["abort"] += 1
+
+    def _step(self) -> None:
+        engine = self.engine
+        finished = engine.step()
+        if not engine.has_unfinished():
+            finished += engine.drain()
+        for update in (*engine.take_updates(), *finished):
+            self._deliver(update)
+        self._refresh_stats()
+
+    def _refresh_stats(self) -> None:
+        engine, stats = self.engine, self.stats
+        stats.prompt_tokens = engine.num_prompt_tokens
+        stats.generation_tokens = engine.num_generated_tokens
+        stats.num_running = len(engine.scheduler.running)
+        stats.num_waiting = len(engine.scheduler.waiting)
+        stats.num_sequences = len(engine.seqs)
+        stats.num_preemptions = engine.num_preemptions
+        budget = engine.state_cache.budget
+        stats.state_cache_usage = budget.used / budget.capacity if budget.capacity else 0.0
+
+    def _deliver(self, out: RequestOutput) -> None:
+        caller = self._callers.get(out.request_id)
+        if caller is None:  # aborted while its last step was in flight
+            return
+        self._observe(caller, out)
+        shown = caller.stream.next(out)
+        if out.finished:
+            del self._callers[out.request_id]
+        if shown is not None:
+            caller.loop.call_soon_threadsafe(caller.queue.put_nowait, shown)
+
+    def _observe(self, caller: _Caller, out: RequestOutput) -> None:
+        m, stats = out.metrics, self.stats
+        if m is not None and m.last_token_time is not None and m.last_token_time != caller.last_token_time:
+            if caller.last_token_time is None and m.first_token_time is not None:
+                stats.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+            elif caller.last_token_time is not None:
+                stats.inter_token_latency.observe(m.last_token_time - caller.last_token_time)
+            caller.last_token_time = m.last_token_time
+        if out.finished:
+            reason = "error" if out.error is not None else (out.outputs[0].finish_reason or "stop")
+            stats.requests[reason] += 1
+            if m is not None and m.finished_time is not None:
+                stats.e2e_request_latency.observe(m.finished_time - m.arrival_time)
+                if m.time_in_queue is not None:
+                    stats.queue_time.observe(m.time_in_queue)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        callers, self._callers = self._callers, {}
+        for caller in callers.values():
+            try:
+                caller.loop.call_soon_threadsafe(caller.queue.put_nowait, exc)
+            except RuntimeError:  # its event loop is closed: nobody is waiting
+                pass

@@ -1,0 +1,1 @@
+"""Ways in: the ``deepinfer`` command line and the OpenAI-compatible HTTP server."""

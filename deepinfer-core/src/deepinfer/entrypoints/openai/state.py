@@ -1,0 +1,40 @@
+"""What every route handler needs: the async engine, the served model's name and the chat template."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deepinfer.engine.async_llm import AsyncLLM
+from deepinfer.entrypoints.openai.protocol import RequestFieldError
+from deepinfer.entrypoints.openai.serving import APIError, param_of
+from deepinfer.sampling_params import SamplingParams
+
+_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams)) + ("so_args",)
+#: SamplingParams field -> the request field that sets it, where they differ.
+_REQUEST_NAMES = {"seq_seed": "seed"}
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: AsyncLLM
+    model_name: str
+    #: ``--chat-template``; None: the tokenizer's (or the plain fallback).
+    chat_template: str | None = None
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(f"The model `{name}` does not exist; this server serves `{self.model_name}`", "model",
+                           status=404, kind="NotFoundError")
+
+    @staticmethod
+    def sampling_params(build: Callable[[], SamplingParams]) -> SamplingParams:
+        """``build()``, its errors as 400s naming the request field."""
+        try:
+            return build()
+        except RequestFieldError as exc:
+            raise APIError(str(exc), exc.param) from None
+        except ValueError as exc:
+            param = param_of(str(exc), _PARAM_NAMES)
+            raise APIError(str(exc), _REQUEST_NAMES.get(param, param) if param else None) from None

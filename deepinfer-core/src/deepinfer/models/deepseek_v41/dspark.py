@@ -1,0 +1,176 @@
+"""The DSpark drafter of DeepSeek-V4.1 (``mtp.*``): a block of draft tokens per request in one parallel pass.
+
+    main_x   = main_norm(main_proj(concat(target features at dspark_target_layer_ids)))   # per target position
+    context  = per draft layer, wkv/kv_norm/RoPE/FP8 of main_x at positions P-W .. P-1   # :mod:`.dspark_context`
+    block    = [anchor, noise x (k-1)] at positions P .. P+k-1                             # the anchor: position P
+    streams  = embed(block) in hc_mult streams; draft layers = V4.1 blocks (sliding-only, own MoE), whose
+               attention sees the sequence's context window and the whole block (non-causal inside the block)
+    hidden   = collapse(streams, last FFN site's pre);  base logits = head(norm(hidden))
+    drafts   = drawn left to right with the Markov bias of the previous token (:mod:`.dspark_heads`)
+
+Every block position is a prediction ("anchor as first prediction": position j drafts the token at P+j+1), so a
+block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
+target's.  The layers are :class:`~.model.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
+:meth:`~.attention.Attention.block` and :meth:`~.attention.Attention.latents`; the MoE, mHC and norms are the
+backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from deepinfer.models.deepseek_v41.attention import Attention
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
+from deepinfer.models.deepseek_v41.dspark_context import ContextRings
+from deepinfer.models.deepseek_v41.dspark_heads import ConfidenceHead, MarkovHead, draw
+from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, layer_prefix
+from deepinfer.models.deepseek_v41.model import DecoderLayer, DeepseekV41ForCausalLM, moe_spec
+from deepinfer.models.deepseek_v41.roles import SWA
+from deepinfer.ops import Ops
+from deepinfer.quant import QuantizedTensor
+from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts
+
+Stored = torch.Tensor | QuantizedTensor
+
+
+def draft_role(layer_id: int) -> LayerRole:
+    """A draft layer's role: sliding window only (its ``compress_ratios`` entry is 0)."""
+    return LayerRole(layer_id, 0, SWA, None, None, False, False, False)
+
+
+class DSparkDrafter:
+    """The drafter of one V4.1 model, with per-slot context for ``num_slots`` state slots (the engine's)."""
+
+    def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], embed: torch.Tensor, head: torch.Tensor,
+                 *, ops: Ops, dtype: torch.dtype, device: torch.device, num_slots: int):
+        n = cfg.num_nextn_predict_layers
+        if n == 0:
+            raise ValueError("num_nextn_predict_layers is 0: this checkpoint has no DSpark drafter")
+        check_mtp(cfg, {k: tuple(v.shape) for k, v in tensors.items()}, "checkpoint")
+        self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
+        get = tensor_getter(tensors, ops, dtype)
+        moe = moe_spec(cfg, cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok)
+        self.layers = [DecoderLayer(ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None,
+                                    prefix=layer_prefix(i), moe=moe) for i in range(n)]
+        first, last = layer_prefix(0), layer_prefix(n - 1)
+        self.main_proj, self.main_norm = get(first + "main_proj.weight"), get(first + "main_norm.weight")
+        self.norm = get(last + "norm.weight")
+        self.markov, self.confidence = MarkovHead(ops, get, last), ConfidenceHead(ops, get, last)
+        self.embed, self.head = embed, head
+        self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
+        self.first_pre[0, 0] = 1.0  # as the backbone: the first layer's input is the embedding itself
+        self.context = ContextRings(num_slots, n, cfg.sliding_window, cfg.head_dim, dtype, self.device)
+        self.max_draft_len = cfg.dspark_block_size
+        self.capture_layer_ids = cfg.dspark_target_layer_ids
+
+    @classmethod
+    def from_model(cls, model: DeepseekV41ForCausalLM, num_slots: int) -> DSparkDrafter:
+        """The drafter of a loaded model (its ``mtp.*`` tensors, its embedding and head)."""
+        if model.config.num_nextn_predict_layers == 0 or not model.mtp_weights:
+            raise ValueError("this DeepSeek-V4.1 checkpoint has no DSpark drafter (num_nextn_predict_layers = "
+                             f"{model.config.num_nextn_predict_layers}, {len(model.mtp_weights)} mtp.* tensors)")
+        return cls(model.config, model.mtp_weights, model.embed, model.head, ops=model.ops, dtype=model.dtype,
+                   device=model.device, num_slots=num_slots)
+
+    # --- context ---------------------------------------------------------------------------------------------
+    def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Append target features [N, F] of rows (``slots[i]``, ``positions[i]``) to the slots' contexts."""
+        if len(slots) != features.shape[0] or positions.shape[0] != features.shape[0]:
+            raise ValueError(f"extend: {len(slots)} slots and {positions.shape[0]} positions for "
+                             f"{features.shape[0]} feature rows: one slot and position per row")
+        width = len(self.capture_layer_ids) * self.config.hidden_size
+        if features.shape[1] != width:
+            raise ValueError(f"extend: features have {features.shape[1]} columns, expected {width} "
+                             f"(len(capture_layer_ids) * hidden_size)")
+        for slot in set(slots):
+            self.context.check_slot(slot)
+        if not slots:
+            return
+        ops, positions = self.ops, positions.to(self.device)
+        main_x = ops.rms_norm(ops.linear(features.to(self.dtype), self.main_proj), self.main_norm,
+                              self.config.rms_norm_eps)
+        latents = [layer.attn.latents(main_x, positions) for layer in self.layers]
+        rows = torch.tensor(slots, dtype=torch.int64).to(self.device)
+        self.context.write(rows, positions, latents)
+
+    def truncate(self, slot: int, length: int) -> None:
+        self.context.truncate(slot, length)
+
+    def free(self, slot: int) -> None:
+        self.context.free(slot)
+
+    def fork(self, src: int, dst: int) -> None:
+        """Give slot ``dst`` a copy of slot ``src``'s context (``n > 1`` forks)."""
+        self.context.fork(src, dst)
+
+    # --- drafting --------------------------------------------------------------------------------------------
+    def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
+        """k drafts per request, drawn left to right; the context is not changed."""
+        if not 1 <= k <= self.max_draft_len:
+            raise ValueError(f"k must be in [1, {self.max_draft_len}] (dspark_block_size), got {k}")
+        hidden, logits = self.block(requests, k)
+        prev = torch.tensor([r.anchor for r in requests], dtype=torch.int64).to(self.device)
+        temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
+        tokens, confidence, probs = [], [], []
+        for j in range(k):
+            code, bias = self.markov(prev)
+            confidence.append(self.confidence(hidden[:, j], code))
+            prev, q = draw(logits[:, j] + bias, temps, gens)
+            tokens.append(prev)
+            probs.append(q)
+        stacked = None if any(q is None for q in probs) else torch.stack(probs, dim=1)  # type: ignore[arg-type]
+        return Drafts(torch.stack(tokens, dim=1), stacked, torch.stack(confidence, dim=1))
+
+    def block(self, requests: list[DraftRequest], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The parallel pass: (hidden before the final norm [B, k, D], base logits [B, k, V] fp32)."""
+        ops, cfg, b = self.ops, self.config, len(requests)
+        for r in requests:
+            self.context.check_slot(r.slot)
+        host = torch.tensor([[r.slot, r.anchor, r.position] for r in requests], dtype=torch.int64).to(self.device)
+        slots, anchors, starts = host[:, 0], host[:, 1], host[:, 2]
+        ids = torch.full((b, k), cfg.dspark_noise_token_id, dtype=torch.int64, device=self.device)
+        ids[:, 0] = anchors
+        ids = ids.flatten()
+        offsets = torch.arange(k, device=self.device)
+        positions = (starts[:, None] + offsets).flatten()
+        contexts, valid = self.context.window_of(slots, starts)
+        cols = self._columns(valid, k)
+
+        def attend(attn: Attention, x: torch.Tensor, i: int) -> torch.Tensor:
+            return attn.block(x, positions, contexts[i], cols)
+
+        x = ops.embedding(ids, self.embed)
+        streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
+        pre = self.first_pre.expand(ids.shape[0], -1)
+        for i, layer in enumerate(self.layers):
+            streams, pre = layer(streams, pre, ids, None, attend, i)
+        hidden = ops.hc_collapse(streams, pre)
+        logits = ops.linear(ops.rms_norm(hidden, self.norm, cfg.rms_norm_eps), self.head).float()
+        return hidden.view(b, k, -1), logits.view(b, k, -1)
+
+    def _columns(self, valid: torch.Tensor, k: int) -> torch.Tensor:
+        """[B * k, W + k] columns into ``cat(context rows [B * W], block latents [B * k])``: each block row sees
+        its sequence's valid context rows and every row of its own block."""
+        b, w = valid.shape
+        seq = torch.arange(b, device=valid.device)[:, None]
+        context = torch.where(valid, seq * w + torch.arange(w, device=valid.device), -1)
+        own = b * w + seq * k + torch.arange(k, device=valid.device)
+        row = torch.cat([context, own], dim=1)  # [B, W + k]
+        return row[:, None, :].expand(b, k, w + k).reshape(b * k, w + k)
+
+
+def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> Callable[[str], torch.Tensor]:
+    """``name -> dense tensor`` (quantized tensors dequantized into ``dtype``)."""
+
+    def get(name: str) -> torch.Tensor:
+        t = tensors[name]
+        return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
+
+    return get
+
+
+def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:
+    """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.Drafter`."""
+    return drafter

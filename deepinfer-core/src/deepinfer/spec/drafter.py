@@ -1,0 +1,59 @@
+"""The contract between the engine and a speculative drafter (DSpark, issue 15).
+
+The engine owns the target model, the verifier and the budget; a drafter owns only its own per-slot context.
+Each step the runner asks the drafter for ``k`` tokens per decoding request (:meth:`Drafter.draft`, which must
+not change the context), verifies them with the target in one forward, and then appends the captured target
+features of the accepted positions to the drafter's context (:meth:`Drafter.extend`).  Rejected positions are
+never extended, so the drafter has nothing to roll back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(slots=True)
+class Drafts:
+    """One step's drafts for ``B`` requests."""
+
+    tokens: torch.Tensor  # [B, K] int64, drawn left to right
+    probs: torch.Tensor | None  # [B, K, V] float32: the distribution q each token was drawn from (None: greedy)
+    confidence: torch.Tensor  # [B, K] float32: each position's conditional acceptance probability
+
+
+@dataclass(slots=True)
+class DraftRequest:
+    """One row per request in the step."""
+
+    slot: int  # the request's state slot (same slot the target uses)
+    anchor: int  # the last accepted token (the block's first input)
+    position: int  # the anchor's position
+    temperature: float  # 0 = greedy
+    generator: torch.Generator | None  # the request's seeded generator if any
+
+
+class Drafter(Protocol):
+    """What the engine calls on a drafter."""
+
+    max_draft_len: int  # the drafter's block size - 1
+    capture_layer_ids: tuple[int, ...]  # target layers whose outputs the drafter reads
+
+    def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Append accepted positions' captured target features [N, F] (F = len(capture_layer_ids) * hidden)
+        to each slot's drafter context (prefill rows and accepted tokens, in order)."""
+        ...
+
+    def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
+        """Draft k tokens per request from its context; must not change the context."""
+        ...
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Forget context beyond `length` positions (preemption / fork)."""
+        ...
+
+    def free(self, slot: int) -> None:
+        """Forget the slot's context (the request finished or was preempted)."""
+        ...
