@@ -68,6 +68,28 @@ def measure_ceilings(device: str = "cuda", small: bool = False) -> tuple[float, 
     return 2 * src.numel() * 2 / copy_s, 2 * m**3 / matmul_s
 
 
+def measure_fp8_matmul(device: str = "cuda", small: bool = False) -> float | None:
+    """FP8 e4m3 matmul FLOP/s (cuBLAS through ``torch._scaled_mm``, per-tensor scales, bf16 out) on random data;
+    None where it cannot run (no CUDA, or a torch without it)."""
+    import torch
+
+    if device != "cuda":
+        return None
+    m = 512 if small else 8192
+    a = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    try:
+        from triton.testing import do_bench
+
+        seconds = do_bench(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                           return_mode="median") * 1e-3
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        print(f"FP8 matmul ceiling not measured: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return None
+    return 2 * m**3 / seconds
+
+
 class SwitchableOps:
     """An op table the benchmark can swap under a built model (every layer keeps a reference to its ops)."""
 

@@ -23,7 +23,15 @@ touched-per-token parameters x tokens (attention and indexer scores left out).  
 bound by the bytes, the 1024-token prefill too (222 GB against 6.6 TFLOP): its MFU is printed, the fraction of the
 roofline is the number to compare.  Prints a markdown table and JSON.
 
-    python tools/bench_v41_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager]
+``--released`` also runs the slice in V4.1-Flash's released formats, kept as stored (``DEEPINFER_QUANTIZED_WEIGHTS
+=native``, ``DEEPINFER_QUANTIZED_KV=1``): dense projections FP8 e4m3 with ue8m0 128x128 block scales, routed
+experts MXFP4 (e2m1 + e8m0 per 32), the shared expert FP8 (its own, per layer), the Engram table FP8 (ue8m0 per 32
+columns), the state packed (SWA 528 B, latent 288 B, indexer key 68 B a row); the bf16 slice runs first in the same
+process.  Its roofline counts the bytes actually stored, and its FLOPs at the FP8 matmul rate (measured now,
+cuBLAS ``_scaled_mm``) for the FP8 GEMMs, at the bf16 rate for the rest (MXFP4 experts are dequantized to bf16
+in the tile); prefill prints its rate against the FP8 ceiling.  Weight and state memory of both are printed.
+
+    python tools/bench_v41_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager] [--released]
     python tools/bench_v41_slice.py --tiny      # a small config on the CPU (reference ops): tests the script
 """
 
@@ -35,7 +43,7 @@ import json
 import sys
 from typing import Any
 
-from bench_common import SwitchableOps, deepinfer_cases, measure_ceilings
+from bench_common import SwitchableOps, deepinfer_cases, measure_ceilings, measure_fp8_matmul
 
 #: V4.1-Flash's per-layer dims; ``n_routed_experts`` is what the layers route over (see ``EXPERTS``).
 SLICE: dict[str, Any] = dict(
@@ -70,6 +78,11 @@ class Shape:
 
 
 FULL = Shape(SLICE, 384, 1024, 2048, 64, "cuda")
+#: The released format's FP8 projections (V4.1-Flash: 128x128 blocks, ue8m0 scales); "experts." holds the shared
+#: expert's too, which the slice gives each layer apart.
+FP8_DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.")
+FP8_BLOCK = (128, 128)
+MXFP4_SCALE = 127 - 8  # e8m0 exponent of the random MXFP4 experts' scales (|w| <= 6 * 2^-8)
 SMALL = Shape(TINY, 16, 64, 80, 64, "cpu")
 
 
@@ -89,9 +102,45 @@ def _config(shape: Shape):
     return DeepseekV41Config.from_dict(raw)
 
 
-def build_model(shape: Shape, ops: Any):
+def _is_fp8(name: str) -> bool:
+    return name.endswith(".weight") and any(p in name for p in FP8_DENSE)
+
+
+def _released(tensors: dict[str, Any]) -> None:
+    """The FP8 projections and the Engram table quantized as released, in place."""
+    from deepinfer.quant import quantize_fp8_block
+
+    for name, t in tensors.items():
+        if _is_fp8(name):
+            tensors[name] = quantize_fp8_block(t.float(), FP8_BLOCK, "ue8m0")
+        elif name.endswith("engram.embed.weight"):
+            tensors[name] = quantize_fp8_block(t.float(), (1, 32), "ue8m0")
+
+
+def _mxfp4_experts(moe: Any, e: int, hidden: int, inter: int, gen: Any, rand: Any) -> None:
+    """Point ``moe`` at ``e`` random MXFP4 routed experts (packed bytes, one scale exponent) and a shared FP8
+    expert of its own."""
+    import torch
+
+    from deepinfer.quant import quantize_fp8_block
+
+    device = moe.gate.device
+
+    def packed(n: int, k: int) -> tuple[Any, Any]:
+        data = torch.randint(0, 256, (e, n, k // 2), generator=gen, device=device, dtype=torch.uint8)
+        return data, torch.full((e, n, k // 32), MXFP4_SCALE, device=device, dtype=torch.uint8)
+
+    (moe.w13, s13), (moe.w2, s2) = packed(2 * inter, hidden), packed(hidden, inter)
+    moe.scales, moe.shared_id = (s13, s2), None
+    # w1 | w3 quantized as one tensor: as the model stacks them when I is a multiple of the block (2304 is)
+    moe.shared = (quantize_fp8_block(rand(2 * inter, hidden).float(), FP8_BLOCK),
+                  quantize_fp8_block(rand(hidden, inter).float(), FP8_BLOCK))
+
+
+def build_model(shape: Shape, ops: Any, released: bool = False):
     """The slice's model with random weights (N(0, 1/fan_in) matrices, norms 1, fp32 where the loader keeps
-    fp32), its MoE layers then pointed at one shared stack of ``shape.experts`` routed experts + the shared one."""
+    fp32), its MoE layers then pointed at one shared stack of ``shape.experts`` routed experts + the shared one;
+    ``released``: in the released formats, kept as stored (MXFP4 experts, and a shared FP8 expert per layer)."""
     import torch
 
     from deepinfer.models.deepseek_v4.weights import keeps_fp32
@@ -114,116 +163,150 @@ def build_model(shape: Shape, ops: Any):
             tensors[name] = torch.randn(*dims, generator=gen, device=device, dtype=dtype)
         else:
             tensors[name] = rand(*dims, dtype=dtype)
+    if released:
+        _released(tensors)
     token_map = torch.randint(0, cfg.engram_compressed_vocab_size, (cfg.vocab_size,), generator=gen, device=device)
-    model = DeepseekV41ForCausalLM(cfg, tensors, {}, token_map, ops=ops, dtype=torch.bfloat16, device=device)
+    model = DeepseekV41ForCausalLM(cfg, tensors, {}, token_map, ops=ops, dtype=torch.bfloat16, device=device,
+                                   native_weights=released, quantized_kv=released)
     del tensors
     e, hidden, inter = shape.experts, cfg.hidden_size, cfg.moe_intermediate_size
-    w13, w2 = rand(e + 1, 2 * inter, hidden), rand(e + 1, hidden, inter)
+    w13, w2 = (None, None) if released else (rand(e + 1, 2 * inter, hidden), rand(e + 1, hidden, inter))
     for layer in model.layers:
         moe = layer.ffn
-        moe.w13, moe.w2, moe.shared_id = w13, w2, e
-        moe.shared_slot = (torch.full((1, 1), e, dtype=torch.int64, device=device),
-                           torch.ones((1, 1), dtype=torch.float32, device=device))
         moe.gate, moe.bias = rand(e, hidden), 0.1 * torch.randn(e, generator=gen, device=device)
+        if released:
+            _mxfp4_experts(moe, e, hidden, inter, gen, rand)
+        else:
+            moe.w13, moe.w2, moe.shared_id = w13, w2, e
+            moe.shared_slot = (torch.full((1, 1), e, dtype=torch.int64, device=device),
+                               torch.ones((1, 1), dtype=torch.float32, device=device))
         moe.spec = dataclasses.replace(moe.spec, n_routed_experts=e)
     return model
 
 
 @dataclasses.dataclass(slots=True)
 class Bytes:
-    """What a step reads, in bytes: ``dense`` once a step, ``expert`` per distinct routed expert a layer hits (and
-    its shared expert), ``per_token`` per token (its embedding and Engram rows), ``head`` once (the logits);
-    ``dense_params`` / ``expert_params``: the parameters a token multiplies (for the FLOPs)."""
+    """What a step reads, in bytes: ``dense`` once a step, ``expert`` per distinct routed expert a layer hits,
+    ``shared`` the layer's shared expert, ``per_token`` per token (its embedding and Engram rows), ``head`` once
+    (the logits); ``dense_params`` / ``expert_params``: the parameters a token multiplies (for the FLOPs), of which
+    ``fp8_params`` (and the shared experts' if ``shared_fp8``) run as FP8 GEMMs; ``resident``: the bytes the
+    slice's weights hold with every layer's own experts (what the model would)."""
 
     dense: int
     expert: int
+    shared: int
     per_token: int
     head: int
     dense_params: int
+    fp8_params: int
     expert_params: int
+    shared_fp8: bool
     layers: int
     experts: int
     top_k: int
+    resident: int
 
-    def touched(self, tokens: int) -> tuple[float, float]:
-        """(bytes read, FLOPs) of a step over ``tokens`` tokens."""
-        hit = self.experts * (1 - (1 - self.top_k / self.experts) ** tokens) + 1  # + the shared expert
-        read = self.dense + hit * self.expert * self.layers + tokens * self.per_token + self.head
+    def touched(self, tokens: int) -> tuple[float, float, float]:
+        """(bytes read, FLOPs, of which FP8 GEMM FLOPs) of a step over ``tokens`` tokens."""
+        hit = self.experts * (1 - (1 - self.top_k / self.experts) ** tokens)
+        read = self.dense + (hit * self.expert + self.shared) * self.layers + tokens * self.per_token + self.head
         per_token = self.dense_params + (self.top_k + 1) * self.expert_params * self.layers
-        return read, 2.0 * per_token * tokens
+        fp8 = self.fp8_params + (self.expert_params * self.layers if self.shared_fp8 else 0)
+        return read, 2.0 * per_token * tokens, 2.0 * fp8 * tokens
 
 
-def count_bytes(cfg: Any, shape: Shape) -> Bytes:
+def _fp8_bytes(rows: int, cols: int) -> int:
+    """An FP8 weight with one ue8m0 byte per 128x128 block."""
+    return rows * cols + -(-rows // FP8_BLOCK[0]) * -(-cols // FP8_BLOCK[1])
+
+
+def count_bytes(cfg: Any, shape: Shape, released: bool = False) -> Bytes:
     """:class:`Bytes` of the slice from its tensors' names and shapes (``expected_shapes``), with the routers
-    and experts at ``shape.experts`` (the model is built with fewer, then shares one stack: see :func:`build_model`)."""
+    and experts at ``shape.experts`` (the model is built with fewer, then shares one stack: see :func:`build_model`);
+    ``released``: as stored in the released formats."""
     import math
 
     from deepinfer.models.deepseek_v4.weights import keeps_fp32
     from deepinfer.models.deepseek_v41.weights import expected_shapes
 
-    dense = dense_params = 0
+    dense = dense_params = fp8_params = 0
     for name, dims in expected_shapes(cfg).items():
         n = math.prod(dims)
         if "experts." in name or name in ("embed.weight", "head.weight") or name.endswith("engram.embed.weight"):
             continue  # per expert hit, per token or per sequence: below
         if ".ffn.gate." in name:
             n = n // cfg.n_routed_experts * shape.experts
-        dense += n * (4 if keeps_fp32(name) or "hc_" in name else 2)
+        if released and _is_fp8(name):
+            dense, fp8_params = dense + _fp8_bytes(*dims), fp8_params + n
+        else:
+            dense += n * (4 if keeps_fp32(name) or "hc_" in name else 2)
         dense_params += n
-    expert_params = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    engram = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim * len(cfg.engram_layer_ids)
-    return Bytes(dense, 2 * expert_params, 2 * (cfg.hidden_size + engram), 2 * cfg.vocab_size * cfg.hidden_size,
-                 dense_params, expert_params, cfg.num_hidden_layers, shape.experts, cfg.num_experts_per_tok)
+    hidden, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    expert_params = 3 * hidden * inter
+    if released:  # MXFP4: half a byte a value and a byte per 32; the shared expert FP8
+        expert, shared = expert_params // 2 + expert_params // 32, 2 * _fp8_bytes(inter, hidden) + _fp8_bytes(
+            hidden, inter)
+    else:
+        expert = shared = 2 * expert_params
+    engram_row = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim
+    value_bytes = 1 + 1 / 32 if released else 2  # an Engram value: FP8 + ue8m0 per 32, or bf16
+    engram = int(engram_row * len(cfg.engram_layer_ids) * value_bytes)
+    table = int(sum(cfg.engram_num_embeddings) * cfg.engram_head_dim * value_bytes)
+    embeddings = (1 if cfg.tie_word_embeddings else 2) * 2 * cfg.vocab_size * hidden
+    layers = cfg.num_hidden_layers
+    return Bytes(dense, expert, shared, 2 * hidden + engram, 2 * cfg.vocab_size * hidden, dense_params, fp8_params,
+                 expert_params, released, layers, shape.experts, cfg.num_experts_per_tok,
+                 dense + layers * (shape.experts * expert + shared) + embeddings + table)
 
 
-def report(rows: list[dict[str, Any]], counts: Bytes, bw: float, peak: float, device: str) -> str:
+@dataclasses.dataclass(slots=True, frozen=True)
+class Ceilings:
+    """Measured in this run: copy bandwidth (read + write bytes/s), bf16 and FP8 matmul FLOP/s (None: not
+    measured, FP8 GEMMs then count at the bf16 rate)."""
+
+    copy: float
+    bf16: float
+    fp8: float | None = None
+
+
+def report(rows: list[dict[str, Any]], counts: Bytes, ceilings: Ceilings, device: str, title: str = "bf16") -> str:
     """A markdown table: each case's time, its roofline and the fraction of it reached (prefill: MFU too)."""
-    lines = [f"device: {device}; ceilings measured now: copy {bw / 1e12:.3f} TB/s, bf16 matmul {peak / 1e12:.1f} "
-             f"TFLOP/s; dense {counts.dense / 1e9:.2f} GB, one expert {counts.expert / 1e6:.1f} MB",
+    bw, peak = ceilings.copy, ceilings.bf16
+    fp8_peak = ceilings.fp8 or peak
+    fp8_note = f", FP8 matmul {ceilings.fp8 / 1e12:.1f} TFLOP/s" if ceilings.fp8 else ""
+    lines = [f"{title} slice on {device}; ceilings measured now: copy {bw / 1e12:.3f} TB/s, bf16 matmul "
+             f"{peak / 1e12:.1f} TFLOP/s{fp8_note}; dense {counts.dense / 1e9:.2f} GB, one expert "
+             f"{counts.expert / 1e6:.1f} MB; weights {counts.resident / 1e9:.1f} GB (every layer its experts)",
              "", "| case | ms (graph step) | ms (replay) | roofline ms | bound | HBM GB | fraction of roofline |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        read, flops = counts.touched(r["tokens"])
-        t_mem, t_math = read / bw, flops / peak
+        read, flops, fp8 = counts.touched(r["tokens"])
+        t_mem, t_math = read / bw, (flops - fp8) / peak + fp8 / fp8_peak
         floor = max(t_mem, t_math)
         best = min(r["s"], r.get("replay_s", r["s"]))
         r.update(floor_s=floor, bound="memory" if t_mem >= t_math else "math", bytes=read, flops=flops,
-                 fraction=floor / best)
+                 fp8_flops=fp8, fraction=floor / best)
         replay = f"{r['replay_s'] * 1e3:.2f}" if "replay_s" in r else "-"
         frac = f"{floor / best:.0%}"
         if r["case"].startswith("prefill"):
-            frac += f" (MFU {r['flops'] / best / peak:.0%})"
+            frac += f" (MFU {r['flops'] / best / peak:.0%} of bf16"
+            frac += f", {r['flops'] / best / ceilings.fp8:.0%} of FP8)" if ceilings.fp8 else ")"
         lines.append(f"| {r['case']} | {r['s'] * 1e3:.2f} | {replay} | {floor * 1e3:.3f} | {r['bound']} | "
                      f"{read / 1e9:.2f} | {frac} |")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
+def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released: bool, ceilings: Ceilings,
+              device: str) -> dict[str, Any]:
+    """Build the slice (bf16, or ``released``), time its cases, print its report; the results as plain data."""
+    from deepinfer.kv.sizing import describe_density, tokens_per_gib
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--cases", default="prefill,decode1,decode16,decode64")
-    parser.add_argument("--eager", action="store_true", help="also time eager decode steps (no graphs)")
-    parser.add_argument("--tiny", action="store_true", help="a toy config on the CPU with core's reference ops")
-    args = parser.parse_args(argv)
-    shape = SMALL if args.tiny else FULL
-    cases = [c for c in args.cases.split(",") if c]
-    if args.tiny:
-        from deepinfer.ops import OpTable
-
-        table: Any = OpTable()
-    else:
-        from deepinfer.ops import OpTable
-        from deepinfer_cuda.ops import OVERRIDES
-
-        table = OpTable(OVERRIDES, "nvidia")
-    bw, peak = measure_ceilings(shape.device, small=args.tiny)
-    model = build_model(shape, SwitchableOps(table))
-    counts = count_bytes(model.config, shape)
+    model = build_model(shape, SwitchableOps(table), released)
+    counts = count_bytes(model.config, shape, released)
     model.configure_state(shape.max_seqs, model.state_pool_bytes(shape.max_seqs, max(shape.prefill,
                                                                                       shape.context + 64)))
-    variants = {"graphs": True, "eager": False} if args.eager else {"graphs": True}
+    state_bytes, density = model.pool.nbytes(), tokens_per_gib(model.state_spec, 2)
+    variants = {"graphs": True, "eager": False} if eager else {"graphs": True}
     times = {v: deepinfer_cases(model, cases, graphs, prefill=shape.prefill, context=shape.context,
                                 max_seqs=shape.max_seqs, device=shape.device) for v, graphs in variants.items()}
     rows = []
@@ -237,14 +320,59 @@ def main(argv: list[str] | None = None) -> int:
         if "eager" in times:
             row["eager_s"] = times["eager"][key]
         rows.append(row)
+    title = "released-format (FP8 / MXFP4 / packed KV)" if released else "bf16"
+    print(report(rows, counts, ceilings, device, title))
+    print(f"state pool: {state_bytes / 1e9:.2f} GB for {shape.max_seqs} sequences; "
+          f"{describe_density(model.state_spec, 2)}\n")
+    return {"format": "released" if released else "bf16", "rows": rows, "weights_bytes": counts.resident,
+            "state_bytes": state_bytes, "tokens_per_gib": density}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--cases", default="prefill,decode1,decode16,decode64")
+    parser.add_argument("--eager", action="store_true", help="also time eager decode steps (no graphs)")
+    parser.add_argument("--released", action="store_true",
+                        help="also run the slice in the released formats, kept as stored (after the bf16 one)")
+    parser.add_argument("--tiny", action="store_true", help="a toy config on the CPU with core's reference ops")
+    args = parser.parse_args(argv)
+    shape = SMALL if args.tiny else FULL
+    cases = [c for c in args.cases.split(",") if c]
+    from deepinfer.ops import OpTable
+
+    if args.tiny:
+        table: Any = OpTable()
+    else:
+        from deepinfer_cuda.ops import OVERRIDES
+
+        table = OpTable(OVERRIDES, "nvidia")
+    bw, peak = measure_ceilings(shape.device, small=args.tiny)
+    ceilings = Ceilings(bw, peak, measure_fp8_matmul(shape.device, small=args.tiny) if args.released else None)
     device = torch.cuda.get_device_name() if shape.device == "cuda" else "cpu"
-    print(report(rows, counts, bw, peak, device))
+    slices = []
+    for released in (False, True) if args.released else (False,):
+        slices.append(run_slice(shape, table, cases, args.eager, released, ceilings, device))
+        if shape.device == "cuda":
+            torch.cuda.empty_cache()
+    if args.released:
+        bf16, rel = slices
+        def best(r: dict[str, Any]) -> float:
+            return min(r["s"], r.get("replay_s", r["s"]))
+
+        speedups = ", ".join(f"{a['case']} {best(a) / best(b):.2f}x" for a, b in zip(bf16["rows"], rel["rows"],
+                                                                                     strict=True))
+        print(f"released vs bf16: weights {bf16['weights_bytes'] / 1e9:.1f} -> {rel['weights_bytes'] / 1e9:.1f} GB, "
+              f"state {bf16['tokens_per_gib']:,.0f} -> {rel['tokens_per_gib']:,.0f} tokens/GiB; faster: {speedups}")
     if shape.device == "cuda":
         from deepinfer_cuda.kernel_set.dispatch import _KERNELS
 
         jit = {k.name: k.launch_counts["jit"] for k in _KERNELS if k.launch_counts["jit"]}
         print(f"\nkernel launches through Triton JIT (no cubin in the kernel set): {jit or 'none'}")
-    result = {"device": device, "copy_Bps": bw, "bf16_flops": peak, "torch": torch.__version__, "rows": rows}
+    result = {"device": device, "copy_Bps": bw, "bf16_flops": peak, "fp8_flops": ceilings.fp8,
+              "torch": torch.__version__, "rows": slices[0]["rows"], "slices": slices}
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -10,8 +10,9 @@
 #   prefill: PREFILL_INPUT_LEN-token prompts, 1 output token   -> input tokens/s per device vs TTFT
 #   decode:  DECODE_INPUT_LEN-token prompts, DECODE_OUTPUT_LEN -> output tokens/s per device vs tokens/s per user
 # Rows go to $OUT/sweep.jsonl (throughputs, per-user tokens/s, TTFT / TPOT / ITL / e2e percentiles, settings);
-# examples/sweep/plot_pareto.py draws $OUT/pareto.png. DSPARK=on sets DEEPINFER_ENABLE_MTP_VARLEN=1 for the
-# server (speculative decoding is not built yet: the hook is here so the sweep needs no change when it is).
+# examples/sweep/plot_pareto.py draws $OUT/pareto.png. DSPARK=on starts the server with DSpark drafting
+# (DEEPINFER_USE_NEXTN_DECODE=$DSPARK_K, default 4, at most the drafter's block size) and confidence-scheduled
+# verification (DEEPINFER_ENABLE_MTP_VARLEN=1); DSPARK=off with DEEPINFER_USE_NEXTN_DECODE=0.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 PYTHON="${PYTHON:-python}"
@@ -39,9 +40,9 @@ stop_server() {
 trap stop_server EXIT
 
 start_server() {  # $1 = max_num_seqs, $2 = dspark on|off
-  local mtp=0; [ "$2" = on ] && mtp=1
+  local mtp=0 k=0; [ "$2" = on ] && mtp=1 && k="${DSPARK_K:-4}"
   # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
-  DEEPINFER_ENABLE_MTP_VARLEN=$mtp "$PYTHON" -m deepinfer serve $MODEL $SERVE_ARGS --max-num-seqs "$1" \
+  DEEPINFER_ENABLE_MTP_VARLEN=$mtp DEEPINFER_USE_NEXTN_DECODE=$k "$PYTHON" -m deepinfer serve $MODEL $SERVE_ARGS --max-num-seqs "$1" \
     --port "$PORT" > "$OUT/server_$1_$2.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 600); do

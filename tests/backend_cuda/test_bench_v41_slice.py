@@ -46,3 +46,39 @@ def test_tiny_slice_runs_on_the_cpu(tmp_path):
     assert [r["case"] for r in rows] == ["prefill 1x64", "decode b1 ctx 80", "decode b16 ctx 80"]
     assert all(r["s"] > 0 and 0 < r["fraction"] and r["bytes"] > 0 for r in rows)
     assert all("replay_s" in r for r in rows[1:])  # decode steps went through the decode graphs
+
+
+def test_released_bytes_count_the_stored_formats():
+    """Released: dense projections FP8 (1 byte + a ue8m0 byte per 128x128 block), routed experts MXFP4 (17/32
+    byte a value), the shared expert FP8, Engram rows FP8 + ue8m0 per 32; FP8 GEMM FLOPs counted apart."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import bench_v41_slice as bench
+    finally:
+        sys.path.remove(str(TOOLS))
+    cfg = bench._config(bench.FULL)
+    bf16, rel = bench.count_bytes(cfg, bench.FULL), bench.count_bytes(cfg, bench.FULL, released=True)
+    assert rel.expert * 64 == bf16.expert * 17  # 2 bytes -> 1/2 + 1/32
+    assert bf16.shared / rel.shared == pytest.approx(2, rel=1e-3)
+    assert 1.6 < bf16.dense / rel.dense < 2  # FP8 projections; compressor, indexer, norms, routers stay
+    one_bf16, one_rel = bf16.touched(1)[0], rel.touched(1)[0]
+    assert 1.8 < one_bf16 / one_rel < 4  # fewer bytes a decode step (the bf16 head and compressors stay)
+    _, flops, fp8 = rel.touched(1024)
+    assert 0 < fp8 < flops and bf16.touched(1024)[2] == 0
+    assert bf16.resident / rel.resident > 3  # 384 experts a layer dominate the weights
+
+
+@pytest.mark.slow
+def test_tiny_released_slice_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "slice.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(TOOLS / "bench_v41_slice.py"), "--tiny", "--released", "--cases",
+                           "prefill,decode1", "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "released vs bf16" in proc.stdout
+    slices = json.loads(out.read_text())["slices"]
+    assert [s["format"] for s in slices] == ["bf16", "released"]
+    bf16, rel = slices
+    assert rel["weights_bytes"] < bf16["weights_bytes"] and rel["tokens_per_gib"] > 3 * bf16["tokens_per_gib"]
+    assert all(r["s"] > 0 and r["bytes"] > 0 for r in rel["rows"])

@@ -94,7 +94,7 @@ def test_engine_runs_on_the_gpu_with_the_cuda_op_table(case, nvidia):
     llm = LLM(str(directory), dtype="bfloat16")
     model = llm.engine.model
     assert model.device.type == "cuda" and model.dtype == torch.bfloat16
-    assert model.embed.is_cuda and model.layers[0].attn.w_in.is_cuda
+    assert model.embed.is_cuda and model.layers[0].attn.w_in.weights[0].is_cuda
     from deepinfer_cuda.ops import OVERRIDES
 
     for name, fn in OVERRIDES.items():

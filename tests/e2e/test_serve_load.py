@@ -105,4 +105,9 @@ def test_metrics_is_prometheus_text_with_histograms(server_url):
         assert counts[-1] == _value(m, f"deepinfer:{name}_count") > 0
     for name in ("num_requests_waiting", "num_preemptions_total", "prompt_tokens_total"):
         assert _value(m, f"deepinfer:{name}") >= 0
+    # DSpark (the embedded model drafts on the CPU): accepted <= verified, and the positions add up
+    drafted = _value(m, "deepinfer:spec_decode_num_draft_tokens_total")
+    accepted = _value(m, "deepinfer:spec_decode_num_accepted_tokens_total")
+    per_pos = [v for k, v in m.items() if k.startswith("deepinfer:spec_decode_num_accepted_tokens_per_pos_total")]
+    assert 0 <= accepted <= drafted and drafted > 0 and sum(per_pos) == accepted
     assert httpx.get(f"{server_url}/health").status_code == 200

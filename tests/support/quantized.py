@@ -32,6 +32,26 @@ def v4_layout(expert_dtype: str, block: tuple[int, int]) -> Layout:
     return layout
 
 
+V41_DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
+         ".shared_experts.")
+V41_RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
+            "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+
+
+def v41_released_layout(name: str, w: torch.Tensor):
+    """As released, except that odd layers' dense weights use 128x128 blocks (the per-tensor detection must find
+    both); expert weights whose K is not a multiple of 32 (tiny dims) are FP8."""
+    if not name.endswith(".weight"):
+        return None
+    if name.endswith("engram.embed.weight"):
+        return "fp8", (1, 32)
+    if ".ffn.experts." in name:
+        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
+    if any(p in name for p in V41_DENSE):
+        return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
+    return None
+
+
 def quantize_checkpoint(source: str | Path, target: str | Path, layout: Layout, scale_format: str = "ue8m0",
                         quantization_config: dict | None = None) -> tuple[Path, Path]:
     """Quantize a saved checkpoint by ``layout``; writes ``target/quantized`` (with ``quantization_config`` in
@@ -81,3 +101,34 @@ def _dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     low, high = table[(packed & 0xF).long()], table[(packed >> 4).long()]
     values = torch.stack([low, high], dim=-1).flatten(-2)
     return values * scale.float().repeat_interleave(32, dim=-1)
+
+
+def fp8_prefill_emulation(ops):
+    """``ops`` (an OpTable) with ``fp8_block_linear`` / ``fp8_block_grouped_linear`` replaced by a torch emulation of
+    the CUDA kernels' prefill regime (bf16, >= 64 rows, K a multiple of block_k): x rounded to FP8 e4m3 per token
+    and ``block_k`` channels (scale ``max(amax, 1e-4) / 448``) before the product; other calls as the reference.
+    What the GPU's FP8 GEMMs should deviate by, measured on the CPU."""
+    import torch.nn.functional as F
+
+    from deepinfer.ops.quant import dequant_fp8_block
+
+    def rounded(x: torch.Tensor, bk: int) -> torch.Tensor:
+        m = x.reshape(x.shape[0], -1)
+        if m.shape[0] < 64 or x.shape[-1] % bk or x.dtype != torch.bfloat16:
+            return x.float()
+        g = m.float().view(m.shape[0], -1, bk)
+        s = g.abs().amax(-1, keepdim=True).clamp_min(1e-4) / 448
+        return ((g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).view(x.shape)
+
+    def linear(x, weight, scale, block_n, block_k):
+        w = dequant_fp8_block(weight, scale, block_n, block_k, torch.float32)
+        flat = x.reshape(-1, x.shape[-1])
+        return F.linear(rounded(flat, block_k), w).to(x.dtype).view(*x.shape[:-1], -1)
+
+    def grouped(x, weight, scale, block_n, block_k):
+        w = dequant_fp8_block(weight, scale, block_n, block_k, torch.float32)
+        out = torch.einsum("tgk,gnk->tgn", rounded(x, block_k), w.view(x.shape[1], -1, x.shape[-1]))
+        return out.to(x.dtype)
+
+    ops.fp8_block_linear, ops.fp8_block_grouped_linear = linear, grouped
+    return ops

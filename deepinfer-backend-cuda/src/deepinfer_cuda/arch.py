@@ -395,3 +395,49 @@ def engram_hash_config(arch: CudaArch) -> LaunchConfig:
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no engram_hash configuration for {arch.name}")
     return LaunchConfig(num_warps=4, block_rows=64)
+
+
+@dataclass(slots=True, frozen=True)
+class Fp8LinearTiles:
+    """Tiles of the FP8 block-scaled GEMM (``kernels/fp8_block_linear.py``); ``act_fp8``: the activation is
+    quantized to FP8 per ``block_k`` channels and the product runs on FP8 tensor cores (else the weight is
+    dequantized in the tile and multiplied in the activation's dtype)."""
+
+    config: LaunchConfig
+    block_m: int
+    block_n: int
+    block_k: int
+    act_fp8: bool
+
+
+#: Rows from which a bf16 FP8 GEMM quantizes its activation (DeepGEMM's scheme): below, a step reads weights and
+#: dequantizing them in the tile costs nothing; above, FP8 tensor cores double the bf16 rate.
+FP8_ACT_MIN_ROWS = 64
+
+
+def fp8_linear_config(arch: CudaArch, rows: int, cols: int, block_k: int, element_bytes: int) -> Fp8LinearTiles:
+    """``cols``: the output columns of all groups.
+    - decode (rows < 64, or fp32): 16-row tiles over 128-deep reduction tiles, 4 stages, 4 warps, each program
+      streaming its columns' weights once; 64 columns a program where that still makes two programs per SM
+      (132 SMs), else 32, else 16 (V4.1-Flash's wq_a | wkv, 1792 columns: 112 programs; split-K would fill the GPU);
+    - prefill (bf16, rows >= 64): 128 x 128 tiles (64 rows below 128), one weight scale block deep per step
+      (``block_k``: 128, or 32 for V4.1's 32x32 tensors), FP8 ``tl.dot`` (wgmma m64n128k32), the partial product
+      of each step scaled by the activation's and the weight's scales in fp32 (DeepGEMM's promotion every scale
+      block), 8 warps = two warpgroups stacked in M, 3 stages.
+    Untuned: the H200 sweep has not run (docs/performance.md)."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no FP8 GEMM configuration for {arch.name}")
+    if rows < FP8_ACT_MIN_ROWS or element_bytes != 2:
+        wide = 2 if element_bytes > 2 else 1
+        block_n = 64 if cols >= 64 * 264 else 32 if cols >= 32 * 132 else 16
+        return Fp8LinearTiles(LaunchConfig(num_warps=4, num_stages=4 // wide), 16, block_n, 128 // wide, False)
+    block_m = 128 if rows >= 128 else 64
+    return Fp8LinearTiles(LaunchConfig(num_warps=8 if block_m == 128 else 4, num_stages=3), block_m, 128, block_k,
+                          True)
+
+
+def fp8_act_quant_config(arch: CudaArch, group: int) -> LaunchConfig:
+    """Per-token-group activation quantization: ``block_rows`` groups a program, ~4K elements."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no FP8 activation quantization configuration for {arch.name}")
+    return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // group))

@@ -15,7 +15,16 @@ from deepinfer_cuda.kernels.compress_pool import compress_pool
 from deepinfer_cuda.kernels.engram_gate import engram_gate
 from deepinfer_cuda.kernels.engram_hash import engram_hash
 from deepinfer_cuda.kernels.fp4_e2m1_fake_quant import fp4_e2m1_fake_quant
+from deepinfer_cuda.kernels.fp4_e2m1_pack import fp4_e2m1_pack
+from deepinfer_cuda.kernels.fp4_e2m1_unpack import fp4_e2m1_unpack
+from deepinfer_cuda.kernels.fp8_block_grouped_linear import (
+    fp8_block_grouped_linear,
+    fp8_block_grouped_linear_fixed_tiles,
+)
+from deepinfer_cuda.kernels.fp8_block_linear import fp8_block_linear, fp8_block_linear_fixed_tiles
 from deepinfer_cuda.kernels.fp8_e4m3_fake_quant import fp8_e4m3_fake_quant
+from deepinfer_cuda.kernels.fp8_e4m3_pack import fp8_e4m3_pack
+from deepinfer_cuda.kernels.fp8_e4m3_unpack import fp8_e4m3_unpack
 from deepinfer_cuda.kernels.hc_collapse import hc_collapse
 from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
@@ -24,6 +33,7 @@ from deepinfer_cuda.kernels.indexer_candidates import indexer_candidates
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.indexer_topk_in_blocks import indexer_topk_in_blocks
 from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
+from deepinfer_cuda.kernels.moe_experts_mxfp4 import moe_experts_mxfp4, moe_experts_mxfp4_fixed_tiles
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
 from deepinfer_cuda.kernels.rms_norm import rms_norm
@@ -59,9 +69,19 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "engram_gate": engram_gate,
     "rms_norm_rope_fp8_e4m3_fake_quant": rms_norm_rope_fp8_e4m3_fake_quant,
     "rope_fp4_e2m1_fake_quant": rope_fp4_e2m1_fake_quant,
+    "fp8_block_linear": fp8_block_linear,
+    "fp8_block_grouped_linear": fp8_block_grouped_linear,
+    "moe_experts_mxfp4": moe_experts_mxfp4,
+    "fp8_e4m3_pack": fp8_e4m3_pack,
+    "fp8_e4m3_unpack": fp8_e4m3_unpack,
+    "fp4_e2m1_pack": fp4_e2m1_pack,
+    "fp4_e2m1_unpack": fp4_e2m1_unpack,
 }
 
 #: What ``DEEPINFER_BATCH_INVARIANT=1`` replaces: kernels whose tiles are fixed for every batch size.
 BATCH_INVARIANT_OVERRIDES: dict[str, Callable[..., Any]] = {
     "moe_experts": moe_experts_fixed_tiles,
+    "moe_experts_mxfp4": moe_experts_mxfp4_fixed_tiles,
+    "fp8_block_linear": fp8_block_linear_fixed_tiles,
+    "fp8_block_grouped_linear": fp8_block_grouped_linear_fixed_tiles,
 }

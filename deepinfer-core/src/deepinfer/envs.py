@@ -121,6 +121,26 @@ def yoco_prefill_keep_tokens() -> int:
     return _int("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS", 140, 1, 1 << 30)
 
 
+QUANTIZED_WEIGHTS_MODES = ("dequantize", "native")
+
+
+def quantized_weights() -> str:
+    """``DEEPINFER_QUANTIZED_WEIGHTS``: what a quantized checkpoint's weights become at load.
+
+    ``dequantize`` (default): the compute dtype.  ``native``: FP8 block-scaled dense weights and MXFP4 routed
+    experts stay in their stored form in device memory and run through the op table's quantized GEMMs
+    (``fp8_block_linear``, ``moe_experts_mxfp4``; docs/models/deepseek_v41.md, "Formats").
+    """
+    return _choice("DEEPINFER_QUANTIZED_WEIGHTS", "dequantize", QUANTIZED_WEIGHTS_MODES)
+
+
+def quantized_kv() -> bool:
+    """``DEEPINFER_QUANTIZED_KV``: V4.1's state stores K=V and indexer keys in the model's own formats (SWA FP8,
+    compressed latents and indexer keys FP4, with their scales), dequantized where read.  The logits are
+    unchanged (the model fake-quantizes there); the state takes ~3.4x fewer bytes per token than bf16."""
+    return _flag("DEEPINFER_QUANTIZED_KV", False)
+
+
 LOGGING_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
                   "critical": logging.CRITICAL}
 
@@ -144,6 +164,8 @@ VARIABLES: dict[str, Callable[[], object]] = {
     "DEEPINFER_BATCH_INVARIANT": batch_invariant,
     "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": yoco_prefill_truncation_mode,
     "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": yoco_prefill_keep_tokens,
+    "DEEPINFER_QUANTIZED_WEIGHTS": quantized_weights,
+    "DEEPINFER_QUANTIZED_KV": quantized_kv,
     "DEEPINFER_LOGGING_LEVEL": logging_level,
     "DEEPINFER_VENV": venv,
 }

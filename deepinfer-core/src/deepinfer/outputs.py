@@ -37,6 +37,37 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class SpecDecodingStats:
+    """Speculative decoding of one request (all its completions), with vLLM's names: ``num_drafts`` steps that
+    verified drafts, ``num_draft_tokens`` drafts verified, ``num_accepted_tokens`` of them accepted, and
+    ``num_accepted_tokens_per_pos[i]`` how often the draft at position ``i`` of a block was accepted."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify step: 1 (the target's own) + accepted drafts per step (vLLM's definition)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate_per_pos(self) -> list[float]:
+        """Per draft position, the fraction of verify steps that accepted it."""
+        return [n / self.num_drafts for n in self.num_accepted_tokens_per_pos] if self.num_drafts else []
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        grow = num_accepted - len(self.num_accepted_tokens_per_pos)
+        self.num_accepted_tokens_per_pos += [0] * max(0, grow)
+        for i in range(num_accepted):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+
+@dataclass(slots=True)
 class RequestMetrics:
     """When a request passed each stage (vLLM's names): seconds since the epoch (``time.time()``), ``None``
     until reached.  ``first_token_time`` / ``last_token_time`` are when the host read a token of any of the
@@ -69,5 +100,7 @@ class RequestOutput:
     error: str | None = None
     #: Timings of the request (``None`` only for outputs built outside the engine).
     metrics: RequestMetrics | None = None
+    #: Speculative decoding counts; None when the request never verified drafts.
+    spec_decoding_stats: SpecDecodingStats | None = None
     #: Prompt tokens served from the prefix cache (vLLM's field; 0 without ``enable_prefix_caching``).
     num_cached_tokens: int = 0

@@ -32,6 +32,9 @@ class ScheduledChunk:
     sample: bool
     #: Sequences that get a copy of this sequence's state after the chunk and sample from the same row.
     fork_to: tuple[int, ...] = ()
+    #: Speculative decoding: draft tokens the runner gets from the drafter and verifies after the chunk's last
+    #: token (the anchor); the chunk samples, forks nothing, and may advance its state by up to this many more.
+    num_drafts: int = 0
 
 
 @dataclass(slots=True)
@@ -110,8 +113,25 @@ class TokenLogprobs:
 
 
 @dataclass(slots=True)
+class SpecResult:
+    """What verifying one sequence's drafts did (speculative decoding)."""
+
+    seq_id: int
+    num_drafts: int  # drafts verified
+    num_accepted: int  # of them accepted: the sequence got ``num_accepted + 1`` tokens
+    #: Tokens the sequence's state holds after the step: all it was fed when every draft passed, else its count
+    #: before the step (the forward was undone; the accepted tokens are fed again with the next step's).
+    num_computed: int
+    #: The drafter's per-position confidences of this step's drafts (the next step's verify budget reads them).
+    confidence: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class RunnerOutput:
-    #: One per sampled row, in chunk order: (sequence id, its token).
+    #: One per sampled row, in chunk order: (sequence id, its token).  A speculative sequence has one entry per
+    #: token it got (its accepted drafts, then the target's token), consecutively.
     sampled: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
+    #: One per sequence that verified drafts this step.
+    spec: list[SpecResult] = field(default_factory=list)
     #: Prompt logprobs computed this step: (``PromptScoring.seq_id``, position of the scored token, its logprobs).
     prompt_logprobs: list[tuple[int, int, TokenLogprobs]] = field(default_factory=list)

@@ -58,6 +58,26 @@ def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
     return v.to(dtype).to(tl.float32)
 
 
+@triton.jit
+def _swiglu(acc_g, acc_u, limit, dtype: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The up GEMM's epilogue: ``silu(min(g, L)) * clamp(u, -L, L)`` in ``dtype``, rounded where the reference
+    rounds (its projection output, SiLU and product are in the model dtype)."""
+    g = _rounded(acc_g, dtype, INTERPRETED)
+    u = _rounded(acc_u, dtype, INTERPRETED)
+    if HAS_LIMIT:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    silu = _rounded(g / (1.0 + tl.exp(-g)), dtype, INTERPRETED)
+    return _rounded(silu * u, dtype, INTERPRETED).to(dtype)
+
+
+@triton.jit
+def _scaled_slots(acc, weights_ptr, slots, row_ok, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The down GEMM's epilogue: the slot's output in ``dtype`` times its fp32 routing weight, in ``dtype``."""
+    scale = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)
+    return _rounded(_rounded(acc, dtype, INTERPRETED) * scale[:, None], dtype, INTERPRETED).to(dtype)
+
+
 @triton.jit(do_not_specialize=["n_blocks", "limit"])
 def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
                    H: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
@@ -90,14 +110,7 @@ def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, li
         else:
             acc_g = tl.dot(a, wg, acc_g)
             acc_u = tl.dot(a, wu, acc_u)
-    dtype = act_ptr.dtype.element_ty
-    g = _rounded(acc_g, dtype, INTERPRETED)  # the reference's projection output is in the model dtype
-    u = _rounded(acc_u, dtype, INTERPRETED)
-    if HAS_LIMIT:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    silu = _rounded(g / (1.0 + tl.exp(-g)), dtype, INTERPRETED)
-    act = _rounded(silu * u, dtype, INTERPRETED).to(dtype)
+    act = _swiglu(acc_g, acc_u, limit, act_ptr.dtype.element_ty, HAS_LIMIT, INTERPRETED)
     tl.store(act_ptr + rows.to(tl.int64)[:, None] * INTER + cols[None, :], act, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -129,9 +142,7 @@ def _moe_down_kernel(act_ptr, w2_desc, weights_ptr, slot_out_ptr, order_ptr, blo
             acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
-    dtype = slot_out_ptr.dtype.element_ty
-    scale = tl.load(weights_ptr + slots, mask=row_ok, other=0.0)  # fp32 routing weight of each slot
-    y = _rounded(_rounded(acc, dtype, INTERPRETED) * scale[:, None], dtype, INTERPRETED).to(dtype)
+    y = _scaled_slots(acc, weights_ptr, slots, row_ok, slot_out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(slot_out_ptr + slots[:, None] * H + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
 
 

@@ -208,6 +208,10 @@ class AsyncLLM:
         if out.finished:
             reason = "error" if out.error is not None else (out.outputs[0].finish_reason or "stop")
             stats.requests[reason] += 1
+            spec = out.spec_decoding_stats
+            if spec is not None:
+                stats.add_spec(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+                               spec.num_accepted_tokens_per_pos)
             if m is not None and m.finished_time is not None:
                 stats.e2e_request_latency.observe(m.finished_time - m.arrival_time)
                 if m.time_in_queue is not None:

@@ -22,16 +22,19 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine.speculation import apply_results, policy_from_env
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
-from deepinfer.models.base import CausalLM, GraphDecodable
+from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
+from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec.drafter import Drafter
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -57,7 +60,8 @@ class Engine:
     """
 
     def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig,
-                 token_masks: TokenMaskProvider | None = None, backend: Backend | None = None):
+                 token_masks: TokenMaskProvider | None = None, backend: Backend | None = None,
+                 drafter: Drafter | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -87,6 +91,36 @@ class Engine:
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
         #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it).
         self.lock = threading.Lock()
+        #: Speculative decoding's drafter, when it is on (:meth:`set_drafter`).
+        self.drafter: Drafter | None = None
+        if drafter is not None:
+            self.set_drafter(drafter)
+
+    # --- speculative decoding -------------------------------------------------------------------
+    def set_drafter(self, drafter: Drafter | None, policy: SpecPolicy | None = None) -> None:
+        """Decode with ``drafter`` (None: without).  ``policy`` defaults to the environment's: draft length
+        ``DEEPINFER_USE_NEXTN_DECODE`` (0: off) within the drafter's block, ``DEEPINFER_ENABLE_MTP_VARLEN``."""
+        if self.seqs:
+            raise RuntimeError("set_drafter: the engine has requests in progress")
+        if drafter is not None and policy is None:
+            policy = policy_from_env(drafter, self.model, self.runner.backend, self.config)
+        if drafter is not None and not isinstance(self.model, Rewindable):
+            logger.info("speculative decoding off: %s cannot undo a forward", type(self.model).__name__)
+            drafter = None
+        if drafter is None or policy is None:
+            drafter = policy = None
+        else:
+            logger.info("speculative decoding on: up to %d drafts a step, %s", policy.max_draft_len,
+                        "confidence-scheduled verification" if policy.varlen else "every draft verified")
+        self.drafter = drafter
+        self.runner.drafter = drafter
+        self.scheduler.spec = policy
+        self.state_cache.on_release = self._forget_draft_context if drafter is not None else None
+
+    def _forget_draft_context(self, state: SequenceState) -> None:
+        slot = getattr(state, "slot", None)
+        if self.drafter is not None and slot is not None:
+            self.drafter.free(slot)
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
@@ -234,7 +268,7 @@ class Engine:
             return done
         previous, self._inflight = self._inflight, (sched, self.launch(sched))
         done += self._process_landed(previous)
-        if not self.config.async_scheduling:
+        if not self.config.async_scheduling or self.drafter is not None:  # (a speculative step is read already)
             done += self._land()
         return done
 
@@ -277,6 +311,9 @@ class Engine:
         for chunk in sched.chunks:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)
+                if self.drafter is not None:
+                    parent, copy = self.state_cache.get(chunk.seq_id), self.state_cache.get(child)
+                    self.drafter.fork(getattr(parent, "slot", 0) or 0, getattr(copy, "slot", 0) or 0)
         for seq_id in handle.seq_ids:
             self.seqs[seq_id].num_inflight += 1
         return handle
@@ -294,8 +331,8 @@ class Engine:
 
     def _may_overlap(self) -> bool:
         """Whether the next step may be scheduled before the host reads the tokens in flight."""
-        if not self.config.async_scheduling or self._inflight is None:
-            return False
+        if not self.config.async_scheduling or self._inflight is None or self.drafter is not None:
+            return False  # (a speculative step's acceptance decides what the next step feeds)
         for seq_id in self._inflight[1].seq_ids:
             seq = self.seqs.get(seq_id)
             if seq is not None and seq.grammar is not None:
@@ -315,6 +352,7 @@ class Engine:
         return self.process(sched, result)
 
     def process(self, sched: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
+        apply_results(result.spec, self.seqs)
         for seq_id, position, tl in result.prompt_logprobs:
             seq = self.seqs.get(seq_id)
             if seq is not None:

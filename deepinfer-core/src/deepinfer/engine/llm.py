@@ -24,7 +24,7 @@ from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
-from deepinfer.models.base import CausalLM
+from deepinfer.models.base import CausalLM, DraftingModel
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.dp import DataParallelEngine
@@ -161,10 +161,40 @@ class LLM:
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
+        self._setup_drafter(model, backend, several_ranks=joined is not None)
         self._request_ids = itertools.count()
         #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
         self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
         self._peers = joined.peers if joined is not None else []
+
+    def _setup_drafter(self, model: CausalLM, backend: Backend, several_ranks: bool = False) -> None:
+        """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
+
+        Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
+        really captures, e.g. CUDA): draft and verify steps run eagerly, which can be slower than captured plain
+        decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
+        if envs.nextn_decode() == 0:
+            return
+        drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
+        if drafter is not None and several_ranks:
+            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+                raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
+                                 "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
+                                 "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
+            logger.info("speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)")
+            return
+        if drafter is None:
+            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
+                logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE "
+                            "and DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
+            return
+        captures = type(backend).graph_capture is not Backend.graph_capture
+        if captures and self.engine.runner.decode_graphs is not None and not envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+            logger.info("speculative decoding off by default on backend %r: its draft and verify steps are not "
+                        "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE=1..%d to use the checkpoint's drafter",
+                        backend.name, drafter.max_draft_len)
+            return
+        self.engine.set_drafter(drafter)
 
     @property
     def tokenizer(self) -> Any:

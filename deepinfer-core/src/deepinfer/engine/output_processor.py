@@ -129,5 +129,6 @@ class OutputProcessor:
             num_cached_tokens=request.sequences[0].num_cached if request.sequences else 0,
             finished=request.finished,
             error=request.error,
+            spec_decoding_stats=request.spec_stats,
             metrics=request.metrics,
         )

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from deepinfer.outputs import CompletionOutput, PositionLogprobs, RequestMetrics
+from deepinfer.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, SpecDecodingStats
 from deepinfer.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -50,6 +50,9 @@ class Sequence:
     #: Tokens sampled on the device whose values the host has not read yet (async scheduling: 0 or 1).  The
     #: scheduler counts them as known tokens; the runner feeds them to the next step from the device.
     num_inflight: int = 0
+    #: Speculative decoding: the drafter's confidences of this sequence's last drafts (the verify budget's
+    #: one-step-old snapshot), or None before its first.
+    draft_confidence: list[float] | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -88,6 +91,8 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     #: Set when the request failed while running (e.g. its grammar rejected a sampled token).
     error: str | None = None
+    #: Speculative decoding counts over its completions (None until it first verifies drafts).
+    spec_stats: SpecDecodingStats | None = None
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.time()))
 
     @property

@@ -14,6 +14,11 @@ Policy (one step, a token budget of ``max_num_batched_tokens``):
 
 ``schedule()`` returns plain data and advances ``num_computed`` at once (the runner will compute the
 scheduled tokens), so the next step could be scheduled while this one runs.
+
+Speculative decoding (a ``SpecPolicy``): a running sequence that has output and whose chunk reaches its last
+token also verifies drafts after it, as many as the policy gives it (``spec/budget.py``) within its
+``max_tokens`` and the step's token budget; its state budget covers the drafts.  ``num_computed`` then assumes
+every draft passes; the engine corrects it when the step is read (``SpecResult.num_computed``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Callable
 
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.state_cache import StateBudget
+from deepinfer.spec.budget import SpecPolicy
 from deepinfer.step import PLACEHOLDER, ScheduledChunk, SchedulerOutput
 
 __all__ = ["PLACEHOLDER", "ScheduledChunk", "Scheduler", "SchedulerOutput"]
@@ -31,8 +37,10 @@ __all__ = ["PLACEHOLDER", "ScheduledChunk", "Scheduler", "SchedulerOutput"]
 class Scheduler:
     """Owns the waiting queue and the running list; reads and writes only plain sequence fields."""
 
-    def __init__(self, budget: StateBudget, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, budget: StateBudget, max_num_seqs: int, max_num_batched_tokens: int,
+                 spec: SpecPolicy | None = None):
         self.budget = budget
+        self.spec = spec
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -84,20 +92,22 @@ class Scheduler:
         self.num_preemptions += 1
 
     # --- one step -------------------------------------------------------------------------------
-    def _chunk(self, seq: Sequence, num_tokens: int) -> tuple[ScheduledChunk, list[Sequence], int]:
-        """The next chunk of ``seq`` and the bytes it needs (its growth plus copies for its forks)."""
+    def _chunk(self, seq: Sequence, num_tokens: int, drafts: int = 0) -> tuple[ScheduledChunk, list[Sequence], int]:
+        """The next chunk of ``seq`` and the bytes it needs (its growth, drafts included, plus copies for its
+        forks)."""
         start, end = seq.num_computed, seq.num_computed + num_tokens
         forks = seq.pending_forks if end == seq.num_tokens else []
-        need = self.budget.extra_for(seq.seq_id, end) + len(forks) * self.budget.bytes_for(end)
+        need = self.budget.extra_for(seq.seq_id, end + drafts) + len(forks) * self.budget.bytes_for(end)
         token_ids = seq.token_ids[start:end]
         token_ids += [PLACEHOLDER] * (end - start - len(token_ids))  # in-flight tokens
-        chunk = ScheduledChunk(seq.seq_id, start, token_ids, end == seq.num_tokens, tuple(f.seq_id for f in forks))
+        chunk = ScheduledChunk(seq.seq_id, start, token_ids, end == seq.num_tokens, tuple(f.seq_id for f in forks),
+                               drafts)
         return chunk, forks, need
 
     def _commit(self, seq: Sequence, chunk: ScheduledChunk, forks: list[Sequence]) -> list[Sequence]:
         end = chunk.start + len(chunk.token_ids)
-        self.budget.grow(seq.seq_id, end)
-        seq.num_computed = end
+        self.budget.grow(seq.seq_id, end + chunk.num_drafts)
+        seq.num_computed = end + chunk.num_drafts
         for child in forks:
             self.budget.grow(child.seq_id, end)
             child.num_computed = end
@@ -105,10 +115,26 @@ class Scheduler:
         seq.pending_forks = [] if forks else seq.pending_forks
         return forks
 
+    def _draft_cap(self, seq: Sequence) -> int:
+        """The most drafts ``seq`` may verify this step (0: it does not speculate)."""
+        if self.spec is None or seq.num_output == 0 or seq.num_inflight or seq.pending_forks:
+            return 0
+        return max(0, min(self.spec.max_draft_len, seq.request.max_total_tokens - seq.num_tokens - 1))
+
+    def _draft_lengths(self) -> dict[int, int]:
+        """Drafts per running sequence this step, from the policy (the confidences of each one's last drafts)."""
+        if self.spec is None:
+            return {}
+        seqs = [s for s in self.running if self._draft_cap(s)]
+        base = min(sum(s.num_uncomputed for s in self.running), self.max_num_batched_tokens)
+        lengths = self.spec.lengths([self._draft_cap(s) for s in seqs], [s.draft_confidence for s in seqs], base)
+        return {s.seq_id: k for s, k in zip(seqs, lengths, strict=True)}
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         tokens_left = self.max_num_batched_tokens
         forked: list[Sequence] = []
+        drafts = self._draft_lengths()
 
         i = 0
         while i < len(self.running) and tokens_left > 0:
@@ -117,7 +143,9 @@ class Scheduler:
             if seq.num_uncomputed == 0 or last_in_flight:  # (the latter finishes by length when it is read)
                 i += 1
                 continue
-            chunk, forks, need = self._chunk(seq, min(seq.num_uncomputed, tokens_left))
+            num = min(seq.num_uncomputed, tokens_left)
+            k = min(drafts.get(seq.seq_id, 0), tokens_left - num) if num == seq.num_uncomputed else 0
+            chunk, forks, need = self._chunk(seq, num, k)
             while need > self.budget.free:
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -128,7 +156,7 @@ class Scheduler:
                 break  # it was the newest: nothing after it to schedule
             forked += self._commit(seq, chunk, forks)
             out.chunks.append(chunk)
-            tokens_left -= len(chunk.token_ids)
+            tokens_left -= len(chunk.token_ids) + chunk.num_drafts
             i += 1
         # Forks join after the loop so that they are never chosen as victims in the step they are born.
         self.running.extend(forked)

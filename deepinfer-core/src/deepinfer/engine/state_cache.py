@@ -65,12 +65,14 @@ class StateBudget:
 class StateCache:
     """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly."""
 
-    __slots__ = ("model", "budget", "_states", "prefix")
+    __slots__ = ("model", "budget", "_states", "on_release", "prefix")
 
     def __init__(self, model: CausalLM, capacity_bytes: int, prefix_caching: bool = False):
         self.model = model
         self.budget = StateBudget(capacity_bytes, model.state_bytes)
         self._states: dict[int, SequenceState] = {}
+        #: Called with each state just before it is released (the drafter forgets that slot's context).
+        self.on_release: Callable[[SequenceState], None] | None = None
         #: The prefix cache (``deepinfer.kv.prefix_cache.PrefixCache``) when prefix caching is on.
         self.prefix: Any = None
         if prefix_caching:
@@ -112,13 +114,18 @@ class StateCache:
         """Drop the state of ``seq_id`` (finished or preempted); a later ``get`` starts from empty."""
         state = self._states.pop(seq_id, None)
         if state is not None:
-            state.release()
+            self._release(state)
+
+    def _release(self, state: SequenceState) -> None:
+        if self.on_release is not None:
+            self.on_release(state)
+        state.release()
 
     def clear(self) -> None:
         """Drop every state (the engine dropped all its sequences) and the cached prefixes."""
         states, self._states = list(self._states.values()), {}
         for state in states:
-            state.release()
+            self._release(state)
         if self.prefix is not None:
             self.prefix.clear()
 

@@ -59,3 +59,19 @@ class EngineStats:
     #: Prefix caching: prompt tokens looked up, and those found cached (0 when it is off).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    #: Speculative decoding (DSpark) of finished requests, summed: verify steps, drafts verified, drafts accepted,
+    #: and accepted drafts per block position (vLLM's ``spec_decode_*`` counters).
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    def add_spec(self, num_drafts: int, num_draft_tokens: int, num_accepted: int, per_pos: list[int]) -> None:
+        """Count one finished request's speculative decoding."""
+        self.spec_num_drafts += num_drafts
+        self.spec_num_draft_tokens += num_draft_tokens
+        self.spec_num_accepted_tokens += num_accepted
+        if len(per_pos) > len(self.spec_accepted_per_pos):
+            self.spec_accepted_per_pos += [0] * (len(per_pos) - len(self.spec_accepted_per_pos))
+        for i, n in enumerate(per_pos):
+            self.spec_accepted_per_pos[i] += n

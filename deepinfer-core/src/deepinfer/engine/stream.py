@@ -43,7 +43,8 @@ class OutputStream:
             prompt_logprobs = None if self._sent_prompt_logprobs else prompt_logprobs
             self._sent_prompt_logprobs = True
         return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, prompt_logprobs, completions,
-                             out.finished, out.error, out.metrics)
+                             out.finished, out.error, out.metrics, out.spec_decoding_stats,
+                             out.num_cached_tokens)
 
     def _completion(self, c: CompletionOutput) -> CompletionOutput | None:
         """A copy of ``c`` cut to what may be sent (DELTA: minus what was sent); ``None`` for an empty delta."""

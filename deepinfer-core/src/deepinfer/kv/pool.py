@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from deepinfer.kv.sizing import PoolPlan, plan_pool
-from deepinfer.kv.spec import KVBuffer, PageBuffer, SlotBuffer, StateSpec
+from deepinfer.kv.spec import Buffer, KVBuffer, PageBuffer, RowFormat, SlotBuffer, StateSpec, entries_name
 from deepinfer.kv.state import PooledState
 
 
@@ -98,17 +98,35 @@ class StatePool:
         return self.slots - 1 - len(self._free_slots)
 
     # --- layout -------------------------------------------------------------------------------------
-    def _rows(self, buffer: KVBuffer | PageBuffer | SlotBuffer) -> tuple[int, ...]:
-        if isinstance(buffer, SlotBuffer):
-            return (self.slots, *buffer.shape)
-        entries = self.pages.get(buffer.ratio, 0) * self.spec.page_size if buffer.ratio else 0
-        if isinstance(buffer, KVBuffer):
-            return (buffer.rings * self.slots * self.spec.window + entries, buffer.width)
-        return (entries, buffer.width)
+    def _rows(self, rows: int, fmt: RowFormat | None, b: KVBuffer | PageBuffer
+              ) -> tuple[tuple[int, ...], torch.dtype]:
+        if fmt is not None:  # packed bytes
+            return (rows, fmt.row_bytes(b.width)), torch.uint8
+        return (rows, b.width), b.dtype or self.dtype
+
+    def _tensors_of(self, b: Buffer) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The tensors holding buffer ``b``: name -> (shape, dtype)."""
+        if isinstance(b, SlotBuffer):
+            return {b.name: ((self.slots, *b.shape), b.dtype or self.dtype)}
+        entries = self.pages.get(b.ratio, 0) * self.spec.page_size if b.ratio else 0
+        if isinstance(b, PageBuffer):
+            return {b.name: self._rows(entries, b.format, b)}
+        rings = b.rings * self.slots * self.spec.window
+        if b.split:
+            return {b.name: self._rows(rings, b.ring_format, b), entries_name(b.name): self._rows(entries,
+                                                                                                b.entry_format, b)}
+        return {b.name: self._rows(rings + entries, b.ring_format, b)}
 
     def _allocate(self) -> dict[str, torch.Tensor]:
-        return {b.name: torch.zeros(self._rows(b), dtype=b.dtype or self.dtype, device=self.device)
-                for b in self.spec.buffers}
+        return {name: torch.zeros(shape, dtype=dtype, device=self.device)
+                for b in self.spec.buffers for name, (shape, dtype) in self._tensors_of(b).items()}
+
+    def _entries(self, b: KVBuffer | PageBuffer, tensors: dict[str, torch.Tensor], base: int
+                 ) -> tuple[torch.Tensor, int]:
+        """(the tensor holding ``b``'s entries, the row of page 0 in it), ``base``: a joint KV buffer's."""
+        if isinstance(b, KVBuffer):
+            return (tensors[entries_name(b.name)], 0) if b.split else (tensors[b.name], base)
+        return tensors[b.name], 0
 
     def entry_base(self, ratio: int) -> int:
         """Row of page 0 in every KV buffer of ``ratio`` (its rings come first)."""
@@ -204,7 +222,7 @@ class StatePool:
                 for m in range(b.rings):
                     t[self.ring_rows(dst, m)] = t[self.ring_rows(src, m)]
             if b.ratio:
-                base = self.entry_base(b.ratio) if isinstance(b, KVBuffer) else 0
+                t, base = self._entries(b, self.tensors, self.entry_base(b.ratio))
                 t[base + self.page_rows(child, b.ratio)] = t[base + self.page_rows(state, b.ratio)]
         return child
 
@@ -270,8 +288,8 @@ class StatePool:
                     t[self.ring_base(m) : self.ring_base(m) + rows] = a[m * rows : (m + 1) * rows]
             if b.ratio:
                 n = old_pages[b.ratio] * page
-                src = old_base[b.ratio] if isinstance(b, KVBuffer) else 0
-                dst = self.entry_base(b.ratio) if isinstance(b, KVBuffer) else 0
+                a, src = self._entries(b, old, old_base[b.ratio])
+                t, dst = self._entries(b, self.tensors, self.entry_base(b.ratio))
                 t[dst : dst + n] = a[src : src + n]
         self._free_slots = list(range(self.slots - 1, old_slots - 1, -1)) + self._free_slots
         for r, n in self.pages.items():

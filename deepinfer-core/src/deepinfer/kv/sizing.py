@@ -98,3 +98,20 @@ def min_pool_bytes(spec: StateSpec, size: int, max_seqs: int = 1 << 31) -> int:
         return plan is not None and plan.admissible >= want
 
     return _smallest(enough, want, 0)
+
+
+#: The sequence length :func:`tokens_per_gib` reports at (the default state budget's, ``EngineArgs``).
+REPORT_TOKENS = 8192
+
+
+def tokens_per_gib(spec: StateSpec, size: int, num_tokens: int = REPORT_TOKENS) -> float:
+    """Tokens of context one GiB of state holds in sequences of ``num_tokens`` tokens (their slots and pages)."""
+    return (1 << 30) * num_tokens / spec.state_bytes(num_tokens, size)
+
+
+def describe_density(spec: StateSpec, size: int) -> str:
+    """One line for the log: tokens of context per GiB as stored, and in the model's dtype if some rows are
+    packed."""
+    stored, plain = tokens_per_gib(spec, size), tokens_per_gib(spec.unpacked(), size)
+    line = f"{stored:,.0f} tokens of context per GiB of state ({REPORT_TOKENS}-token sequences)"
+    return line if stored == plain else line + f"; {plain:,.0f} with every row in the model's dtype"

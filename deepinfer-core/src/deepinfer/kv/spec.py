@@ -11,11 +11,16 @@ grows and sizes them without knowing what they hold:
 
 A sequence holds one slot (every slot buffer's row and every ring's ``window`` rows) and, per compression ratio,
 pages of ``page_size`` entries each (a row of every page buffer and of every KV buffer's pages of that ratio).
+
+A KV or page buffer may store its rows in a :class:`RowFormat` (packed bytes, :mod:`deepinfer.ops.kv_quant`)
+instead of the model's dtype; a KV buffer whose rings and entries have different formats is two tensors (rings,
+and entries under :func:`entries_name`), addressed as one: row ``entry_base`` is the first entry either way.
+Sizes count the stored bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -28,6 +33,34 @@ def ceil_div(a: int, b: int) -> int:
 
 
 @dataclass(slots=True, frozen=True)
+class RowFormat:
+    """Rows stored quantized: ``kind`` codes (``fp8_e4m3``: a byte each, ``fp4_e2m1``: two a byte), then one
+    scale byte per ``block`` values (``scale_format``: ``ue8m0`` or ``e4m3``)."""
+
+    kind: str
+    block: int
+    scale_format: str = "ue8m0"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fp8_e4m3", "fp4_e2m1") or self.scale_format not in ("ue8m0", "e4m3"):
+            raise ValueError(f"RowFormat: kind must be 'fp8_e4m3' or 'fp4_e2m1' and scale_format 'ue8m0' or "
+                             f"'e4m3', got {self.kind!r}, {self.scale_format!r}")
+
+    def fits(self, width: int) -> bool:
+        """Whether rows of ``width`` values can be stored in this format (whole blocks, whole bytes)."""
+        return width % self.block == 0 and width % 2 == 0
+
+    def row_bytes(self, width: int) -> int:
+        codes = width if self.kind == "fp8_e4m3" else width // 2
+        return codes + width // self.block
+
+
+def entries_name(name: str) -> str:
+    """The tensor holding the entries of KV buffer ``name`` when they are stored apart from its rings."""
+    return name + ".entries"
+
+
+@dataclass(slots=True, frozen=True)
 class KVBuffer:
     """``[rings * slots * window + pages * page_size, width]``: rings first (ring ``m`` of slot ``s`` at rows
     ``(m * slots + s) * window ...``), then the entry pages of ``ratio`` (0: rings only)."""
@@ -37,6 +70,13 @@ class KVBuffer:
     ratio: int
     width: int
     dtype: torch.dtype | None = None  # None: the model's dtype
+    ring_format: RowFormat | None = None  # rows stored packed (None: in ``dtype``)
+    entry_format: RowFormat | None = None
+
+    @property
+    def split(self) -> bool:
+        """Rings and entries stored in two tensors (their formats differ)."""
+        return bool(self.ratio) and self.ring_format != self.entry_format
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,21 +96,28 @@ class PageBuffer:
     ratio: int
     width: int
     dtype: torch.dtype | None = None
+    format: RowFormat | None = None  # rows stored packed (None: in ``dtype``)
 
 
 Buffer = KVBuffer | SlotBuffer | PageBuffer
 
 
-def _elements(buffer: Buffer, window: int) -> tuple[int, int]:
-    """(elements per slot, elements per entry) of ``buffer``."""
+def row_bytes(fmt: RowFormat | None, width: int, element_size: int) -> int:
+    """Bytes of one stored row of ``width`` values."""
+    return fmt.row_bytes(width) if fmt is not None else width * element_size
+
+
+def _bytes(buffer: Buffer, window: int, element_size: int) -> tuple[int, int]:
+    """(bytes per slot, bytes per entry) of ``buffer``, its elements ``element_size`` bytes where not packed."""
     if isinstance(buffer, KVBuffer):
-        return buffer.rings * window * buffer.width, buffer.width if buffer.ratio else 0
+        ring = buffer.rings * window * row_bytes(buffer.ring_format, buffer.width, element_size)
+        return ring, row_bytes(buffer.entry_format, buffer.width, element_size) if buffer.ratio else 0
     if isinstance(buffer, SlotBuffer):
-        n = 1
+        n = element_size
         for d in buffer.shape:
             n *= d
         return n, 0
-    return 0, buffer.width
+    return 0, row_bytes(buffer.format, buffer.width, element_size)
 
 
 def _ratio(buffer: Buffer) -> int:
@@ -113,12 +160,18 @@ class StateSpec:
             slot, pages = 0, {r: 0 for r in self.paged_ratios}
             for b in self.buffers:
                 size = element_size if b.dtype is None else torch.empty(0, dtype=b.dtype).element_size()
-                per_slot, per_entry = _elements(b, self.window)
-                slot += per_slot * size
+                per_slot, per_entry = _bytes(b, self.window, size)
+                slot += per_slot
                 if per_entry:
-                    pages[_ratio(b)] += self.page_size * per_entry * size
+                    pages[_ratio(b)] += self.page_size * per_entry
             sizes = self._sizes[element_size] = (slot, pages)
         return sizes
+
+    def unpacked(self) -> StateSpec:
+        """The same buffers with every row in the model's dtype (what packing is measured against)."""
+        plain = [replace(b, ring_format=None, entry_format=None) if isinstance(b, KVBuffer)
+                 else replace(b, format=None) if isinstance(b, PageBuffer) else b for b in self.buffers]
+        return StateSpec(self.window, tuple(plain), self.page_size)
 
     def state_bytes(self, num_tokens: int, element_size: int) -> int:
         """Bytes a sequence of ``num_tokens`` tokens holds: its slot and its pages (0 before its first token)."""

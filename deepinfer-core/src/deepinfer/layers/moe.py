@@ -3,7 +3,8 @@
 Hash layers (V4's first layers) route by a frozen token-id table (``tid2eid``); the others by
 ``score_func(logits / gate_temp)`` with a correction bias for selection only (V4.1 divides the logits by its
 ``gate_temp``; V4 has none).  Experts are SwiGLU with the gate clamped above and the up projection clamped both
-ways at ``swiglu_limit``.
+ways at ``swiglu_limit``.  Routed experts kept in MXFP4 (``DEEPINFER_QUANTIZED_WEIGHTS=native``) stay packed and
+run through ``moe_experts_mxfp4``; the shared expert (FP8 as released) then runs as its own MLP.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer.layers.linear import GetWeight, Weight, stack_rows, swiglu_mlp
 from deepinfer.ops import Ops
+from deepinfer.quant import MXFP4, QuantizedTensor
 
 if TYPE_CHECKING:
     from deepinfer.parallel.context import ParallelContext
@@ -35,10 +38,11 @@ class MoESpec:
 
 class MoE:
     """``experts``: the routed experts this instance holds, stacked in that order (expert parallelism holds a
-    rank's share); None: all of them."""
+    rank's share); None: all of them.  ``weight``: the experts' weights as the model keeps them (MXFP4 / FP8 where
+    quantized); None: ``get``."""
 
     def __init__(self, ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
-                 experts: Sequence[int] | None = None):
+                 experts: Sequence[int] | None = None, weight: GetWeight | None = None):
         p = prefix
         self.ops, self.spec = ops, spec
         gate = get(p + "gate.weight")
@@ -48,6 +52,12 @@ class MoE:
         self.bias = None if spec.hash_routed else get(p + "gate.bias")
         held = [f"{p}experts.{e}." for e in (range(spec.n_routed_experts) if experts is None else experts)]
         shared = p + "shared_experts."
+        #: (w13 scales, w2 scales) when the routed experts stay MXFP4 (w13 / w2 then hold the packed bytes)
+        self.scales: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: (w13, w2) of a shared expert run as its own MLP; None: it is expert E of the grouped GEMMs
+        self.shared: tuple[Weight, Weight] | None = None
+        if weight is not None and self._keep_mxfp4(weight, held, shared, get):
+            return
         w13 = [self._w13(get, e) for e in held]
         w2 = [get(e + "w2.weight") for e in held]
         shared_w13, shared_w2 = self._w13(get, shared), get(shared + "w2.weight")
@@ -63,8 +73,27 @@ class MoE:
                                 torch.ones((1, 1), dtype=torch.float32, device=shared_w2.device))
         self.w13 = torch.stack(w13)  # [E (+1), 2I, H]
         self.w2 = torch.stack(w2)  # [E (+1), H, I]
-        #: (w13, w2) of a shared expert shaped unlike the routed ones, run as its own MLP; None: it is one of them
-        self.shared = None if self.shared_id is not None else (shared_w13, shared_w2)
+        if self.shared_id is None:  # shaped unlike the routed experts
+            self.shared = (shared_w13, shared_w2)
+
+    def _keep_mxfp4(self, weight: GetWeight, experts: list[str], shared: str,
+                    get: Callable[[str], torch.Tensor]) -> bool:
+        """Keep the routed experts packed if every one of their weights is MXFP4; the shared expert keeps its
+        FP8 form when w1 and w3 stack into one weight (else it is dequantized)."""
+        names = [e + w for e in experts for w in ("w1.weight", "w3.weight", "w2.weight")]
+        stored = [weight(n) for n in names]
+        if not all(isinstance(w, QuantizedTensor) and w.format == MXFP4 for w in stored):
+            return False
+        q = [w for w in stored if isinstance(w, QuantizedTensor)]
+        self.w13 = torch.stack([torch.cat([q[3 * e].data, q[3 * e + 1].data]) for e in range(len(experts))])
+        self.w2 = torch.stack([q[3 * e + 2].data for e in range(len(experts))])
+        self.scales = (torch.stack([torch.cat([q[3 * e].scale, q[3 * e + 1].scale]) for e in range(len(experts))]),
+                       torch.stack([q[3 * e + 2].scale for e in range(len(experts))]))
+        self.shared_id = None
+        w13 = stack_rows([weight(shared + "w1.weight"), weight(shared + "w3.weight")])
+        self.shared = ((w13[0], weight(shared + "w2.weight")) if len(w13) == 1
+                       else (self._w13(get, shared), get(shared + "w2.weight")))
+        return True
 
     @staticmethod
     def _w13(get: Callable[[str], torch.Tensor], p: str) -> torch.Tensor:
@@ -85,8 +114,12 @@ class MoE:
         ops, spec = self.ops, self.spec
         weights, ids = self.route(x, input_ids)
         if self.shared is not None:
-            routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
-            return routed + ops.swiglu_mlp(x, *self.shared, spec.swiglu_limit)
+            if self.scales is not None:
+                routed = ops.moe_experts_mxfp4(x, ids, weights, self.w13, self.scales[0], self.w2, self.scales[1],
+                                               spec.swiglu_limit)
+            else:
+                routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
+            return routed + swiglu_mlp(ops, x, *self.shared, spec.swiglu_limit)
         shared_id, shared_weight = self.shared_slot
         ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
         weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)
@@ -94,11 +127,12 @@ class MoE:
 
 
 def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
-              parallel: ParallelContext | None = None, layer: int = 0) -> MoE:
+              parallel: ParallelContext | None = None, layer: int = 0, weight: GetWeight | None = None) -> MoE:
     """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
-    share, exchanging tokens with the ranks that hold the others."""
+    share, exchanging tokens with the ranks that hold the others.  ``weight``: the experts as the model keeps them
+    (MXFP4 experts stay packed without expert parallelism; with it they are dequantized, for now)."""
     if parallel is None or parallel.plan.placement is None:
-        return MoE(ops, spec, prefix, get)
+        return MoE(ops, spec, prefix, get, weight=weight)
     from deepinfer.parallel.ep_moe import ExpertParallelMoE
 
     return ExpertParallelMoE(ops, spec, prefix, get, parallel, layer)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from deepinfer.spec.drafter import Drafter
 
 
 @runtime_checkable
@@ -127,4 +130,34 @@ class GraphDecodable(Protocol):
 
     def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """Hidden states ``[bucket, hidden]`` of the step from ``decode_inputs``'s tensors on the device."""
+        ...
+
+
+class StateCheckpoint(Protocol):
+    """What a forward wrote into some states, saved before it ran (:meth:`Rewindable.checkpoint`)."""
+
+    def restore(self, indices: list[int]) -> None:
+        """Return states ``indices`` (positions in the checkpoint) to exactly what they were before the forward."""
+        ...
+
+
+@runtime_checkable
+class Rewindable(Protocol):
+    """A model whose states can be returned to an earlier token count: speculative decoding verifies drafts by
+    feeding them, and undoes the forward of a request whose drafts the target rejected."""
+
+    def checkpoint(self, states: list[SequenceState], advances: list[int],
+                   upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StateCheckpoint:
+        """Save what the next forward overwrites when state ``i`` advances by ``advances[i]`` tokens.  ``upload``:
+        the host-to-device copy for index tensors (the backend's non-blocking one; default ``.to(device)``)."""
+        ...
+
+
+@runtime_checkable
+class DraftingModel(Protocol):
+    """A model whose checkpoint ships a speculative drafter (V4.1's DSpark)."""
+
+    def make_drafter(self) -> Drafter | None:
+        """The drafter over the model's configured state pool (its slots are the pool's), or None when this
+        checkpoint has none.  Called once, after ``configure_state``."""
         ...

@@ -8,6 +8,7 @@ the two forwards :meth:`_ragged` and :meth:`_decode`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +19,13 @@ from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
 from deepinfer.kv.prefix_cache import PrefixCache, block_size_for
 from deepinfer.kv.ragged_plan import PrefillPlan
-from deepinfer.kv.sizing import pool_bytes_for
+from deepinfer.kv.rewind import PoolCheckpoint, checkpoint
+from deepinfer.kv.sizing import describe_density, pool_bytes_for
 from deepinfer.kv.spec import StateSpec
 from deepinfer.kv.state import PooledState
 from deepinfer.models.base import ForwardBatch, StateCapacity
+
+logger = logging.getLogger(__name__)
 
 
 class PooledCausalLM:
@@ -51,6 +55,8 @@ class PooledCausalLM:
                                "using it); a model serves one engine at a time")
         self.pool, plan = StatePool.for_budget(self.state_spec, self.dtype, self.device, max_seqs, capacity_bytes,
                                                views=self.views)
+        logger.info("state pool: %d bytes, %s", self.pool.nbytes(), describe_density(self.state_spec,
+                                                                                      self._element_size))
         return StateCapacity(plan.admissible, plan.slots - 1)
 
     def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
@@ -129,6 +135,13 @@ class PooledCausalLM:
         fixed shapes and no host data, so it can be captured and replayed."""
         assert self.pool is not None, "decode_forward: the model has no configured state pool"
         return self._decode(DecodeStep.from_tensors(tensors), self.pool)
+
+    def checkpoint(self, states: list[PooledState], advances: list[int],
+                   upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> PoolCheckpoint:
+        """Save what advancing each state by ``advances[i]`` tokens overwrites (:mod:`deepinfer.kv.rewind`)."""
+        for state, n in zip(states, advances, strict=True):
+            state.pool.reserve(state, state.num_tokens + n)
+        return checkpoint(states, advances, upload)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.head).float()

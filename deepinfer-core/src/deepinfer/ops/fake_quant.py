@@ -118,10 +118,16 @@ def fp8_e4m3_fake_quant(x: torch.Tensor, block: int) -> torch.Tensor:
     """
     if x.shape[-1] % block:
         return x
+    q, scale = fp8_e4m3_grid(x, block)
+    return (q * scale).view(x.shape).to(x.dtype)
+
+
+def fp8_e4m3_grid(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fp8_e4m3_fake_quant`'s parts: (e4m3 values [..., D / block, block], power-of-two scales
+    [..., D / block, 1]), both fp32; their product is the fake-quantized x.  ``D % block == 0``."""
     blocks = _blocks(x, block)
     scale = pow2_ceil(blocks.abs().amax(-1, keepdim=True).clamp_min(FP8_AMAX_FLOOR) * (1.0 / FP8_MAX))
-    q = round_to_grid((blocks / scale).clamp(-FP8_MAX, FP8_MAX), 3, -6, FP8_MAX)
-    return (q * scale).view(x.shape).to(x.dtype)
+    return round_to_grid((blocks / scale).clamp(-FP8_MAX, FP8_MAX), 3, -6, FP8_MAX), scale
 
 
 @reference_op(sample_inputs=_fp4_samples, rows=(0,), compare=same_bits)
@@ -135,15 +141,26 @@ def fp4_e2m1_fake_quant(x: torch.Tensor, block: int, scale_format: ScaleFormat) 
     is +0 whatever its sign (the reference's code table maps -0 to +0).
     x: [..., D] any float dtype.  Returns x's shape and dtype; ``x`` itself if ``D % block``.
     """
+    if x.shape[-1] % block:
+        _check_scale_format(scale_format)
+        return x
+    q, scale = fp4_e2m1_grid(x, block, scale_format)
+    return (q * scale).view(x.shape).to(x.dtype)
+
+
+def _check_scale_format(scale_format: str) -> None:
     if scale_format not in ("e4m3", "ue8m0"):
         raise ValueError(f"scale_format must be 'e4m3' or 'ue8m0', got {scale_format!r}")
-    if x.shape[-1] % block:
-        return x
+
+
+def fp4_e2m1_grid(x: torch.Tensor, block: int, scale_format: ScaleFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fp4_e2m1_fake_quant`'s parts: (e2m1 values [..., D / block, block], no -0; scales
+    [..., D / block, 1], e4m3 values or powers of two), both fp32.  ``D % block == 0``."""
+    _check_scale_format(scale_format)
     blocks = _blocks(x, block)
     amax = blocks.abs().amax(-1, keepdim=True)
     if scale_format == "e4m3":
         scale = round_to_grid(amax.clamp_min(FP4_E4M3_AMAX_FLOOR) / FP4_MAX, 3, -6, FP8_MAX)
     else:
         scale = pow2_ceil(amax.clamp_min(FP4_UE8M0_AMAX_FLOOR) * (1.0 / FP4_MAX))
-    q = round_to_grid((blocks / scale).clamp(-FP4_MAX, FP4_MAX), 1, 0, FP4_MAX) + 0.0  # -0 -> +0
-    return (q * scale).view(x.shape).to(x.dtype)
+    return round_to_grid((blocks / scale).clamp(-FP4_MAX, FP4_MAX), 1, 0, FP4_MAX) + 0.0, scale  # -0 -> +0

@@ -257,6 +257,33 @@ class Ops(Protocol):
         """MXFP4 weights (ops.quant)."""
         raise TypeError
 
+    # --- GEMMs on stored weight formats (deepinfer.ops.quant_gemm) ---------------------------------------------
+    def fp8_block_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int
+    ) -> torch.Tensor:
+        """``x @ W.T`` for an FP8 e4m3 weight with block scales (ops.quant_gemm)."""
+        raise TypeError
+
+    def fp8_block_grouped_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int
+    ) -> torch.Tensor:
+        """Block-diagonal projection with an FP8 e4m3 block-scaled weight (ops.quant_gemm)."""
+        raise TypeError
+
+    def moe_experts_mxfp4(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+        swiglu_limit: float | None,
+    ) -> torch.Tensor:
+        """Routed experts with MXFP4 weights, weighted and summed per token (ops.quant_gemm)."""
+        raise TypeError
+
     # --- sampling and structured output (deepinfer.ops.sampling, deepinfer.ops.structured) ---------------------
     def apply_penalties(
         self,
@@ -285,6 +312,19 @@ class Ops(Protocol):
         self, logits: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
     ) -> torch.Tensor:
         """One token per row (ops.sampling)."""
+        raise TypeError
+
+    def verify_drafts(
+        self,
+        target: torch.Tensor,
+        greedy: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        num_drafts: torch.Tensor,
+        seeds: torch.Tensor,
+        steps: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accept drafts against the target, then the request's own token (ops.speculative)."""
         raise TypeError
 
     def token_logprobs(
@@ -330,6 +370,24 @@ class Ops(Protocol):
     ) -> torch.Tensor:
         """``fp4_e2m1_fake_quant(rope(...), block, scale_format)`` as one op: V4.1's entries and indexer q / k
         (ops.rope_quant)."""
+        raise TypeError
+
+    def fp8_e4m3_pack(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        """Rows as packed FP8 e4m3 codes and ue8m0 scale bytes (ops.kv_quant)."""
+        raise TypeError
+
+    def fp8_e4m3_unpack(self, packed: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
+        """Packed FP8 rows back to values (ops.kv_quant)."""
+        raise TypeError
+
+    def fp4_e2m1_pack(self, x: torch.Tensor, block: int, scale_format: ScaleFormat) -> torch.Tensor:
+        """Rows as packed FP4 e2m1 codes and e4m3 / ue8m0 scale bytes (ops.kv_quant)."""
+        raise TypeError
+
+    def fp4_e2m1_unpack(
+        self, packed: torch.Tensor, block: int, scale_format: ScaleFormat, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Packed FP4 rows back to values (ops.kv_quant)."""
         raise TypeError
 
     def engram_hash(

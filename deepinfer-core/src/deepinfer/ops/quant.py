@@ -11,10 +11,14 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -
 
 
 def scale_values(scale: torch.Tensor) -> torch.Tensor:
-    """Scales as fp32: e8m0 (``float8_e8m0fnu``, or raw exponent bytes in uint8) means ``2**(e - 127)``."""
-    if scale.dtype == torch.uint8:
-        scale = scale.view(torch.float8_e8m0fnu)
-    return scale.float()
+    """Scales as fp32: e8m0 (``float8_e8m0fnu``, or raw exponent bytes in uint8) means ``2**(e - 127)`` (e = 255:
+    NaN), built from the bits (no device needs an e8m0 conversion kernel)."""
+    if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu):
+        return scale.float()
+    e = scale.view(torch.uint8).to(torch.int32)
+    value = (e << 23).view(torch.float32)  # 2^(e - 127) for e >= 1
+    value = torch.where(e == 0, torch.full_like(value, 2.0**-127), value)
+    return torch.where(e == 255, torch.full_like(value, float("nan")), value)
 
 
 def _fp8_samples(dtype: torch.dtype, gen: torch.Generator):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer.layers.linear import swiglu_mlp
 from deepinfer.layers.moe import MoE, MoESpec
 from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
@@ -57,7 +58,7 @@ class ExpertParallelMoE(MoE):
         self.context.count(self.index, ids)
         out = self._exchange(x, ids, weights)
         if self.shared is not None:
-            return out + self.ops.swiglu_mlp(x, *self.shared, self.spec.swiglu_limit)
+            return out + swiglu_mlp(self.ops, x, *self.shared, self.spec.swiglu_limit)  # (dense: ops.swiglu_mlp)
         shared_id, shared_weight = self.shared_slot
         n = x.shape[0]
         return out + self.ops.moe_experts(x, shared_id.expand(n, 1), shared_weight.expand(n, 1), self.w13, self.w2,

@@ -16,6 +16,12 @@ def _ceil_pow2(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.ceil(torch.log2(x)))
 
 
+def _e8m0(scale: torch.Tensor) -> torch.Tensor:
+    """Power-of-two fp32 scales (>= 2^-126) as ``float8_e8m0fnu``, from their exponent bits (no conversion kernel
+    needed on any device)."""
+    return ((scale.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8).view(torch.float8_e8m0fnu)
+
+
 def quantize_fp8_block(
     weight: torch.Tensor, block: tuple[int, int] = (128, 128), scale_format: str = "ue8m0"
 ) -> QuantizedTensor:
@@ -35,7 +41,7 @@ def quantize_fp8_block(
     if scale_format == "ue8m0":
         scale = _ceil_pow2(scale)
     data = (blocks / scale[:, None, :, None]).view(gr * bn, gc * bk)[:rows, :cols].to(torch.float8_e4m3fn)
-    stored = scale.to(torch.float8_e8m0fnu) if scale_format == "ue8m0" else scale
+    stored = _e8m0(scale) if scale_format == "ue8m0" else scale
     return QuantizedTensor(FP8_BLOCK, data.contiguous(), stored, (rows, cols), (bn, bk))
 
 
@@ -54,4 +60,4 @@ def quantize_mxfp4(weight: torch.Tensor) -> QuantizedTensor:
     codes = dist.argmin(dim=-1) | ((scaled < 0).to(torch.int64) << 3)
     codes = codes.reshape(*lead, cols)
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-    return QuantizedTensor(MXFP4, packed, scale.to(torch.float8_e8m0fnu), (*lead, cols), (1, 32))
+    return QuantizedTensor(MXFP4, packed, _e8m0(scale), (*lead, cols), (1, 32))

@@ -18,6 +18,7 @@ from deepinfer.models.base import CausalLM, ForwardBatch, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
+from deepinfer.spec.drafter import Drafter
 from deepinfer.step import PLACEHOLDER, PromptScoring, RunnerOutput, ScheduledSample, StepInput, TokenLogprobs
 
 #: (rows of the flat batch, a device tensor of tokens, the rows of it to write there).
@@ -64,6 +65,12 @@ class ModelRunner:
         self.backend = backend if backend is not None else Backend()  # the base class: plain ``t.to(device)``
         #: Replays pure-decode steps (every chunk one token) from captured graphs; None = always eager.
         self.decode_graphs = decode_graphs
+        #: Speculative decoding's drafter (set by the engine); every step then runs ``launch_speculative``.
+        self.drafter: Drafter | None = None
+        #: Benchmarks only (``tools/bench_dspark.py``): a mean acceptance length L (tokens per verify step); each
+        #: step then accepts L - 1 drafts (alternating floor and ceil) whatever the target says.  Lossy.
+        self.forced_acceptance: float | None = None
+        self.forced_steps = 0
 
     def _upload(self, values: list[int]) -> torch.Tensor:
         """A step's int64 ids / positions / row indices on the model's device, by the backend's copy service
@@ -97,6 +104,10 @@ class ModelRunner:
     def launch(self, step: StepInput, previous: StepHandle | None = None) -> StepHandle:
         """Queue one step on the device without waiting for it.  Tokens scheduled as ``PLACEHOLDER`` (sampled
         by ``previous``, not yet read by the host) are taken from ``previous``'s device tensor."""
+        if self.drafter is not None:
+            from deepinfer.runner.speculative import launch_speculative
+
+            return launch_speculative(self, step)
         plan = self._plan(step)
         device = self.model.device
         for chunk, state in zip(step.chunks, step.states, strict=True):

@@ -15,7 +15,7 @@ import torch
 from deepinfer.ops import Ops
 from deepinfer.step import SamplingRow
 
-__all__ = ["Sampler", "SamplingRow", "TokenMaskProvider", "token_table"]
+__all__ = ["Sampler", "SamplingRow", "TokenMaskProvider", "signed64", "token_table"]
 
 _U64 = 1 << 64
 
@@ -37,7 +37,7 @@ class TokenMaskProvider(Protocol):
         ...
 
 
-def _signed64(seed: int) -> int:
+def signed64(seed: int) -> int:
     """A 64-bit seed as the int64 with the same bits."""
     seed %= _U64
     return seed - _U64 if seed >= 1 << 63 else seed
@@ -74,6 +74,15 @@ class Sampler:
         """Token ids int64 ``[N]`` on the logits' device.  ``inflight`` = (rows, tokens) on the device: the
         token each of those rows has sampled but ``output_ids`` does not hold yet (async scheduling); the
         penalties count it."""
+        return self.draw(self.distribution(logits, rows, token_bitmask, inflight), rows)
+
+    def distribution(
+        self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
+        inflight: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The logits each row draws from, fp32 ``[N, V]``: penalties, bans and the grammar mask applied; rows that
+        sample also tempered and truncated (their softmax is the distribution drawn from), greedy rows not (their
+        argmax is the token).  What speculative verification compares drafts with."""
         device = logits.device
         vocab = logits.shape[-1]
         params = [r.params for r in rows]
@@ -103,13 +112,13 @@ class Sampler:
         if token_bitmask is not None:
             x = self.ops.apply_token_bitmask(x, token_bitmask)
 
-        tokens = x.argmax(dim=-1)
+        x = x.float()
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        if drawn:  # only the rows that sample pay for truncation and noise
-            ps, rs = [params[i] for i in drawn], [rows[i] for i in drawn]
+        if drawn:  # only the rows that sample pay for truncation
+            ps = [params[i] for i in drawn]
             index = self._to(drawn, torch.int64, device)
             temperature = self._to([p.temperature for p in ps], torch.float32, device)
-            xs = x[index].float() / temperature[:, None]  # rows without top-k / top-p / min-p: only this
+            xs = x[index] / temperature[:, None]  # rows without top-k / top-p / min-p: only this
             cut = [j for j, p in enumerate(ps) if p.truncates]
             if cut:  # per row, so a row's logits never depend on whether its neighbours truncate
                 pc = [ps[j] for j in cut]
@@ -121,10 +130,22 @@ class Sampler:
                     self._to([p.top_p for p in pc], torch.float32, device),
                     self._to([p.min_p for p in pc], torch.float32, device),
                 )
+            x = x.index_copy(0, index, xs)
+        return x
+
+    def draw(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """One token per row of :meth:`distribution`'s logits: the argmax of greedy rows, a seeded draw
+        (``sample_tokens``: noise of the row's seed and output position) of the others."""
+        device = x.device
+        tokens = x.argmax(dim=-1)
+        drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if drawn:
+            rs = [rows[i] for i in drawn]
+            index = self._to(drawn, torch.int64, device)
             tokens[index] = self.ops.sample_tokens(
-                xs,
+                x[index],
                 self._to([False] * len(drawn), torch.bool, device),
-                self._to([_signed64(r.seed) for r in rs], torch.int64, device),
+                self._to([signed64(r.seed) for r in rs], torch.int64, device),
                 self._to([r.step for r in rs], torch.int64, device),
             )
         return tokens

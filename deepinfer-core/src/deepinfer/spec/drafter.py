@@ -38,7 +38,7 @@ class DraftRequest:
 class Drafter(Protocol):
     """What the engine calls on a drafter."""
 
-    max_draft_len: int  # the drafter's block size - 1
+    max_draft_len: int  # the most tokens one draft() call may return (DSpark: its block size)
     capture_layer_ids: tuple[int, ...]  # target layers whose outputs the drafter reads
 
     def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
@@ -47,11 +47,16 @@ class Drafter(Protocol):
         ...
 
     def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
-        """Draft k tokens per request from its context; must not change the context."""
+        """Draft k tokens per request from its context (1 <= k <= max_draft_len); must not change the context.
+        The context holds the features of positions before each request's anchor."""
         ...
 
     def truncate(self, slot: int, length: int) -> None:
         """Forget context beyond `length` positions (preemption / fork)."""
+        ...
+
+    def fork(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s context to slot ``dst`` (``n > 1`` completions share the prompt's prefill)."""
         ...
 
     def free(self, slot: int) -> None:

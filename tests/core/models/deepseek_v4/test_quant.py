@@ -10,7 +10,7 @@ import torch
 from deepinfer.models import load_model
 from deepinfer.ops import OpTable
 from deepinfer.ops.quant import E2M1_VALUES
-from deepinfer.quant import FP8_BLOCK, MXFP4, quantize_fp8_block, quantize_mxfp4
+from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor, quantize_fp8_block, quantize_mxfp4
 from tests.support.model_runs import assert_matches_hf, run_chunked
 from tests.support.quantized import quantize_checkpoint, v4_layout
 from tests.support.v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)
@@ -122,3 +122,27 @@ def test_quantized_checkpoint_matches_its_dequantized_model(tmp_path, expert_dty
     assert (got - run_chunked(load(source), tokens, 60)).abs().max() > 1e-3  # quantization really happened
     hf = DeepseekV4ForCausalLM.from_pretrained(dequantized_dir, dtype=torch.float32).eval()
     assert_matches_hf(got, hf_logprobs(hf, tokens))
+
+
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)], ids=["32x32", "128x128"])
+def test_native_weights_stay_quantized_and_match_the_dequantized_load(tmp_path, monkeypatch, block):
+    """``DEEPINFER_QUANTIZED_WEIGHTS=native``: FP8 projections and MXFP4 experts stay as stored (the shared expert
+    keeps FP8 when w1 and w3 stack: 32-row blocks), and the reference ops compute what the model dequantized at
+    load computes (documented tolerance: 1e-5 in fp32, measured 0)."""
+    source, _ = build_checkpoint(tmp_path / "source", SMALL, seed=7)
+    config = {"quant_method": "fp8", "weight_block_size": list(block), "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    quantized_dir, _ = quantize_checkpoint(source, tmp_path, v4_layout("fp4", block), "ue8m0", config)
+    tokens = random_tokens(40, SMALL["vocab_size"], seed=9)
+    load = lambda: load_model(quantized_dir, ops=OPS, dtype=torch.float32, device=torch.device("cpu"))  # noqa: E731
+    dequantized = run_chunked(load(), tokens, 40)
+    monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", "native")
+    model = load()
+    attn, ffn = model.layers[2].attn, model.layers[2].ffn
+    assert attn.wo_a.format == FP8_BLOCK and attn.wo_a.block == block and attn.wq_b.format == FP8_BLOCK
+    small_blocks = block == (32, 32)  # wq_a (32 rows) fills whole row blocks: it stacks with wkv into one GEMM
+    assert attn.w_in.weights[0].format == FP8_BLOCK and attn.w_in.weights[0].shape[0] == (64 if small_blocks else 32)
+    assert ffn.w13.dtype == torch.int8 and ffn.scales is not None and ffn.w13.shape == (8, 64, 32)
+    shared_fp8 = small_blocks
+    assert isinstance(ffn.shared[0], QuantizedTensor) == shared_fp8
+    got = run_chunked(model, tokens, 7)
+    torch.testing.assert_close(got, dequantized, atol=1e-5, rtol=0)

@@ -12,30 +12,13 @@ from safetensors.torch import load_file, save_file
 from deepinfer.models import load_model
 from deepinfer.models.checkpoint import CheckpointError
 from deepinfer.ops import OpTable
-from deepinfer.quant import MXFP4
+from deepinfer.quant import MXFP4, QuantizedTensor
 from tests.support.model_runs import run_chunked
+from tests.support.quantized import V41_RELEASED as RELEASED
 from tests.support.quantized import quantize_checkpoint
+from tests.support.quantized import v41_released_layout as released_layout
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES, references
-
-DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
-         ".shared_experts.")
-RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
-            "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
-
-
-def released_layout(name: str, w: torch.Tensor):
-    """As released, except that odd layers' dense weights use 128x128 blocks (the per-tensor detection must find
-    both); expert weights whose K is not a multiple of 32 (tiny dims) are FP8."""
-    if not name.endswith(".weight"):
-        return None
-    if name.endswith("engram.embed.weight"):
-        return "fp8", (1, 32)
-    if ".ffn.experts." in name:
-        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
-    if any(p in name for p in DENSE):
-        return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
-    return None
 
 
 def _load(path):
@@ -96,3 +79,21 @@ def test_mxfp4_scales_read_as_16_element_blocks_are_refused(released, tmp_path):
     path = _rewrite(released[0], tmp_path / "bad", change)
     with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.scale \(mxfp4 scales\): expected shape"):
         _load(path)
+
+
+def test_native_weights_stay_fp8_and_match_the_dequantized_load(released, monkeypatch):
+    """``DEEPINFER_QUANTIZED_WEIGHTS=native``: the FP8 projections (both block sizes) stay as stored and run through
+    ``fp8_block_linear``; on the reference ops the logprobs equal those of the same checkpoint dequantized at load
+    (documented tolerance 1e-5 in fp32).  tiny_b's experts mix MXFP4 (w1, w3) and FP8 (w2: K = 16), so they are
+    dequantized (the MXFP4 expert path runs in V4's test, whose dims fit it)."""
+    quantized_dir, _ = released
+    tokens = references("tiny_b")[0].tokens
+    dequantized = run_chunked(_load(quantized_dir), tokens, len(tokens))
+    monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", "native")
+    model = _load(quantized_dir)
+    assert isinstance(model.layers[4].attn.wq_b, QuantizedTensor) and model.layers[4].attn.wq_b.block == (32, 32)
+    assert model.layers[5].attn.wo_a.block == (128, 128)
+    assert isinstance(model.layers[4].attn.indexer.wq_b, QuantizedTensor)
+    assert model.layers[4].ffn.scales is None  # mixed expert formats: dequantized
+    got = run_chunked(model, tokens, 37)
+    torch.testing.assert_close(got, dequantized, atol=1e-5, rtol=0)

@@ -1,7 +1,7 @@
 """``GET /metrics``: the async engine's statistics in Prometheus' text format (version 0.0.4).
 
 Names follow vLLM's (``vllm:`` becomes ``deepinfer:``), each labelled with ``model_name``.  Speculative decoding
-(DSpark) acceptance counters will join here once drafting exists.
+(DSpark) acceptance is counted per finished request, as vLLM's ``spec_decode_*`` counters.
 """
 
 from __future__ import annotations
@@ -69,4 +69,14 @@ def render(stats: EngineStats, model: str) -> str:
     w.histogram("deepinfer:e2e_request_latency_seconds", "Arrival to finish of a request.",
                 stats.e2e_request_latency)
     w.histogram("deepinfer:request_queue_time_seconds", "Arrival to first scheduled step.", stats.queue_time)
+    w.metric("deepinfer:spec_decode_num_drafts_total", "counter", "Speculative verify steps of finished requests.",
+             stats.spec_num_drafts)
+    w.metric("deepinfer:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
+             stats.spec_num_draft_tokens)
+    w.metric("deepinfer:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+             stats.spec_num_accepted_tokens)
+    w.header("deepinfer:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+             "Draft tokens accepted at each position of a draft block.")
+    for pos, n in enumerate(stats.spec_accepted_per_pos):
+        w.sample("deepinfer:spec_decode_num_accepted_tokens_per_pos_total", n, f'position="{pos}"')
     return "\n".join(w.lines) + "\n"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer import envs
 from deepinfer.models.checkpoint import SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.config import DeepseekV4Config
 from deepinfer.models.deepseek_v4.model import DeepseekV4ForCausalLM
@@ -23,8 +24,10 @@ __all__ = ["DeepseekV4Config", "DeepseekV4ForCausalLM", "DeepseekV4State", "load
 def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device,
          parallel: ParallelContext | None = None) -> DeepseekV4ForCausalLM:
     """Build the model from a checkpoint directory (config.json + safetensors); ``parallel``: this rank's
-    parallel context (None: one process)."""
+    parallel context (None: one process); ``DEEPINFER_QUANTIZED_WEIGHTS=native`` keeps FP8 / MXFP4 weights as
+    stored."""
     cfg = DeepseekV4Config.from_file(path)
     weights = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device),
                            keep=parallel.loads if parallel is not None else None)
-    return DeepseekV4ForCausalLM(cfg, weights, ops=ops, dtype=dtype, device=device, parallel=parallel)
+    return DeepseekV4ForCausalLM(cfg, weights, ops=ops, dtype=dtype, device=device, parallel=parallel,
+                                 native_weights=envs.quantized_weights() == "native")

@@ -18,6 +18,7 @@ import torch
 from deepinfer.kv.decode_plan import DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.pool import StatePool
+from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
@@ -27,16 +28,20 @@ from deepinfer.ops import Ops
 
 
 class Attention:
-    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor]):
+    def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor],
+                 weight: GetWeight | None = None):
+        """``weight``: the projections' weights as the model keeps them (FP8 where quantized); default ``get``."""
+        weight = weight or get
         p = f"layers.{layer}.attn."
         self.ops, self.layer, self.kind, self.ratio = ops, layer, cfg.layer_types[layer], cfg.compress_ratios[layer]
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.window, self.eps = cfg.sliding_window, cfg.rms_norm_eps
         spec = cfg.rope_main if self.kind == SLIDING else cfg.rope_compress
-        device = get(p + "wkv.weight").device
+        device = get(p + "norm.weight").device
         self.inv_freq, self.rope_scaling = inv_freq(spec, cfg.rope_head_dim).to(device), spec.attention_scaling
-        self.q_norm, self.wq_b, self.kv_norm = get(p + "q_norm.weight"), get(p + "wq_b.weight"), get(p + "norm.weight")
-        self.wo_a, self.wo_b, self.sinks = get(p + "wo_a.weight"), get(p + "wo_b.weight"), get(p + "attn_sink")
+        self.q_norm, self.kv_norm = get(p + "q_norm.weight"), get(p + "norm.weight")
+        self.wq_b = weight(p + "wq_b.weight")
+        self.wo_a, self.wo_b, self.sinks = weight(p + "wo_a.weight"), weight(p + "wo_b.weight"), get(p + "attn_sink")
         # Everything the layer projects the token itself to, as one GEMM: wq_a | wkv | compressor kv | gate |
         # indexer compressor kv | gate | indexer head weights (one read of x and one launch instead of up to 7).
         blocks = [["wq_a"], ["wkv"]]
@@ -56,8 +61,8 @@ class Attention:
                 rope_scaling=self.rope_scaling,
             )
             blocks += [["indexer.compressor.wkv", "indexer.compressor.wgate"], ["indexer.weights_proj"]]
-        parts = [[get(p + name + ".weight") for name in block] for block in blocks]
-        self.w_in = torch.cat([w for block in parts for w in block])
+        parts = [[weight(p + name + ".weight") for name in block] for block in blocks]
+        self.w_in = Projection([w for block in parts for w in block])
         self.in_splits = [sum(w.shape[0] for w in block) for block in parts]
 
     def _compressor(self, get: Callable[[str], torch.Tensor], p: str, cfg: DeepseekV4Config) -> Compressor:
@@ -76,9 +81,9 @@ class Attention:
         """The token's projections: ``q_residual`` (the indexer reads it), per-head queries and the K=V
         latent (both rotated), and what the compressors and the indexer read (``inputs``)."""
         ops, tokens = self.ops, x.shape[0]
-        q_lin, kv_lin, *rest = ops.linear(x, self.w_in).split(self.in_splits, dim=1)
+        q_lin, kv_lin, *rest = self.w_in(ops, x).split(self.in_splits, dim=1)
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
-        q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
+        q = linear(ops, q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rms_norm_rope(q, None, self.eps, positions, self.inv_freq, self.rope_scaling)
         kv = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
         return q_residual, q, kv, _Inputs(*rest)
@@ -87,8 +92,8 @@ class Attention:
         ops, tokens = self.ops, q.shape[0]
         out = ops.sparse_attention_inverse_rope(q, pool, indices, self.sinks, self.head_dim**-0.5, positions,
                                                 self.inv_freq, self.rope_scaling)
-        out = ops.grouped_linear(out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
-        return ops.linear(out, self.wo_b)
+        out = grouped_linear(ops, out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
+        return linear(ops, out, self.wo_b)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, layout: RaggedLayout,
                  states: list[DeepseekV4State], pool: StatePool, cache: LayerCache) -> torch.Tensor:

@@ -20,6 +20,7 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoESpec, build_moe
 from deepinfer.models.base import ForwardBatch
@@ -38,17 +39,17 @@ if TYPE_CHECKING:
 
 class DecoderLayer:
     def __init__(self, ops: Ops, cfg: DeepseekV4Config, layer: int, get: Callable[[str], torch.Tensor],
-                 parallel: ParallelContext | None = None):
+                 parallel: ParallelContext | None = None, weight: GetWeight | None = None):
         p = f"layers.{layer}."
         self.ops, self.eps = ops, cfg.rms_norm_eps
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
         self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, layer, get)
+        self.attn = Attention(ops, cfg, layer, get, weight)
         moe = MoESpec(cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.scoring_func,
                       cfg.swiglu_limit, hash_routed=cfg.mlp_layer_types[layer] == HASH_MOE)
-        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, layer)
+        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, layer, weight)
 
     def __call__(self, streams: torch.Tensor, input_ids: torch.Tensor,
                  attend: Callable[[Attention, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -65,18 +66,22 @@ class DecoderLayer:
 class DeepseekV4ForCausalLM(PooledCausalLM):
     """Implements :class:`deepinfer.models.base.CausalLM`.
 
-    Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype; the stored
-    forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
+    Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype, except, with
+    ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the quantized GEMM ops);
+    the stored forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
     def __init__(
         self, cfg: DeepseekV4Config, weights: V4Weights, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-        parallel: ParallelContext | None = None,
+        parallel: ParallelContext | None = None, native_weights: bool = False,
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        self.quantized = {n: t for n, t in weights.tensors.items() if isinstance(t, QuantizedTensor)}
+        #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
+        #: reference would keep a copy of every weight they restack alive)
+        stored = {n: t for n, t in weights.tensors.items() if isinstance(t, QuantizedTensor)}
+        self.quantized = {} if native_weights else stored
         self.mtp_weights = weights.mtp
 
         def get(name: str) -> torch.Tensor:
@@ -87,7 +92,8 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
         self.norm = get("norm.weight")
         self.hc_head = (get("hc_head_fn"), get("hc_head_base"), get("hc_head_scale"))
-        self.layers = [DecoderLayer(ops, cfg, i, get, parallel) for i in range(cfg.num_hidden_layers)]
+        weight = stored_weight(weights.tensors, get) if native_weights else None
+        self.layers = [DecoderLayer(ops, cfg, i, get, parallel, weight) for i in range(cfg.num_hidden_layers)]
         self.parallel = parallel
         self.state_spec, self.views = spec_for(cfg), layer_caches
         self.ratio_kinds = {r: RatioKinds(overlap=CSA in kinds, indexed=CSA in kinds, attends_all=HCA in kinds)

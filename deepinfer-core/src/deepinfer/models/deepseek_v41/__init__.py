@@ -29,7 +29,8 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
     """Build the model from a checkpoint directory (config.json, safetensors, and tokenizer.json, from which
     Engram's compressed token map is derived).  ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact`` turns on
     decoder prefill truncation with ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS`` kept rows (checked here).
-    ``parallel``: this rank's parallel context (None: one process)."""
+    ``parallel``: this rank's parallel context (None: one process).  ``DEEPINFER_QUANTIZED_WEIGHTS=native`` keeps
+    FP8 / MXFP4 weights as stored; ``DEEPINFER_QUANTIZED_KV=1`` stores the state in the model's KV formats."""
     cfg = DeepseekV41Config.from_file(path)
     keep = envs.yoco_prefill_keep_tokens() if envs.yoco_prefill_truncation_mode() == "compact" else None
     if keep is not None:
@@ -45,4 +46,5 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
         token_map = CompressedTokenMap.from_file(path, cfg.engram_compressed_vocab_size).lookup(
             cfg.vocab_size, cfg.engram_pad_id)
     return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device,
-                                  decoder_keep=keep, parallel=parallel)
+                                  decoder_keep=keep, parallel=parallel,
+                                  native_weights=envs.quantized_weights() == "native", quantized_kv=envs.quantized_kv())

@@ -2,7 +2,8 @@
 
 - queries: ``q = wq_b(RMSNorm(wq_a x))`` rotated on the last rope dims (no per-head norm, unlike V4);
 - one K=V latent per token: ``RMSNorm(wkv x)`` rotated, then FP8 (ue8m0 scale per 32): the model's own
-  fake-quantization, so the ring stores exactly what is attended;
+  fake-quantization, so the ring stores exactly what is attended (packed in that format with
+  ``DEEPINFER_QUANTIZED_KV``: :mod:`.state`, :mod:`deepinfer.kv.store`);
 - keys = the layer's last ``sliding_window`` latents and, in layers with a ratio, the top-k entries of its
   group (CSA2 roles: the kv source compresses, index sources pick, Reuse layers take the latest picks);
 - a sink logit per head; the output's rope dims rotated back; grouped output projection ``wo_a`` / ``wo_b``.
@@ -19,6 +20,8 @@ import torch
 from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
+from deepinfer.kv.store import RowStore
+from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
 from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
@@ -59,18 +62,21 @@ class GraphStep:
 
 class Attention:
     def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
-                 prefix: str | None = None):
-        """``prefix``: the tensors' name prefix (default ``layers.N.attn.``; the DSpark drafter's ``mtp.i.attn.``)."""
+                 prefix: str | None = None, weight: GetWeight | None = None):
+        """``prefix``: the tensors' name prefix (default ``layers.N.attn.``; the DSpark drafter's ``mtp.i.attn.``);
+        ``weight``: the projections' weights as the model keeps them (FP8 where it keeps them quantized); None:
+        ``get``."""
+        weight = weight or get
         p = prefix if prefix is not None else f"layers.{role.layer_id}.attn."
         self.ops, self.role, self.ratio = ops, role, role.ratio
         self.heads, self.head_dim, self.groups = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.eps = cfg.rms_norm_eps
         spec = cfg.rope_main if role.rope == "main" else cfg.rope_compress
-        self.inv_freq = inv_freq(spec, cfg.rope_dim).to(get(p + "wkv.weight").device)
-        self.rope_scaling = spec.attention_scaling
-        self.q_norm, self.wq_b = get(p + "q_norm.weight"), get(p + "wq_b.weight")
         self.kv_norm = get(p + "kv_norm.weight")
-        self.wo_a, self.wo_b, self.sinks = get(p + "wo_a.weight"), get(p + "wo_b.weight"), get(p + "attn_sink")
+        self.inv_freq = inv_freq(spec, cfg.rope_dim).to(self.kv_norm.device)
+        self.rope_scaling = spec.attention_scaling
+        self.q_norm, self.wq_b = get(p + "q_norm.weight"), weight(p + "wq_b.weight")
+        self.wo_a, self.wo_b, self.sinks = weight(p + "wo_a.weight"), weight(p + "wo_b.weight"), get(p + "attn_sink")
         names = ["wq_a", "wkv"]
         self.compressor = self.indexer = None
         if role.mode == FULL:
@@ -80,41 +86,52 @@ class Attention:
             index_freq = inv_freq(rope, cfg.rope_dim).to(self.inv_freq.device)
             ispec = IndexerSpec(cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, cfg.candidate_block_size,
                                 cfg.candidate_topk_blocks, cfg.rms_norm_eps)
-            self.indexer = Indexer(ops, ispec, role, get, p + "indexer.", index_freq, rope.attention_scaling)
+            self.indexer = Indexer(ops, ispec, role, get, p + "indexer.", index_freq, rope.attention_scaling, weight)
             names.append("indexer.weights_proj")
         # what the layer projects the token itself to, as one GEMM: wq_a | wkv (| indexer head weights)
-        parts = [get(p + name + ".weight") for name in names]
-        self.w_in, self.in_splits = torch.cat(parts), [w.shape[0] for w in parts]
-        self.wkv = self.w_in[self.in_splits[0] : self.in_splits[0] + self.in_splits[1]]  # a view of w_in
+        self.w_in = Projection([weight(p + name + ".weight") for name in names])
+        self.in_splits = self.w_in.sizes
+        # wkv alone (the DSpark drafter's context latents): a view of w_in's rows where they are one dense tensor
+        wkv = self.w_in.rows(self.in_splits[0], self.in_splits[0] + self.in_splits[1])
+        self.wkv = wkv if wkv is not None else weight(p + "wkv.weight")
 
     # --- shared by both paths -------------------------------------------------------------------------
-    def _project(self, x: torch.Tensor, positions: torch.Tensor):
-        """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), index head weights)."""
+    def _project(self, x: torch.Tensor, positions: torch.Tensor, ring: RowStore | None = None):
+        """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), its rows as ``ring``
+        stores them, index head weights)."""
         ops, tokens = self.ops, x.shape[0]
-        q_lin, kv_lin, *rest = ops.linear(x, self.w_in).split(self.in_splits, dim=1)
+        q_lin, kv_lin, *rest = self.w_in(ops, x).split(self.in_splits, dim=1)
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
-        q = ops.linear(q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
+        q = linear(ops, q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
-        kv = ops.rms_norm_rope_fp8_e4m3_fake_quant(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq,
-                                                   self.rope_scaling, WINDOW_BLOCK)
-        return q_residual, q, kv, (rest[0] if rest else None)
+        if ring is not None and ring.packed:  # the ring stores FP8 codes: pack the rotated latent itself
+            stored, kv = ring.encode(ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq,
+                                                       self.rope_scaling))
+        else:
+            kv = stored = ops.rms_norm_rope_fp8_e4m3_fake_quant(kv_lin, self.kv_norm, self.eps, positions,
+                                                                self.inv_freq, self.rope_scaling, WINDOW_BLOCK)
+        return q_residual, q, kv, stored, (rest[0] if rest else None)
 
     def latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The K=V latents [T, Dh] of rows ``x`` alone (rotated, FP8): the DSpark drafter's context, projected
         from its main feature by each draft layer's own ``wkv`` / ``kv_norm``."""
-        return self.ops.rms_norm_rope_fp8_e4m3_fake_quant(self.ops.linear(x, self.wkv), self.kv_norm, self.eps,
+        return self.ops.rms_norm_rope_fp8_e4m3_fake_quant(linear(self.ops, x, self.wkv), self.kv_norm, self.eps,
                                                           positions, self.inv_freq, self.rope_scaling, WINDOW_BLOCK)
 
-    def _entries(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Compressed entries of pre-RoPE latents at their windows' first positions: rotated, then FP4."""
+    def _entries(self, latents: torch.Tensor, positions: torch.Tensor, pages: RowStore) -> torch.Tensor:
+        """Compressed entries of pre-RoPE latents at their windows' first positions, rotated, then FP4, as the
+        entry ``pages`` store them (packed, or fake-quantized values)."""
+        if pages.packed:
+            return pages.stored(self.ops.rope(latents, positions, self.inv_freq, self.rope_scaling))
         return self.ops.rope_fp4_e2m1_fake_quant(latents, positions, self.inv_freq, self.rope_scaling, *LATENT_FORMAT)
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, cols: torch.Tensor, positions: torch.Tensor):
+        """``pool``: values (rows read from the state, or the state's own tensor)."""
         ops, tokens = self.ops, q.shape[0]
         out = ops.sparse_attention_inverse_rope(q, pool, cols, self.sinks, self.head_dim**-0.5, positions,
                                                 self.inv_freq, self.rope_scaling)
-        out = ops.grouped_linear(out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
-        return ops.linear(out, self.wo_b)
+        out = grouped_linear(ops, out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
+        return linear(ops, out, self.wo_b)
 
     def _picks(self, q_residual, weights, positions, keys, seq_ids, causal: CausalPicks | None,
                published: Published, longest: int) -> torch.Tensor | None:
@@ -144,15 +161,15 @@ class Attention:
             plan = step.layout.plans[self.ratio]
             closed = plan.closed_positions
             assert closed is not None and plan.closed_kv_rows is not None and plan.closed_rows is not None
-            cache.kv.index_copy_(0, plan.closed_kv_rows, self._entries(latents, closed))
-            assert self.indexer is not None and cache.index_keys is not None
-            cache.index_keys.index_copy_(0, plan.closed_rows, self.indexer.keys(latents, closed))
+            cache.kv_rows.write_entries(plan.closed_rows, self._entries(latents, closed, cache.kv_rows.entries))
+            assert self.indexer is not None and cache.key_rows is not None
+            cache.key_rows.write(plan.closed_rows, self.indexer.keys(latents, closed, cache.key_rows))
 
     def __call__(self, x: torch.Tensor, step: RaggedStep, cache: LayerCache) -> torch.Tensor:
         """The step's attention pool is the sequences' window history and the group's entries gathered from the
         layer's KV buffer, then the new latents (``layout.plans``: where); then the ring takes its newest."""
         positions, layout = step.positions, step.layout
-        q_residual, q, kv, weights = self._project(x, positions)
+        q_residual, q, kv, stored, weights = self._project(x, positions, cache.kv_rows.rings)
         plan = layout.plans[self.ratio]
         if not step.precompressed:  # first: the step's closed windows are entries the pool gathers
             self.compress(x, step, cache)
@@ -161,7 +178,8 @@ class Attention:
             longest = max((s + n) // self.ratio for s, n in zip(layout.starts, layout.lens, strict=True))
             keys = None
             if self.indexer is not None and longest > self.indexer.spec.topk:
-                keys = cache.index_keys[layout.entry_rows[self.ratio][:, :longest]]  # type: ignore[index]
+                assert cache.key_rows is not None
+                keys = cache.key_rows.read(layout.entry_rows[self.ratio][:, :longest])
             picks = self._picks(q_residual, weights, positions, keys, layout.seq_ids, None, step.published, longest)
             assert plan.causal_cols is not None and plan.entry_offsets is not None  # a compressed ratio's plan
             if picks is None:
@@ -169,8 +187,8 @@ class Attention:
             else:
                 cols = torch.cat([cols, torch.where(picks >= 0, plan.entry_offsets[:, None] + picks, -1)], dim=1)
         gather_rows, ring_rows = plan.for_ring(cache.ring_base)
-        keys_pool = torch.cat([cache.kv[gather_rows], kv])
-        cache.kv.index_copy_(0, ring_rows, kv[plan.ring_src])  # after the gather: it read the old rings
+        keys_pool = torch.cat([cache.kv_rows.read(gather_rows), kv])
+        cache.kv_rows.write_rings(ring_rows, stored[plan.ring_src])  # after the gather: it read the old rings
         if (rows := layout.query_rows) is not None:  # context parallelism: this rank's queries only
             q, cols, positions = q[rows], cols[rows], positions[rows]
         return self._output(q, keys_pool, cols, positions)
@@ -182,7 +200,7 @@ class Attention:
         from :meth:`latents`) followed by the block's own latents; ``cols`` [T, K] index that concatenation
         (``-1``: unused), so the caller decides who sees whom (the drafter: every row sees its block and its
         sequence's context window).  No state is written."""
-        _, q, kv, _ = self._project(x, positions)
+        _, q, kv, _, _ = self._project(x, positions)
         return self._output(q, torch.cat([context, kv]), cols, positions)
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
@@ -190,19 +208,22 @@ class Attention:
         """The token's latent goes to its ring first (which then holds exactly the window ending at it); the
         window and the group's entry pages are read in place through row indices (``graph.plan``)."""
         step, plan = graph.step, graph.plan
-        q_residual, q, kv, weights = self._project(x, step.positions)
-        cache.kv.index_copy_(0, plan.ring_rows + cache.ring_base, kv)
+        q_residual, q, _, stored, weights = self._project(x, step.positions, cache.kv_rows.rings)
+        cache.kv_rows.write_rings(plan.ring_rows + cache.ring_base, stored)
         cols = graph.window_cols[cache.ring_base]
         if self.ratio:
             ratio = plan.ratios[self.ratio]
             if self.compressor is not None:
                 latents = self.compressor.decode(x, step.slots, ratio, cache.pending)
-                cache.kv[entry_base:].index_copy_(0, ratio.entry_write, self._entries(latents, ratio.entry_positions))
-                assert self.indexer is not None and cache.index_keys is not None
-                cache.index_keys.index_copy_(0, ratio.entry_write, self.indexer.keys(latents, ratio.entry_positions))
+                entries = self._entries(latents, ratio.entry_positions, cache.kv_rows.entries)
+                cache.kv_rows.write_entries(ratio.entry_write, entries)
+                assert self.indexer is not None and cache.key_rows is not None
+                new_keys = self.indexer.keys(latents, ratio.entry_positions, cache.key_rows)
+                cache.key_rows.write(ratio.entry_write, new_keys)
             keys = None
             if ratio.picks is not None and self.indexer is not None:
-                keys = cache.index_keys[ratio.entry_rows]  # type: ignore[index]
+                assert cache.key_rows is not None
+                keys = cache.key_rows.read(ratio.entry_rows)
             longest = ratio.entry_rows.shape[1] if ratio.picks is not None else 0
             picks = self._picks(q_residual, weights, step.positions, keys, plan.seq_ids, ratio.picks,
                                 graph.published, longest)
@@ -212,4 +233,5 @@ class Attention:
             else:
                 assert ratio.pick_cols is not None
                 cols = torch.cat([cols, ratio.pick_cols[plan.seq_ids[:, None], picks]], dim=1)
-        return self._output(q, cache.kv, cols, step.positions)
+        pool, cols = cache.kv_rows.attention_pool(cols)
+        return self._output(q, pool, cols, step.positions)

@@ -36,13 +36,15 @@ Gather = Callable[[Any, EngramWeights, torch.Tensor], tuple[torch.Tensor, torch.
 
 
 def local_rows(ops: Any, weights: EngramWeights, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The rows of ``flat`` from the table held here (an FP8 table's scale rows too)."""
-    rows = ops.embedding(flat, weights.table)
-    if rows.dtype != torch.float8_e4m3fn:
-        return rows, None
+    """The rows of ``flat`` from the table held here (an FP8 table's scale rows too).  FP8 rows and e8m0 scales are
+    gathered as bytes: every device indexes uint8 rows (not every one has fp8 / e8m0 indexing kernels)."""
+    if weights.table.dtype != torch.float8_e4m3fn:
+        return ops.embedding(flat, weights.table), None
     if weights.table_scale is None:
         raise ValueError("an FP8 Engram table needs its embed.scale tensor")
-    return rows, ops.embedding(flat, weights.table_scale)
+    rows = ops.embedding(flat, weights.table.view(torch.uint8)).view(torch.float8_e4m3fn)
+    scale = weights.table_scale  # e8m0 (float8_e8m0fnu or its bytes) gathers as bytes; fp32 scales as they are
+    return rows, ops.embedding(flat, scale.view(torch.uint8) if scale.element_size() == 1 else scale)
 
 
 def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor, gather: Gather = local_rows

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.kv.decode_plan import CausalPicks
+from deepinfer.kv.store import RowStore
+from deepinfer.layers.linear import GetWeight, linear
 from deepinfer.models.deepseek_v41.roles import FULL, LayerRole
 from deepinfer.ops import Ops
 from deepinfer.ops.fake_quant import ScaleFormat
@@ -45,10 +47,10 @@ class IndexerSpec:
 
 class Indexer:
     def __init__(self, ops: Ops, spec: IndexerSpec, role: LayerRole, get: Callable[[str], torch.Tensor],
-                 prefix: str, inv_freq: torch.Tensor, rope_scaling: float):
+                 prefix: str, inv_freq: torch.Tensor, rope_scaling: float, weight: GetWeight | None = None):
         self.ops, self.spec, self.role = ops, spec, role
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
-        self.wq_b = get(prefix + "wq_b.weight")
+        self.wq_b = (weight or get)(prefix + "wq_b.weight")  # FP8 where the model keeps it quantized
         self.wk = self.k_norm = None
         if role.mode == FULL:  # the kv source also makes the group's keys
             self.wk, self.k_norm = get(prefix + "wk.weight"), get(prefix + "k_norm.weight")
@@ -57,10 +59,13 @@ class Indexer:
         """Rotated at ``positions``, then FP4: one op (a backend quantizes in the rotation's epilogue)."""
         return self.ops.rope_fp4_e2m1_fake_quant(x, positions, self.inv_freq, self.rope_scaling, *KEY_FORMAT)
 
-    def keys(self, latents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The group's indexer keys [n, head_dim] of pre-RoPE ``latents`` [n, dim] at their entries' positions."""
+    def keys(self, latents: torch.Tensor, positions: torch.Tensor, store: RowStore | None = None) -> torch.Tensor:
+        """The group's indexer keys [n, head_dim] of pre-RoPE ``latents`` [n, dim] at their entries' positions, as
+        ``store`` keeps them: packed (``store.packed``), or the FP4 fake-quantized values."""
         assert self.wk is not None
         k = self.ops.rms_norm(self.ops.linear(latents, self.wk), self.k_norm, self.spec.eps)
+        if store is not None and store.packed:
+            return store.stored(self.ops.rope(k, positions, self.inv_freq, self.rope_scaling))
         return self._rope_fp4(k, positions)
 
     def picks(self, q_residual: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
@@ -68,7 +73,7 @@ class Indexer:
         """Entry ids [T, topk] (``-1`` pads) of the queries' picks against ``keys`` [S, N, head_dim] (the group's
         keys of each sequence, padded); publishes the candidate blocks if this is the candidate source."""
         ops, s = self.ops, self.spec
-        q = ops.linear(q_residual, self.wq_b).view(q_residual.shape[0], s.n_heads, s.head_dim)
+        q = linear(ops, q_residual, self.wq_b).view(q_residual.shape[0], s.n_heads, s.head_dim)
         q = self._rope_fp4(q, positions)
         args = (q, weights, keys, seq_ids, causal.limits, s.topk, s.head_dim**-0.5, s.n_heads**-0.5)
         if self.role.is_candidate_source:

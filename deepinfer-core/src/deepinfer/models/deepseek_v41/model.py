@@ -24,6 +24,7 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoESpec, build_moe
 from deepinfer.models.base import ForwardBatch
@@ -40,6 +41,7 @@ from deepinfer.ops import Ops
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
+from deepinfer.spec.drafter import Drafter
 
 if TYPE_CHECKING:
     from deepinfer.parallel.context import ParallelContext
@@ -58,20 +60,21 @@ def moe_spec(cfg: DeepseekV41Config, experts: int, top_k: int) -> MoESpec:
 
 class DecoderLayer:
     """One block: mHC sites, attention, MoE.  Backbone layer N reads ``layers.N.*``; the DSpark drafter builds
-    its draft layers from the same class with ``prefix="mtp.i."``, a sliding-only role and its own MoE spec."""
+    its draft layers from the same class with ``prefix="mtp.i."``, a sliding-only role and its own MoE spec.
+    ``weight``: the projections' and experts' weights as the model keeps them (FP8 / MXFP4); None: ``get``."""
 
     def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
                  engram: Engram | None, *, prefix: str | None = None, moe: MoESpec | None = None,
-                 parallel: ParallelContext | None = None):
+                 parallel: ParallelContext | None = None, weight: GetWeight | None = None):
         p = prefix if prefix is not None else f"layers.{role.layer_id}."
         self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
         hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
         self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
         self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
         self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, role, get, prefix=p + "attn.")
+        self.attn = Attention(ops, cfg, role, get, prefix=p + "attn.", weight=weight)
         moe = moe if moe is not None else moe_spec(cfg, cfg.n_routed_experts, cfg.num_experts_per_tok)
-        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, role.layer_id)
+        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, role.layer_id, weight)
 
     def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
                  lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,22 +121,28 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``decoder_keep``: decoder prefill truncation (:mod:`.truncation`): the decoder runs on the last
     ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
-    row); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    row) and, with ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the
+    quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    ``quantized_kv``: the state stores K=V and indexer keys in the model's formats (:mod:`.state`).
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], mtp: dict[str, Stored],
                  token_map: torch.Tensor | None, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-                 decoder_keep: int | None = None, parallel: ParallelContext | None = None):
+                 decoder_keep: int | None = None, parallel: ParallelContext | None = None,
+                 native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        self.quantized = {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
+        #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
+        #: reference would keep a copy of every weight they restack alive)
+        self.quantized = {} if native_weights else {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
         self.mtp_weights = mtp
 
         def get(name: str) -> torch.Tensor:
             t = tensors[name]
             return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
 
+        weight = stored_weight(tensors, get) if native_weights else None
         self.embed = get("embed.weight")
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
         self.norm = get("norm.weight")
@@ -147,12 +156,12 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
             shard_engrams(parallel, engrams, cfg.engram_layer_ids, cfg.engram_num_embeddings)
-        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel)
+        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel, weight=weight)
                        for i in range(cfg.num_hidden_layers)]
         self.parallel = parallel
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
-        self.state_spec, self.views = state_spec(cfg), views_for(cfg)
+        self.state_spec, self.views = state_spec(cfg, quantized=quantized_kv), views_for(cfg, ops)
         self.ratio_kinds = {r: RatioKinds(indexed=True) for r in self.state_spec.paged_ratios}
         self.decoder_keep = decoder_keep
         self.decoder_layer = cut_layer(cfg, decoder_keep) if decoder_keep is not None else None
@@ -170,6 +179,17 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         if self.decoder_keep is None:
             return super().replay_start(hit, needed)
         return max(0, min(hit, needed + 1 - self.decoder_keep) - self.replay_lookback)
+
+    def make_drafter(self) -> Drafter | None:
+        """The checkpoint's DSpark drafter over the configured state pool (one context per pool slot), or None
+        when the checkpoint has none (:class:`deepinfer.models.base.DraftingModel`)."""
+        if not self.config.num_nextn_predict_layers or not self.mtp_weights:
+            return None
+        from deepinfer.models.deepseek_v41.dspark import DSparkDrafter  # (it builds on this module)
+
+        if self.pool is None or self.pool.growable:
+            raise RuntimeError("make_drafter: configure_state first (the drafter keeps a context per state slot)")
+        return DSparkDrafter.from_model(self, self.pool.slots)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """:meth:`PooledCausalLM.forward`; with ``batch.capture_rows`` also sets ``batch.captured``."""
@@ -283,4 +303,5 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     def _final(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """The streams collapsed with the last site's pre, normalised: the hidden states."""
         return self.ops.rms_norm(self.ops.hc_collapse(streams, pre), self.norm, self.config.rms_norm_eps)
+
 

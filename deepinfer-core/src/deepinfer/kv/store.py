@@ -1,0 +1,106 @@
+"""A state buffer's rows as values, whatever their stored form.
+
+A model whose rows carry a quantization of their own (V4.1 fake-quantizes its K=V latents and indexer keys) gives
+each buffer a :class:`RowStore` with that :class:`~.spec.RowFormat`.  ``encode(x)`` returns (what to store, the
+values the model computes with): the fake-quantized rows twice when the buffer holds the model's dtype, or the
+packed rows and their unpacked values when it stores the format itself (``packed``).  Both give the same values
+bit for bit (``unpack(pack(x)) == fake_quant(x)``, :mod:`deepinfer.ops.kv_quant`), so the storage changes no
+logit.  Reads unpack where the rows are read (a kernel reading the packed rows directly may replace that later).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.kv.spec import RowFormat
+from deepinfer.ops import Ops
+
+
+def fake_quant(ops: Ops, fmt: RowFormat, x: torch.Tensor) -> torch.Tensor:
+    """Rows rounded onto ``fmt``'s grid and back (x itself when its width is not a multiple of the block)."""
+    if fmt.kind == "fp8_e4m3":
+        return ops.fp8_e4m3_fake_quant(x, fmt.block)
+    return ops.fp4_e2m1_fake_quant(x, fmt.block, "e4m3" if fmt.scale_format == "e4m3" else "ue8m0")
+
+
+def pack(ops: Ops, fmt: RowFormat, x: torch.Tensor) -> torch.Tensor:
+    if fmt.kind == "fp8_e4m3":
+        return ops.fp8_e4m3_pack(x, fmt.block)
+    return ops.fp4_e2m1_pack(x, fmt.block, "e4m3" if fmt.scale_format == "e4m3" else "ue8m0")
+
+
+def unpack(ops: Ops, fmt: RowFormat, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if fmt.kind == "fp8_e4m3":
+        return ops.fp8_e4m3_unpack(rows, fmt.block, dtype)
+    return ops.fp4_e2m1_unpack(rows, fmt.block, "e4m3" if fmt.scale_format == "e4m3" else "ue8m0", dtype)
+
+
+class RowStore:
+    """Rows of one tensor (``[rows, width]`` in ``dtype``, or ``[rows, fmt.row_bytes(width)]`` uint8 if
+    ``packed``); ``fmt``: the rows' quantization (None: none)."""
+
+    __slots__ = ("dtype", "fmt", "ops", "packed", "tensor")
+
+    def __init__(self, ops: Ops, tensor: torch.Tensor, fmt: RowFormat | None, packed: bool, dtype: torch.dtype):
+        if packed and fmt is None:
+            raise ValueError("a packed RowStore needs its RowFormat")
+        self.ops, self.tensor, self.fmt, self.packed, self.dtype = ops, tensor, fmt, packed, dtype
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows to store, their values) of new rows ``x`` [..., width]."""
+        if self.fmt is None:
+            return x, x
+        if self.packed:
+            stored = pack(self.ops, self.fmt, x)
+            return stored, unpack(self.ops, self.fmt, stored, x.dtype)
+        values = fake_quant(self.ops, self.fmt, x)
+        return values, values
+
+    def stored(self, x: torch.Tensor) -> torch.Tensor:
+        """What to store for new rows ``x`` (``encode(x)[0]`` without unpacking)."""
+        if self.fmt is None:
+            return x
+        return pack(self.ops, self.fmt, x) if self.packed else fake_quant(self.ops, self.fmt, x)
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        """Values of stored ``rows`` (any shape of int64 row ids) -> [*rows.shape, width]."""
+        got = self.tensor[rows]
+        return unpack(self.ops, self.fmt, got, self.dtype) if self.packed and self.fmt is not None else got
+
+    def write(self, rows: torch.Tensor, stored: torch.Tensor) -> None:
+        self.tensor.index_copy_(0, rows, stored)
+
+
+class KVStore:
+    """A KV buffer as attention sees it: rows below ``entry_base`` are rings, the rest compressed entries, in one
+    tensor or, when their formats differ, in two (``entries`` then starts at its row 0)."""
+
+    __slots__ = ("entries", "entry_base", "joint", "rings")
+
+    def __init__(self, rings: RowStore, entries: RowStore, entry_base: int, joint: bool):
+        self.rings, self.entries, self.entry_base, self.joint = rings, entries, entry_base, joint
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        """Values of rows (ring or entry ids, the joint numbering) -> [*rows.shape, width]."""
+        if self.joint:
+            return self.rings.read(rows)
+        base = self.entry_base
+        ring = self.rings.read(rows.clamp(max=base - 1))
+        entry = self.entries.read((rows - base).clamp(min=0))
+        return torch.where((rows < base).unsqueeze(-1), ring, entry)
+
+    def write_rings(self, rows: torch.Tensor, stored: torch.Tensor) -> None:
+        self.rings.write(rows, stored)
+
+    def write_entries(self, rows: torch.Tensor, stored: torch.Tensor) -> None:
+        """``rows`` relative to the first entry."""
+        self.entries.write(rows, stored)
+
+    def attention_pool(self, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a pool of values, the columns into it) for attention over rows ``cols`` [T, C] (``-1``: none): the
+        buffer itself where it holds values, else the rows read and renumbered."""
+        if self.joint and not self.rings.packed:
+            return self.rings.tensor, cols
+        pool = self.read(cols.clamp(min=0).flatten())
+        ids = torch.arange(cols.numel(), device=cols.device).view_as(cols)
+        return pool, torch.where(cols >= 0, ids, -1)

@@ -1,0 +1,265 @@
+"""A step with a drafter: draft, feed the drafts after each anchor in one target forward, verify, undo the rest.
+
+1. The drafter proposes ``chunk.num_drafts`` tokens per speculating sequence (from its context, which holds the
+   target features of every position the sequence has had accepted).  A grammar keeps the leading drafts it
+   allows.
+2. One ragged forward runs every chunk with its drafts appended (the model already takes several tokens per
+   sequence); states of speculating sequences are checkpointed first (:class:`~deepinfer.models.base.Rewindable`).
+3. :func:`deepinfer.spec.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
+4. A sequence whose drafts were all accepted keeps the forward; any other is restored to before it, and its
+   accepted tokens are fed again with its next chunk (exact by construction: feeding tokens whole or in chunks
+   leaves the same state), or at once when that chunk was itself a re-feed (:func:`_undo`: bounded chunks).  The
+   drafter's context is extended with the accepted positions' target features.
+
+The step is read back before it returns (acceptance decides what the next step feeds), so the engine does not
+overlap speculative steps with the next schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer.models.base import ForwardBatch, Rewindable, StateCheckpoint
+from deepinfer.spec.drafter import DraftRequest, Drafts
+from deepinfer.spec.verify import forced, grammar_rows, verify, verify_rows
+from deepinfer.step import RunnerOutput, ScheduledSample, SpecResult, StepInput, TokenLogprobs
+
+if TYPE_CHECKING:
+    from deepinfer.runner.model_runner import ModelRunner, StepHandle
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@dataclass(slots=True)
+class _Spec:
+    """One speculating chunk: its index, sample, its row of the drafter's output, how many drafts it verifies
+    (after the grammar's cut), their values on the host when they were read, and its grammar masks."""
+
+    chunk: int
+    sample: ScheduledSample
+    index: int
+    count: int
+    drafts: list[int] | None = None
+    mask: torch.Tensor | None = None
+    rows: list[int] = field(default_factory=list)  # its target rows in the flat batch
+    emitted: list[int] = field(default_factory=list)  # the tokens it got (accepted drafts, then its own)
+
+
+def draft_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
+    """The drafter's generator for one sampled request at one anchor position: seeded runs draft the same."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed + (position + 1) * _GOLDEN) % (1 << 63))
+    return gen
+
+
+def _chunk_samples(step: StepInput) -> list[list[ScheduledSample]]:
+    samples = iter(step.samples)
+    return [[next(samples) for _ in range(1 + len(c.fork_to))] if c.sample else [] for c in step.chunks]
+
+
+def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]]
+           ) -> tuple[list[_Spec], Drafts | None]:
+    """The speculating chunks and the drafter's output (tokens clamped into the vocabulary).  The drafts stay on
+    the device unless a grammar or a penalty needs their values (one read for the step)."""
+    chosen = [i for i, c in enumerate(step.chunks) if c.num_drafts]
+    if not chosen:
+        return [], None
+    assert runner.drafter is not None
+    device, vocab = runner.model.device, runner.model.vocab_size
+    requests = []
+    for i in chosen:
+        chunk, row = step.chunks[i], per_chunk[i][0].row
+        position = chunk.start + len(chunk.token_ids) - 1
+        sampled = not row.params.greedy
+        requests.append(DraftRequest(getattr(step.states[i], "slot", None) or 0, chunk.token_ids[-1], position,
+                                     row.params.temperature if sampled else 0.0,
+                                     draft_generator(row.seed, position, device) if sampled else None))
+    k_max = max(step.chunks[i].num_drafts for i in chosen)
+    drafts: Drafts = runner.drafter.draft(requests, k_max)
+    drafts.tokens = drafts.tokens[:, :k_max].clamp(0, vocab - 1)
+    specs = [_Spec(i, per_chunk[i][0], n, step.chunks[i].num_drafts) for n, i in enumerate(chosen)]
+    wanted = [s for s in specs if s.sample.row.grammar is not None or s.sample.row.params.has_penalties]
+    if wanted:
+        tokens = drafts.tokens.tolist()
+        for s in wanted:
+            s.drafts = tokens[s.index][: s.count]
+            if s.sample.row.grammar is not None:
+                mask, allowed = grammar_rows(s.sample.row.grammar, s.drafts, vocab)
+                s.drafts, s.mask, s.count = s.drafts[:allowed], mask[: allowed + 1], allowed
+    return specs, drafts
+
+
+def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
+    """Run ``step`` with drafts (see the module docstring); the returned handle's results are already read."""
+    from deepinfer.runner.model_runner import StepHandle
+
+    model = runner.model
+    for chunk, state in zip(step.chunks, step.states, strict=True):
+        if state.num_tokens != chunk.start:
+            raise RuntimeError(f"sequence {chunk.seq_id}: state holds {state.num_tokens} tokens, "
+                               f"chunk starts at {chunk.start}")
+    per_chunk = _chunk_samples(step)
+    specs, drafts = _draft(runner, step, per_chunk)
+    counts = {s.chunk: s.count for s in specs}
+    chunks = [replace(c, token_ids=c.token_ids + [0] * counts.get(i, 0)) for i, c in enumerate(step.chunks)]
+    plan = runner._plan(replace(step, chunks=chunks))
+    offsets = [0]
+    for n in plan.seq_lens:
+        offsets.append(offsets[-1] + n)
+    for s in specs:
+        last = offsets[s.chunk] + len(step.chunks[s.chunk].token_ids) - 1
+        s.rows = list(range(last, last + s.count + 1))
+    ids = runner._upload(plan.input_ids)
+    checkpoint: StateCheckpoint | None = None
+    if specs:
+        assert drafts is not None and isinstance(model, Rewindable)
+        dst = [r for s in specs for r in s.rows[1:]]
+        src = [s.index * drafts.tokens.shape[1] + j for s in specs for j in range(s.count)]
+        if dst:  # the drafts go into the batch on the device
+            ids[runner._upload(dst)] = drafts.tokens.flatten()[runner._upload(src)]
+        device = model.device
+        checkpoint = model.checkpoint([step.states[s.chunk] for s in specs],
+                                      [len(chunks[s.chunk].token_ids) for s in specs],
+                                      lambda t: runner.backend.to_device(t, device))
+    capture = bool(runner.drafter is not None and runner.drafter.capture_layer_ids)
+    batch = ForwardBatch(ids, runner._upload(plan.positions), plan.seq_lens, step.states,
+                         to_device=runner.backend.to_device, needed_from=plan.needed_from or None,
+                         capture_rows=runner._upload(list(range(len(plan.input_ids)))) if capture else None)
+    hidden = model.forward(batch)
+
+    out = RunnerOutput()
+    if plan.prompt_rows:
+        logits = model.compute_logits(hidden[runner._upload(plan.prompt_rows)])
+        targets = runner._upload([t for _, _, t in plan.prompt_targets])
+        read = runner._logprobs(logits, targets, [sc.num_logprobs for sc, _, _ in plan.prompt_targets])
+        for (scoring, pos, _), tl in zip(plan.prompt_targets, read(), strict=True):
+            out.prompt_logprobs.append((scoring.seq_id, pos, tl))
+    plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, hidden)
+    verified = _verify(runner, specs, drafts, hidden)
+    confidence = drafts.confidence[:, : drafts.tokens.shape[1]].tolist() if drafts is not None else []
+    accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
+    _undo(runner, step, specs, accepted, checkpoint)
+    _extend(runner, step, offsets, accepted, batch, plan.positions)
+    by_chunk = {s.chunk: (s, got) for s, got in zip(specs, verified, strict=True)}
+    for i, samples in enumerate(per_chunk):
+        if i in by_chunk:
+            s, (n, tls) = by_chunk[i]
+            out.sampled += [(s.sample.seq_id, tl) for tl in tls]
+            out.spec.append(SpecResult(s.sample.seq_id, s.count, n, step.states[i].num_tokens,
+                                       confidence[s.index]))  # every drafted position: the next budget's snapshot
+        else:
+            out.sampled += [(sample.seq_id, plain.pop(0)) for sample in samples]
+    return StepHandle(None, [s.seq_id for s in step.samples], lambda: out)
+
+
+def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: dict[int, int],
+          checkpoint: StateCheckpoint | None) -> None:
+    """Restore every sequence that rejected a draft.  One whose chunk was the anchor alone feeds its accepted
+    tokens again with its next chunk; one whose chunk already re-fed tokens gets them (and its accepted drafts)
+    committed now in one more forward, so a chunk never exceeds anchor + drafts + 1 tokens, however many steps in
+    a row reject."""
+    rejected = [index for index, s in enumerate(specs) if accepted[s.chunk] < s.count]
+    if rejected:
+        assert checkpoint is not None
+        checkpoint.restore(rejected)
+    commit = []
+    for s in (specs[index] for index in rejected):
+        chunk = step.chunks[s.chunk]
+        if len(chunk.token_ids) > 1:
+            commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.emitted[: accepted[s.chunk]]))
+    if not commit:
+        return
+    ids = [t for _, _, tokens in commit for t in tokens]
+    positions = [start + j for _, start, tokens in commit for j in range(len(tokens))]
+    runner.model.forward(ForwardBatch(runner._upload(ids), runner._upload(positions), [len(t) for _, _, t in commit],
+                                      [state for state, _, _ in commit], to_device=runner.backend.to_device))
+
+
+def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]],
+                  sample_rows: list[int], hidden: torch.Tensor) -> list[TokenLogprobs]:
+    """Tokens of the sampling chunks without drafts (prefill ends, forks), as the plain runner draws them."""
+    rows, samples, flat = [], [], iter(sample_rows)
+    for chunk, chunk_samples in zip(step.chunks, per_chunk, strict=True):
+        for sample in chunk_samples:
+            row = next(flat)
+            if not chunk.num_drafts:
+                rows.append(row)
+                samples.append(sample)
+    if not rows:
+        return []
+    logits = runner.model.compute_logits(hidden[runner._upload(rows)])
+    sampling = [s.row for s in samples]
+    masks = runner.token_masks
+    bitmask = masks.token_bitmask(sampling, logits.shape[-1], logits.device) if masks is not None else None
+    tokens = runner.sampler(logits, sampling, bitmask)
+    return runner._logprobs(logits, tokens, [r.params.logprobs or 0 for r in sampling])()
+
+
+def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
+            hidden: torch.Tensor) -> list[tuple[int, list[TokenLogprobs]]]:
+    """Per speculating chunk: (drafts accepted, the logprobs of every token it gets); sets ``_Spec.emitted``."""
+    if not specs:
+        return []
+    assert drafts is not None
+    rows = [r for s in specs for r in s.rows]
+    logits = runner.model.compute_logits(hidden[runner._upload(rows)])
+    sampling = [verify_rows(s.sample.row, s.drafts if s.drafts is not None else s.count) for s in specs]
+    bitmask = None
+    if any(s.mask is not None for s in specs):
+        width = (logits.shape[-1] + 31) // 32
+        parts = [s.mask if s.mask is not None else torch.full((len(s.rows), width), -1, dtype=torch.int32)
+                 for s in specs]
+        bitmask = runner.backend.to_device(torch.cat(parts), logits.device)
+    k = max(s.count for s in specs)
+    index = runner._upload([s.index for s in specs])
+    tokens_in = drafts.tokens[index, :k]
+    counts = [s.count for s in specs]
+    if runner.forced_acceptance is None:
+        probs = drafts.probs[index, :k] if drafts.probs is not None else None
+        tokens, accepted = verify(runner.ops, runner.sampler, logits, sampling, tokens_in, counts, probs, bitmask)
+    else:  # benchmarks: accept L - 1 drafts a step on average (lossy; see ModelRunner.forced_acceptance)
+        x, t = runner.forced_acceptance - 1.0, runner.forced_steps
+        runner.forced_steps += 1
+        n = int(x * (t + 1)) - int(x * t)
+        tokens, accepted = forced(runner.sampler, logits, sampling, tokens_in, counts, [n] * len(specs))
+    read = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # one wait for the step
+    accepted_l, tokens_l = [r[0] for r in read], [r[1:] for r in read]
+    emitted: list[int] = []
+    chosen: list[int] = []
+    ks: list[int] = []
+    start = 0
+    for s, n, toks in zip(specs, accepted_l, tokens_l, strict=True):
+        s.emitted = toks[: n + 1]
+        emitted += range(start, start + n + 1)
+        chosen += s.emitted
+        ks += [s.sample.row.params.logprobs or 0] * (n + 1)
+        start += len(s.rows)
+    tls = runner._logprobs(logits[runner._upload(emitted)], runner._upload(chosen), ks)()
+    out, at = [], 0
+    for n in accepted_l:
+        out.append((n, tls[at : at + n + 1]))
+        at += n + 1
+    return out
+
+
+def _extend(runner: ModelRunner, step: StepInput, offsets: list[int], accepted: dict[int, int],
+            batch: ForwardBatch, positions: list[int]) -> None:
+    """Give the drafter the target features of every position the step fed and the target kept."""
+    drafter = runner.drafter
+    if drafter is None:
+        return
+    rows: list[int] = []
+    slots: list[int] = []
+    for i, chunk in enumerate(step.chunks):
+        kept = len(chunk.token_ids) + accepted.get(i, 0)
+        slot = getattr(step.states[i], "slot", None) or 0
+        rows += range(offsets[i], offsets[i] + kept)
+        slots += [slot] * kept
+    if batch.captured is not None:
+        features = batch.captured[runner._upload(rows)]
+    else:
+        features = torch.zeros(len(rows), 0, device=runner.model.device)
+    drafter.extend(slots, runner._upload([positions[r] for r in rows]), features)

@@ -1,0 +1,344 @@
+"""The released formats' CUDA kernels at V4-Flash / V4.1-Flash dims: FP8 block-scaled GEMMs (plain and grouped;
+weight-only dequantization for decode, FP8 tensor cores with per-token-group activation quantization for prefill)
+and MXFP4 routed experts dequantized in the tile.
+
+CPU (CI): every Flash call finds its cubin (``prepare`` plans without a GPU; weights are never touched);
+``test_kernels_interpreted.py`` runs core's conformance samples through Triton's interpreter (both GEMM regimes).
+GPU host: each op against core's reference (the FP8 ops within their activation-rounding tolerance, the MXFP4
+experts within ``moe_experts``' tolerance), the prefill regime against a torch emulation of its scheme (tight),
+the activation quantizer bit for bit against torch's e4m3 cast, AOT cubin == JIT bitwise with nothing left to JIT,
+no host synchronisation and CUDA-graph replay == eager at decode shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(
+    not HAS_CUDA, reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host: pytest tests/backend_cuda")
+BF16 = torch.bfloat16
+#: (N, K) of V4.1-Flash's FP8 projections: wq_a | wkv, wq_b, wo_b, the shared expert's w1 | w3 and w2
+FLASH_LINEAR = ((1792, 5120), (32768, 1280), (5120, 8192), (4608, 5120), (5120, 2304))
+HIDDEN, INTER, EXPERTS, TOP_K = 5120, 2304, 384, 6
+OPS = ("fp8_block_linear", "fp8_block_grouped_linear", "moe_experts_mxfp4", "fp8_e4m3_pack", "fp8_e4m3_unpack",
+       "fp4_e2m1_pack", "fp4_e2m1_unpack")
+
+
+def _module(op: str):
+    return importlib.import_module(f"deepinfer_cuda.kernels.{op}")
+
+
+def _fp8_weight(n: int, k: int, block: tuple[int, int], device: str, fill: bool) -> tuple[torch.Tensor, ...]:
+    grid = (-(-n // block[0]), -(-k // block[1]))
+    if not fill:  # shapes only (the CPU plans never read them)
+        return torch.empty(n, k, dtype=torch.float8_e4m3fn), torch.empty(grid, dtype=torch.float8_e8m0fnu)
+    data = (torch.randn(n, k, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    exps = torch.randint(-16, -12, grid, device=device)  # |w| ~ 64 * 2^-14..2^-12 ~ k^-0.5 scale
+    return data, (exps + 127).to(torch.uint8).view(torch.float8_e8m0fnu)  # e8m0 from its bits
+
+
+def _mxfp4_experts(experts: int, device: str, fill: bool) -> tuple[torch.Tensor, ...]:
+    shapes = ((experts, 2 * INTER, HIDDEN), (experts, HIDDEN, INTER))
+    out = []
+    for e, n, k in shapes:
+        if not fill:
+            out += [torch.empty(e, n, k // 2, dtype=torch.uint8), torch.empty(e, n, k // 32, dtype=torch.uint8)]
+            continue
+        out.append(torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device))
+        out.append(torch.randint(127 - 9, 127 - 6, (e, n, k // 32), dtype=torch.uint8, device=device))
+    return tuple(out)
+
+
+def quant_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64, 512), fill: bool = True
+                ) -> Iterator[tuple[str, tuple]]:
+    """(op, args) of V4.1-Flash's calls in bf16: decode batches and a prefill chunk (``fill=False``: empty
+    weights, for planning)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=BF16)
+
+    for block in ((128, 128), (32, 32)):
+        for n, k in FLASH_LINEAR:
+            w, s = _fp8_weight(n, k, block, device, fill)
+            for t in tokens:
+                yield "fp8_block_linear", (randn(t, k), w.to(device), s.to(device), *block)
+        w, s = _fp8_weight(8 * 1024, 4096, block, device, fill)  # wo_a: 8 groups of 1024 rows
+        for t in tokens:
+            yield "fp8_block_grouped_linear", (randn(t, 8, 4096), w.to(device), s.to(device), *block)
+    from deepinfer.ops import kv_quant
+
+    for t in tokens:  # the packed KV rows: SWA K=V, compressed latent, indexer key (V4.1-Flash's widths)
+        for width, block, fmt in ((512, 32, None), (512, 16, "e4m3"), (128, 32, "ue8m0")):
+            rows = randn(t, width) * 4
+            extra = () if fmt is None else (fmt,)
+            kind = "fp8_e4m3" if fmt is None else "fp4_e2m1"
+            yield f"{kind}_pack", (rows, block, *extra)
+            packed = getattr(kv_quant, f"{kind}_pack")(rows, block, *extra)
+            yield f"{kind}_unpack", (packed, block, *extra, BF16)
+    # decode at 384 experts (< 1 slot an expert), 6 slots an expert, and the prefill tier (192 slots an expert);
+    # fewer experts where the batch hits them all: the reference dequantizes every expert a batch uses
+    for t, experts in ((1, EXPERTS), (16, EXPERTS), (64, 64), (1024, 32)):
+        w13, s13, w2, s2 = _mxfp4_experts(experts, device, fill)
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:TOP_K] for _ in range(t)]).to(device)
+        weights = torch.rand(t, TOP_K, generator=gen).to(device)
+        yield "moe_experts_mxfp4", (randn(t, HIDDEN), ids, weights, w13, s13, w2, s2, 10.0)
+
+
+def _steps(plan, op: str = "") -> list:
+    return plan.steps if hasattr(plan, "steps") else [(_module(op).KERNEL, plan)]
+
+
+# --- CPU ---------------------------------------------------------------------------------------------------------
+def test_every_flash_call_finds_its_cubin():
+    """A miss is silent at run time (the launch JIT-compiles, costing host time on every call)."""
+    from deepinfer_cuda.arch import SM90A
+
+    missing, ours = [], set(_kernels())  # (the routing plan's kernels are moe_experts' own, tested there)
+    for op, args in quant_cases("cpu", tokens=(1, 16, 64, 512), fill=False):
+        for kernel, launch in _steps(_module(op).prepare(*args, arch=SM90A), op):
+            if kernel.name in ours and 0 not in launch.grid and not kernel.has_aot_variant(launch, SM90A):
+                missing.append(f"{op}/{kernel.name} {[tuple(a.shape) for a in args if hasattr(a, 'shape')]}")
+    assert not missing, missing
+
+
+@pytest.mark.slow
+def test_quant_kernel_set_builds_for_sm90a(tmp_path):
+    """Every AOT variant compiles for sm_90a on the CPU (~45 s on 2 cores); the prefill GEMM issues FP8 wgmmas."""
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernel_set.build import build_kernel_set
+
+    kernels = _kernels()
+    manifest = build_kernel_set(tmp_path, [SM90A], sorted(kernels))
+    built = {name: sum(e.kernel == name for e in manifest.kernels) for name in kernels}
+    assert built == {name: len(k.aot_variants(SM90A)) for name, k in kernels.items()}
+
+
+@pytest.mark.slow
+def test_kv_packers_compile_to_ieee_division_and_round_to_nearest_even():
+    """As the fake quants (test_v41_kernels.py): ``div.rn`` and ``cvt.rni``, the operations the interpreter checks."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from deepinfer_cuda.arch import SM90A
+
+    for op in ("fp8_e4m3_pack", "fp4_e2m1_pack"):
+        kernel = _module(op).KERNEL
+        for v in kernel.aot_variants(SM90A):
+            signature = {p.name: "constexpr" if p.name in v.constexprs else v.signature[p.name].split(":")[0]
+                         for p in kernel.params}
+            compiled = triton.compile(ASTSource(kernel.jit_fn, signature, constexprs=dict(v.constexprs)),
+                                      target=GPUTarget("cuda", SM90A.triton_arch, 32),
+                                      options={"num_warps": v.num_warps})
+            ops = set(re.findall(r"\b(div\.[a-z0-9.]+|rcp\.[a-z0-9.]+|cvt\.rni\.f32\.f32)", compiled.asm["ptx"]))
+            assert ops == {"div.rn.f32", "cvt.rni.f32.f32"}, (op, v.constexprs, ops)
+
+
+def _kernels() -> dict:
+    from deepinfer_cuda.kernels import (
+        fp4_e2m1_pack,
+        fp4_e2m1_unpack,
+        fp8_block_linear,
+        fp8_e4m3_pack,
+        fp8_e4m3_unpack,
+        moe_experts_mxfp4,
+    )
+
+    ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
+          moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
+          fp4_e2m1_unpack.KERNEL)
+    return {k.name: k for k in ks}
+
+
+INTERPRETER_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from deepinfer_cuda.arch import SM90A
+    import deepinfer_cuda.kernels.fp8_block_linear as m
+
+    m.INTERPRETED = True
+    torch.manual_seed(0)
+    for block in ((128, 128), (32, 32)):
+        x = (torch.randn(70, 256) * torch.exp2(torch.randint(-12, 8, (70, 1)).float())).to(torch.bfloat16)
+        x[0, :block[1]] = 0.0  # a group below the amax floor
+        w = torch.randn(64, 256).to(torch.float8_e4m3fn)
+        s = torch.ones(64 // block[0] + (64 % block[0] > 0), 256 // block[1])
+        plan = m.prepare(x, w, s, *block, arch=SM90A)
+        kernel, launch = plan.steps[0]
+        assert kernel.name == "fp8_act_quant"
+        kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps)
+        g = x.float().view(70, -1, block[1])
+        want_s = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+        want_q = (g / want_s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(launch.args["s_ptr"].view_as(want_s), want_s), block
+        assert torch.equal(launch.args["q_ptr"].view_as(want_q), want_q), block
+        print("OK act quant", block)
+    """
+)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a GPU is present: the GPU test checks the compiled quantizer")
+def test_activation_quantizer_is_torchs_e4m3_cast_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("OK ") == 2, proc.stdout
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+def _call(op: str, args: tuple):
+    return getattr(_module(op), op)(*args)
+
+
+def _check_against_reference(op: str, args: tuple, got: torch.Tensor) -> None:
+    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.testing import assert_close
+
+    definition = op_defs()[op]
+    expected = definition.reference(*args)  # on the GPU: the CPU would take minutes at these dims
+    if definition.compare is not None:  # the FP8 GEMMs: within the activation's FP8 rounding
+        cpu = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+        definition.compare(got.cpu(), expected.cpu(), OpSample(cpu, label=str(tuple(args[0].shape))), BF16)
+    else:
+        assert_close(got, expected.cpu(), BF16, definition.tolerances[BF16], f"{op} {tuple(args[0].shape)}")
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_quant_kernels_match_the_reference_at_flash_dims():
+    for op, args in quant_cases("cuda"):
+        _check_against_reference(op, args, _call(op, args))
+
+
+def _emulated_prefill(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """The prefill regime's scheme in torch: x quantized per token and block_k channels (fp32 scale amax / 448,
+    amax >= 1e-4), each K block's FP8 product promoted to fp32 with both scales."""
+    from deepinfer.ops.quant import scale_values
+
+    bn, bk = block
+    m, k = x.shape
+    g = x.float().view(m, k // bk, bk)
+    xs = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+    xq = (g / xs[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    ws = scale_values(s).repeat_interleave(bn, 0)[: w.shape[0]]  # [N, K / bk]
+    acc = torch.zeros(m, w.shape[0], device=x.device)
+    for j in range(k // bk):
+        part = xq[:, j] @ w[:, j * bk : (j + 1) * bk].float().T
+        acc += part * xs[:, j, None] * ws[None, :, j]
+    return acc.to(x.dtype)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_prefill_regime_is_its_scheme_and_quantizes_activations_like_torch():
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernels import fp8_block_linear as m
+
+    for block in ((128, 128), (32, 32)):
+        w, s = _fp8_weight(5120, 2304, block, "cuda", True)
+        x = torch.randn(300, 2304, device="cuda", dtype=BF16)
+        plan = m.prepare(x, w, s, *block, arch=SM90A)
+        assert [k.name for k, _ in plan.steps] == ["fp8_act_quant", "fp8_block_linear"]
+        got = plan.run(torch.cuda.current_device())
+        xq, xs = plan.steps[0][1].args["q_ptr"], plan.steps[0][1].args["s_ptr"]
+        g = x.float().view(300, -1, block[1])
+        want_s = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+        assert torch.equal(xs.view_as(want_s), want_s)
+        want_q = (g / want_s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(xq.view_as(want_q), want_q)
+        want = _emulated_prefill(x, w, s, block)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)  # accumulation order only
+
+
+@pytest.fixture(scope="module")
+def quant_kernel_set(tmp_path_factory):
+    from deepinfer_cuda.kernel_set.build import build_kernel_set
+    from deepinfer_cuda.kernel_set.dispatch import device_arch
+
+    out = tmp_path_factory.mktemp("quant_kernel_set")
+    build_kernel_set(out, [device_arch(torch.cuda.current_device())], sorted(_kernels()))
+    return out
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_quant_aot_cubins_equal_jit_bitwise_and_nothing_jits(quant_kernel_set):
+    from deepinfer_cuda.kernel_set.dispatch import active_kernel_set, use_kernel_set
+
+    kernels = _kernels()
+    cases = list(quant_cases("cuda", tokens=(1, 512)))
+    previous = active_kernel_set()
+    try:
+        ks = use_kernel_set(quant_kernel_set)
+        assert ks.refusal is None, ks.refusal
+        for k in kernels.values():
+            k.reset()
+        aot = [_call(op, args) for op, args in cases]
+        assert {n: k.launch_counts["jit"] for n, k in kernels.items()} == dict.fromkeys(kernels, 0)
+        assert sum(k.launch_counts["cubin"] for k in kernels.values()) >= len(cases)
+        use_kernel_set(None)
+        jit = [_call(op, args) for op, args in cases]
+    finally:
+        use_kernel_set(previous)
+    for (op, args), a, j in zip(cases, aot, jit, strict=True):
+        assert torch.equal(a, j), f"{op}: AOT and JIT differ for {tuple(args[0].shape)}"
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_quant_kernels_do_not_synchronise_and_replay_from_cuda_graphs():
+    from deepinfer_cuda.plugin import CudaBackend
+
+    backend = CudaBackend()
+    for op, args in quant_cases("cuda", tokens=(1, 16)):
+        if args[0].shape[0] > 64:
+            continue
+        eager = _call(op, args)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _call(op, args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out: list = []
+        with backend.graph_capture(backend.device()) as capture:
+            replay = capture(lambda op=op, args=args, out=out: out.append(_call(op, args)))
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[-1], eager), f"{op}: graph replay differs from eager"
+
+
+def test_gpu_tests_skip_with_a_reason_on_cpu():
+    if HAS_CUDA:
+        pytest.skip("a CUDA device is present")
+    assert requires_cuda.args[0] is True and "GPU" in requires_cuda.kwargs["reason"]
+
+
+def test_emulation_helper_is_the_dense_product_without_rounding():
+    """The torch emulation used on the GPU, checked on the CPU: with activations already on the FP8 grid of their
+    group scale it is the dense product of the dequantized weight."""
+    from deepinfer.ops import OpTable
+
+    w, s = _fp8_weight(64, 256, (32, 32), "cpu", True)
+    x = torch.zeros(3, 256)
+    x[:, ::32] = 448.0  # every group's amax is 448, so its scale is 1 and the codes are exact
+    x[:, 1::32] = torch.tensor([1.0, -2.0, 0.5])[:, None]
+    got = _emulated_prefill(x, w, s, (32, 32))
+    want = F.linear(x, OpTable().dequant_fp8_block(w, s, 32, 32, torch.float32))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-3)

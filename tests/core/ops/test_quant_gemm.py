@@ -1,0 +1,88 @@
+"""GEMMs on stored weight formats: the references are the dense ops on the dequantized weights (bit for bit), the
+FP8 tolerance admits DeepGEMM-style activation quantization and refuses a wrong scale, and projections stack only
+where one GEMM computes the same thing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deepinfer.layers.linear import Projection, stack_rows
+from deepinfer.ops import OpSample, OpTable
+from deepinfer.ops.quant_gemm import within_fp8_activation_rounding
+from deepinfer.quant import FP8_BLOCK, quantize_fp8_block, quantize_mxfp4
+
+OPS = OpTable()
+
+
+def _act_quant(x: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """x rounded as an FP8 GEMM reads it: e4m3 with an fp32 scale amax / 448 per ``group`` channels."""
+    g = x.float().view(*x.shape[:-1], -1, group)
+    scale = g.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+    return ((g / scale).to(torch.float8_e4m3fn).float() * scale).view(x.shape)
+
+
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)])
+@pytest.mark.parametrize("scale_format", ["ue8m0", "fp32"])
+def test_fp8_block_linear_is_the_dense_gemm_on_the_dequantized_weight(block, scale_format):
+    gen = torch.Generator().manual_seed(0)
+    q = quantize_fp8_block(torch.randn(200, 256, generator=gen) * 0.06, block, scale_format)  # partial row block
+    x = torch.randn(5, 256, generator=gen)
+    got = OPS.fp8_block_linear(x, q.data, q.scale, *block)
+    assert torch.equal(got, F.linear(x, q.dequantize(OPS, torch.float32)))
+
+
+def test_fp8_tolerance_admits_activation_rounding_and_refuses_a_wrong_scale():
+    gen = torch.Generator().manual_seed(1)
+    q = quantize_fp8_block(torch.randn(256, 512, generator=gen) * 512**-0.5, (128, 128), "ue8m0")
+    x = torch.randn(64, 512, generator=gen).to(torch.bfloat16)
+    sample = OpSample((x, q.data, q.scale, 128, 128))
+    expected = OPS.fp8_block_linear(x, q.data, q.scale, 128, 128)
+    w = q.dequantize(OPS, torch.float32)
+    emulated = F.linear(_act_quant(x), w).to(torch.bfloat16)
+    assert not torch.equal(emulated, expected)
+    within_fp8_activation_rounding(emulated, expected, sample, torch.bfloat16)
+    wrong = q.scale.float().clone()
+    wrong[1, 2] *= 2  # one block's scale read wrongly
+    bad = OPS.fp8_block_linear(x, q.data, wrong, 128, 128)
+    with pytest.raises(AssertionError):
+        within_fp8_activation_rounding(bad, expected, sample, torch.bfloat16)
+
+
+def test_fp8_grouped_linear_is_the_grouped_gemm_on_the_dequantized_weight():
+    gen = torch.Generator().manual_seed(2)
+    q = quantize_fp8_block(torch.randn(4 * 64, 96, generator=gen), (32, 32), "ue8m0")
+    x = torch.randn(3, 4, 96, generator=gen)
+    got = OPS.fp8_block_grouped_linear(x, q.data, q.scale, 32, 32)
+    assert torch.equal(got, OPS.grouped_linear(x, q.dequantize(OPS, torch.float32)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_experts_are_the_experts_on_the_dequantized_weights(dtype):
+    gen = torch.Generator().manual_seed(3)
+    w13, w2 = quantize_mxfp4(torch.randn(8, 64, 64, generator=gen) * 0.5), quantize_mxfp4(torch.randn(8, 64, 32,
+                                                                                                      generator=gen))
+    x = torch.randn(9, 64, generator=gen).to(dtype)
+    ids = torch.stack([torch.randperm(8, generator=gen)[:3] for _ in range(9)])
+    ids[0] = torch.tensor([5, 5, 1])  # a repeated expert counts twice
+    weights = torch.rand(9, 3, generator=gen)
+    got = OPS.moe_experts_mxfp4(x, ids, weights, w13.data, w13.scale, w2.data, w2.scale, 10.0)
+    dense = OPS.moe_experts(x, ids, weights, w13.dequantize(OPS, dtype), w2.dequantize(OPS, dtype), 10.0)
+    assert torch.equal(got, dense)
+
+
+def test_projections_stack_only_into_a_gemm_that_computes_the_same():
+    gen = torch.Generator().manual_seed(4)
+    fp8 = [quantize_fp8_block(torch.randn(n, 64, generator=gen), (32, 32), "ue8m0") for n in (64, 40, 32)]
+    dense = torch.randn(8, 64, generator=gen)
+    # 64 rows fill whole blocks, so the 40-row one follows; the 40-row one does not, so the 32-row one cannot
+    stacked = stack_rows([*fp8, dense])
+    assert [w.shape[0] for w in stacked] == [104, 32, 8] and stacked[0].format == FP8_BLOCK
+    wide = quantize_fp8_block(torch.randn(32, 64, generator=gen), (128, 128), "ue8m0")
+    assert len(stack_rows([fp8[0], wide])) == 2  # other block size
+    proj = Projection([*fp8, dense])
+    x = torch.randn(3, 64, generator=gen)
+    expected = torch.cat([F.linear(x, w.dequantize(OPS, torch.float32)) for w in fp8] + [F.linear(x, dense)], -1)
+    torch.testing.assert_close(proj(OPS, x), expected, atol=1e-5, rtol=1e-5)
+    assert proj.sizes == [64, 40, 32, 8]

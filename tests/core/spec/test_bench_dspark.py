@@ -1,0 +1,49 @@
+"""tools/bench_dspark.py on the embedded tiny V4 (no drafter: the tool's stand-in), and forced acceptance: the
+benchmark-only mode accepts L - 1 drafts a step on average, so the measured acceptance length is L."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import deepinfer
+from deepinfer import LLM, SamplingParams
+from deepinfer.spec.budget import SpecPolicy
+from tests.support.stand_in_drafter import StandInDrafter
+from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
+
+TOOL = Path(__file__).resolve().parents[3] / "tools" / "bench_dspark.py"
+TINY_V4 = Path(deepinfer.__file__).parent / "assets" / "tiny_v4"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_dspark", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_forced_acceptance_accepts_the_asked_length_on_average():
+    llm = LLM(str(TINY_V4), dtype="float32")
+    llm.engine.set_drafter(StandInDrafter(llm.engine.model.vocab_size, 4), SpecPolicy(4))
+    llm.engine.runner.forced_acceptance = 2.5
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=31, ignore_eos=True),
+                       use_tqdm=False)[0]
+    stats = out.spec_decoding_stats
+    assert stats.num_drafts == 12 and stats.mean_acceptance_length == 2.5  # 1 + 12 * 2.5 = 31 tokens
+    assert len(out.outputs[0].token_ids) == 31
+
+
+def test_bench_dspark_reports_forced_and_real_rows(tmp_path):
+    out = tmp_path / "rows.json"
+    assert _tool().main(["--model", str(TINY_V4), "--batches", "2", "--acceptance", "2.5,4", "--real",
+                         "--new-tokens", "11", "--prompt-len", "8", "--repeats", "1", "--dtype", "float32",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["mode"] for r in rows] == ["plain", "forced", "forced", "real"]
+    assert all(r["batch"] == 2 and r["tokens_per_s"] > 0 for r in rows)
+    assert abs(rows[1]["acceptance"] - 2.5) < 0.4 and rows[2]["acceptance"] > 3.0  # (the end caps the drafts)
+    for r in rows:
+        if r["mode"] == "real":
+            assert r["acceptance"] < 1.5  # arbitrary drafts are (almost) never what the model says

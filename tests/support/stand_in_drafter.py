@@ -1,0 +1,86 @@
+"""A drafter that proposes tokens of its own, for testing the engine side of speculative decoding.
+
+Modes: ``random`` (tokens from a random distribution per position, drawn with the request's generator when it
+samples), ``oracle`` (the tokens a plain run produced: perfect drafts), ``mixed`` (the oracle, with some drafts
+replaced by random ones).  It ignores features but records what the engine extends, forks and frees, so tests
+can check the drafter's view of each sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.spec.drafter import DraftRequest, Drafts
+
+
+class StandInDrafter:
+    capture_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, vocab_size: int, max_draft_len: int = 4, mode: str = "random",
+                 oracle: list[list[int]] | None = None, seed: int = 0, wrong_every: int = 3):
+        if mode not in ("random", "oracle", "mixed"):
+            raise ValueError(f"mode must be random, oracle or mixed, got {mode!r}")
+        if mode != "random" and not oracle:
+            raise ValueError("oracle and mixed modes need the plain run's sequences (prompt + output)")
+        self.vocab_size, self.max_draft_len, self.mode = vocab_size, max_draft_len, mode
+        self.oracle = oracle or []
+        self.wrong_every = wrong_every
+        self.gen = torch.Generator().manual_seed(seed)
+        self.bound: dict[int, list[int]] = {}  # slot -> the oracle sequence it follows
+        self.context: dict[int, list[int]] = {}  # slot -> positions extended, in order
+        self.calls = 0
+
+    # --- the Drafter protocol ----------------------------------------------------------------------
+    def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
+        assert features.shape[0] == len(slots) == positions.shape[0]
+        for slot, pos in zip(slots, positions.tolist(), strict=True):
+            held = self.context.setdefault(slot, [])
+            del held[pos:]  # a position fed again after a rollback replaces what followed it
+            assert len(held) == pos, f"slot {slot}: extended position {pos} after {len(held)} positions"
+            held.append(pos)
+
+    def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
+        self.calls += 1
+        b, v = len(requests), self.vocab_size
+        tokens = torch.zeros(b, k, dtype=torch.int64)
+        probs = torch.zeros(b, k, v)
+        for i, r in enumerate(requests):
+            gen = r.generator if r.generator is not None else self.gen
+            for j in range(k):
+                q = torch.softmax(torch.randn(v, generator=self.gen) * 2.0, dim=-1)
+                probs[i, j] = q
+                guess = self._oracle(r, j)
+                if guess is not None and not (self.mode == "mixed" and (r.position + j) % self.wrong_every == 0):
+                    # A sampled draft must really be drawn from the q it reports: mostly the guess, sometimes not.
+                    q = probs[i, j] = 0.2 * q + 0.8 * torch.nn.functional.one_hot(torch.tensor(guess), v)
+                    if r.temperature == 0:
+                        q = torch.nn.functional.one_hot(torch.tensor(guess), v).float()
+                tokens[i, j] = int(torch.multinomial(q, 1, generator=gen)) if r.temperature > 0 else int(q.argmax())
+        confidence = torch.rand(b, k, generator=self.gen)
+        sampled = any(r.temperature > 0 for r in requests)
+        return Drafts(tokens, probs if sampled else None, confidence)
+
+    def truncate(self, slot: int, length: int) -> None:
+        del self.context.setdefault(slot, [])[length:]
+
+    def fork(self, src: int, dst: int) -> None:
+        self.context[dst] = list(self.context.get(src, []))
+        if src in self.bound:
+            self.bound[dst] = self.bound[src]
+
+    def free(self, slot: int) -> None:
+        self.context.pop(slot, None)
+        self.bound.pop(slot, None)
+
+    # --- the oracle ----------------------------------------------------------------------------------
+    def _oracle(self, r: DraftRequest, j: int) -> int | None:
+        if self.mode == "random":
+            return None
+        seq = self.bound.get(r.slot)
+        if seq is None or r.position >= len(seq) or seq[r.position] != r.anchor:
+            found = [s for s in self.oracle if r.position < len(s) and s[r.position] == r.anchor]
+            if not found:
+                return None
+            seq = self.bound[r.slot] = found[0]
+        at = r.position + 1 + j
+        return seq[at] if at < len(seq) else None
