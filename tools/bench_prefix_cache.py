@@ -29,6 +29,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--state-cache-bytes", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step (default: the engine's, 8192; 0: every prompt whole in one step)")
     return p.parse_args()
 
 
@@ -43,20 +45,21 @@ def _prompts(args: argparse.Namespace, vocab: int) -> tuple[list[int], list[list
     return warm, batch
 
 
-def _run(args: argparse.Namespace, caching: bool) -> tuple[float, list, int]:
-    """(wall seconds of the timed batch, its outputs, max_num_batched_tokens used) in a fresh engine."""
+def _run(args: argparse.Namespace, caching: bool) -> tuple[float, list]:
+    """(wall seconds of the timed batch, its outputs) in a fresh engine."""
     from deepinfer import LLM, SamplingParams
 
-    kw = {"state_cache_bytes": args.state_cache_bytes} if args.state_cache_bytes else {}
-    batched = (args.prefix + args.suffix) * args.concurrency  # every prompt whole in one step
-    llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=caching, max_num_batched_tokens=batched,
-              max_num_seqs=max(args.concurrency, 1), **kw)
+    kw: dict = {"state_cache_bytes": args.state_cache_bytes} if args.state_cache_bytes else {}
+    if args.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = args.max_num_batched_tokens or (args.prefix + args.suffix) * args.concurrency
+    llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=caching, max_num_seqs=max(args.concurrency, 1),
+              **kw)
     warm, batch = _prompts(args, llm.engine.model.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, logprobs=1, ignore_eos=True)
     llm.generate([{"prompt_token_ids": warm}], params, use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    return time.perf_counter() - start, outs, batched
+    return time.perf_counter() - start, outs
 
 
 def main() -> None:
@@ -69,7 +72,7 @@ def main() -> None:
     outs: dict[bool, list] = {}
     for _ in range(args.repeats):
         for caching in (False, True):
-            seconds, outs[caching], _ = _run(args, caching)
+            seconds, outs[caching] = _run(args, caching)
             times[caching].append(seconds)
     off, on = statistics.median(times[False]), statistics.median(times[True])
     cached = sum(o.num_cached_tokens for o in outs[True])
@@ -79,7 +82,8 @@ def main() -> None:
                for i, t in enumerate(a.outputs[0].token_ids))
     same = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs[False], outs[True], strict=True))
     print(f"model={args.model or 'embedded tiny V4.1'} device={args.device} dtype={args.dtype} prefix={args.prefix} "
-          f"suffix={args.suffix} concurrency={args.concurrency} max_tokens={args.max_tokens} repeats={args.repeats}")
+          f"suffix={args.suffix} concurrency={args.concurrency} max_tokens={args.max_tokens} repeats={args.repeats} "
+          f"max_num_batched_tokens={args.max_num_batched_tokens or 'engine default'}")
     print(f"cache off: {off * 1e3:.1f} ms   cache on: {on * 1e3:.1f} ms   saved {(1 - on / off) * 100:.1f}% "
           f"({off / on:.2f}x)")
     print(f"prompt tokens {prompt}, served from the cache {cached} ({cached / prompt * 100:.1f}%); "
