@@ -244,3 +244,29 @@ def test_a_model_without_a_pooled_state_is_refused():
     tok = toy_tokenizer()
     with pytest.raises(ValueError, match="enable_prefix_caching=True: ToyCausalLM has no prefix cache"):
         LLM.from_model(ToyCausalLM(len(tok), seed=1), tok, enable_prefix_caching=True)
+
+
+def test_a_preempted_request_hits_its_own_prompt_again():
+    """Fast counterpart of the budget-driven test: preempt a decoding request by hand; its recompute starts from
+    the cache (the blocks its own prefill published) and the output is unchanged."""
+    path, block, base = MODELS["v41"]
+    prompt = _tokens(base + 7, 18)
+    params = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
+    ref = _scratch(path, [prompt], params)[0]
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=BUDGET)
+    engine = llm.engine
+    assert engine.add_request({"prompt_token_ids": prompt}, params, "r") is None
+    seq = engine.requests["r"].sequences[0]
+    while seq.num_output < 4:
+        engine.step()
+    engine.drain()
+    assert seq.num_cached == 0  # the first prefill found nothing
+    engine.scheduler._preempt(seq)
+    engine.state_cache.free(seq.seq_id)
+    done = []
+    while engine.has_unfinished():
+        done += engine.step()
+    done += engine.drain()
+    (out,) = done
+    assert engine.num_preemptions == 1 and out.num_cached_tokens == base
+    _assert_close(ref, out)
