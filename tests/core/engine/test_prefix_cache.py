@@ -270,3 +270,19 @@ def test_a_preempted_request_hits_its_own_prompt_again():
     (out,) = done
     assert engine.num_preemptions == 1 and out.num_cached_tokens == base
     _assert_close(ref, out)
+
+
+def test_a_full_pool_evicts_the_least_recently_used_prefixes():
+    path, block, base = MODELS["v41"]
+    prompts = [_tokens(base + 3, 30 + i) for i in range(6)]
+    ref_llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET)
+    small = int(ref_llm.engine.model.state_bytes(base + 40) * 3)
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=small, max_num_seqs=2)
+    cache = llm.engine.state_cache.prefix
+    for p in prompts:
+        llm.generate([{"prompt_token_ids": p}], _greedy(), use_tqdm=False)
+    assert 0 < len(cache) < 6 * (base // block)  # the pool could not keep every prefix
+    assert cache.match(prompts[0], base) == 0 and cache.match(prompts[-1], base) == base
+    again = llm.generate([{"prompt_token_ids": prompts[-1] + [4]}], _greedy(), use_tqdm=False)[0]
+    assert again.num_cached_tokens == base
+    _assert_close(ref_llm.generate([{"prompt_token_ids": prompts[-1] + [4]}], _greedy(), use_tqdm=False)[0], again)
