@@ -10,9 +10,12 @@ not fit).  ``StateCache`` holds the states themselves and is touched only by the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from deepinfer.models.base import CausalLM, SequenceState
+from deepinfer.models.base import CausalLM, PrefixCacheable, SequenceState
+
+if TYPE_CHECKING:
+    from deepinfer.kv.prefix_cache import PrefixCache
 
 
 class StateBudget:
@@ -74,30 +77,32 @@ class StateCache:
         #: Called with each state just before it is released (the drafter forgets that slot's context).
         self.on_release: Callable[[SequenceState], None] | None = None
         #: The prefix cache (``deepinfer.kv.prefix_cache.PrefixCache``) when prefix caching is on.
-        self.prefix: Any = None
+        self.prefix: PrefixCache | None = None
         if prefix_caching:
-            make = getattr(model, "new_prefix_cache", None)
-            if make is None:
+            if not isinstance(model, PrefixCacheable):
                 raise ValueError(f"enable_prefix_caching=True: {type(model).__name__} has no prefix cache (it "
                                  "needs a pooled state, as DeepSeek-V4 and V4.1 have)")
-            self.prefix = make()
+            self.prefix = model.new_prefix_cache()
 
     # --- prefix caching ---------------------------------------------------------------------------
     def lookup(self, tokens: list[int], needed: int) -> tuple[int, int]:
         """(replay start, cached tokens) for a sequence of ``tokens`` starting from scratch whose first read
         output is at ``needed``: the longest cached prefix that leaves a token to compute, (0, 0) if none or if
         its replay would start at 0."""
+        assert self.prefix is not None and isinstance(self.model, PrefixCacheable)
         hit = self.prefix.match(tokens, min(len(tokens) - 1, needed))
-        start = self.model.replay_start(hit, needed) if hit else 0  # type: ignore[attr-defined]
+        start = self.model.replay_start(hit, needed) if hit else 0
         return (start, hit) if start > 0 else (0, 0)
 
     def attach(self, seq_id: int, tokens: list[int], hit: int, start: int) -> None:
         """Create ``seq_id``'s state from the cached entries of ``tokens[:hit]``, to be replayed from ``start``."""
-        self.prefix.attach(self.get(seq_id), tokens, hit, start)
+        assert self.prefix is not None
+        self.prefix.attach(self.get(seq_id), tokens, hit, start)  # type: ignore[arg-type]
 
     def publish(self, seq_id: int, tokens: list[int], upto: int) -> None:
         """Cache the blocks of ``tokens[:upto]`` that ``seq_id``'s state holds (after its step is queued)."""
-        self.prefix.publish(self._states[seq_id], tokens, upto)
+        assert self.prefix is not None
+        self.prefix.publish(self._states[seq_id], tokens, upto)  # type: ignore[arg-type]
 
     def get(self, seq_id: int) -> SequenceState:
         """The state of ``seq_id``, created empty on first use."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
+    from deepinfer.kv.prefix_cache import PrefixCache
     from deepinfer.spec.drafter import Drafter
 
 
@@ -150,6 +151,20 @@ class Rewindable(Protocol):
                    upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StateCheckpoint:
         """Save what the next forward overwrites when state ``i`` advances by ``advances[i]`` tokens.  ``upload``:
         the host-to-device copy for index tensors (the backend's non-blocking one; default ``.to(device)``)."""
+        ...
+
+
+@runtime_checkable
+class PrefixCacheable(Protocol):
+    """A model whose compressed state can be shared between sequences by prompt prefix (docs/prefix_caching.md)."""
+
+    def new_prefix_cache(self) -> PrefixCache:
+        """A prefix cache over the configured state pool.  Called once, after ``configure_state``."""
+        ...
+
+    def replay_start(self, hit: int, needed: int) -> int:
+        """The position a sequence with ``hit`` cached tokens computes from (its rings rebuilt exactly by then);
+        ``needed``: the first position whose output the engine reads."""
         ...
 
 
