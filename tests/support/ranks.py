@@ -1,4 +1,8 @@
-"""Run a function on N gloo ranks (forked processes on the CPU) and collect what each returns."""
+"""Run a function on N gloo ranks (processes on the CPU) and collect what each returns.
+
+Processes start from a fork server, not by forking pytest itself: a fork of a process that runs other threads
+(torch's pools, an earlier test's engine loop) can inherit a lock another thread held and hang; it did in the
+full suite.  So ``fn`` must be importable (a module-level function) and its arguments picklable."""
 
 from __future__ import annotations
 
@@ -26,8 +30,8 @@ def _alone(fn: Callable[..., Any], queue: Any, args: tuple) -> None:
 
 
 def run_alone(fn: Callable[..., Any], *args: Any, join_s: float = 120.0) -> Any:
-    """``fn(*args)`` in a forked process with no process group (it may start its own ranks); its result."""
-    ctx = mp.get_context("fork")
+    """``fn(*args)`` in a new process with no process group (it may start its own ranks); its result."""
+    ctx = mp.get_context("forkserver")
     queue = ctx.Queue()
     proc = ctx.Process(target=_alone, args=(fn, queue, args))
     proc.start()
@@ -66,8 +70,8 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, timeout: fl
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0, join_s: float = 120.0,
-              backend: str = "cpu", start: str = "fork") -> dict[int, tuple[str, Any]]:
-    """``fn(rank, world, *args)`` on ``world`` forked ranks with a gloo group (collective timeout ``timeout``) and
+              backend: str = "cpu", start: str = "forkserver") -> dict[int, tuple[str, Any]]:
+    """``fn(rank, world, *args)`` on ``world`` ranks with a gloo group (collective timeout ``timeout``) and
     torchrun's environment variables (``backend``: its collectives and rank ``r``'s device ``r``; ``start``: how
     processes start, ``spawn`` where the parent holds a GPU context, with ``fn`` importable);
     returns ``{rank: ("ok", result) | ("error", traceback)}`` (a rank that died without reporting is missing)."""
