@@ -137,6 +137,8 @@ def test_enable_prefix_caching_is_a_flag():
     assert EngineArgs().enable_prefix_caching is False
     with pytest.raises(TypeError, match="enable_prefix_caching"):
         EngineArgs.from_kwargs({"enable_prefix_caching": "yes"})
+    with pytest.raises(ValueError, match="not built for context parallelism"):
+        EngineArgs(enable_prefix_caching=True, context_parallel_size=2)
 
 
 def test_from_model_refuses_load_only_knobs_and_hints_its_own_keywords():

@@ -101,6 +101,10 @@ class EngineArgs:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        if self.enable_prefix_caching and self.context_parallel_size > 1:
+            raise ValueError(f"enable_prefix_caching=True with context_parallel_size={self.context_parallel_size}: "
+                             "prefix caching is not built for context parallelism yet (its replay is untested "
+                             "across ranks); use context_parallel_size=1 or leave prefix caching off")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
