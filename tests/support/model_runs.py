@@ -9,12 +9,12 @@ def run_chunked(model, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
     """DeepInfer's teacher-forced log-probabilities [S, V], feeding ``tokens`` ``chunk`` at a time."""
     from deepinfer.models import ForwardBatch
 
-    state, out = model.new_state(), []
+    state, out, device = model.new_state(), [], model.device
     with torch.no_grad():
         for start in range(0, len(tokens), chunk):
-            ids = tokens[start : start + chunk]
-            batch = ForwardBatch(ids, torch.arange(start, start + len(ids)), [len(ids)], [state])
-            out.append(model.compute_logits(model.forward(batch)))
+            ids = tokens[start : start + chunk].to(device)  # on the model's device, as the engine uploads them
+            batch = ForwardBatch(ids, torch.arange(start, start + len(ids), device=device), [len(ids)], [state])
+            out.append(model.compute_logits(model.forward(batch)).cpu())
     return torch.log_softmax(torch.cat(out), dim=-1)
 
 

@@ -49,7 +49,9 @@ def _e4m3_value(c):
     e = (c >> 3) & 15
     m = c & 7
     mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (8 + m).to(tl.float32) * _pow2(e - 10))
-    return tl.where((c & 128) != 0, -mag, mag)
+    # the sign bit set directly: compiled, ``-mag`` is ``0 - mag``, which turns code 0x80 (-0) into +0
+    sign = tl.where((c & 128) != 0, -2147483648, 0)
+    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
