@@ -1,5 +1,6 @@
-"""Checkpoint shapes of the per-layer tensors V4 and V4.1 share: the norms, the mHC sites, and attention's
-query / KV / grouped-output projections and sinks (the released names under ``layers.N.``)."""
+"""Checkpoint shapes of the per-layer tensors V4, V4.1 and the DSpark drafter share: the norms, the mHC sites,
+attention's query / KV / grouped-output projections and sinks (the released names under ``layers.N.`` or
+``mtp.N.``), and the SwiGLU expert MLPs."""
 
 from __future__ import annotations
 
@@ -45,3 +46,8 @@ def shared_layer_shapes(prefix: str, cfg: _AttentionDims, kv_norm: str) -> dict[
         a + "attn_sink": (heads,),
     })
     return shapes
+
+
+def mlp_shapes(prefix: str, d: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """A SwiGLU MLP's ``w1`` / ``w3`` (gate, up: [inter, d]) and ``w2`` (down: [d, inter]) under ``prefix``."""
+    return {f"{prefix}w1.weight": (inter, d), f"{prefix}w3.weight": (inter, d), f"{prefix}w2.weight": (d, inter)}

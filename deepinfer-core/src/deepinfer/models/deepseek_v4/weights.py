@@ -17,7 +17,7 @@ import torch
 
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, SLIDING, DeepseekV4Config
-from deepinfer.models.layer_shapes import shared_layer_shapes
+from deepinfer.models.layer_shapes import mlp_shapes, shared_layer_shapes
 from deepinfer.models.tensor_checks import (
     FLOAT_DTYPES,
     FP4_DTYPES,
@@ -87,8 +87,8 @@ def expected_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
         else:
             shapes[f + "gate.bias"] = (cfg.n_routed_experts,)
         for e in range(cfg.n_routed_experts):
-            _mlp(shapes, f"{f}experts.{e}.", d, inter)
-        _mlp(shapes, f + "shared_experts.", d, inter * cfg.n_shared_experts)
+            shapes.update(mlp_shapes(f"{f}experts.{e}.", d, inter))
+        shapes.update(mlp_shapes(f + "shared_experts.", d, inter * cfg.n_shared_experts))
     return shapes
 
 
@@ -96,10 +96,6 @@ def _compressor(shapes: dict, prefix: str, d: int, width: int, out_dim: int, rat
     shapes.update({prefix + "wkv.weight": (width, d), prefix + "wgate.weight": (width, d),
                    prefix + "ape": (ratio, width), prefix + "norm.weight": (out_dim,)})
 
-
-def _mlp(shapes: dict, prefix: str, d: int, inter: int) -> None:
-    shapes.update({f"{prefix}w1.weight": (inter, d), f"{prefix}w3.weight": (inter, d)})
-    shapes[f"{prefix}w2.weight"] = (d, inter)
 
 
 Stored = torch.Tensor | QuantizedTensor

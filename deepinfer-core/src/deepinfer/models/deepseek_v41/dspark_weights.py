@@ -19,6 +19,7 @@ The drafter has no embedding or head of its own: it reads the target's (vLLM and
 from __future__ import annotations
 
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.layer_shapes import mlp_shapes, shared_layer_shapes
 
 #: Optional tensors a released draft layer may carry that the text drafter does not read.
 OPTIONAL_SUFFIXES = ("ffn.gate.bias_vl",)
@@ -33,30 +34,15 @@ def expected_mtp_shapes(cfg: DeepseekV41Config) -> dict[str, tuple[int, ...]]:
     n = cfg.num_nextn_predict_layers
     if n == 0:
         return {}
-    d, n_hc, heads, hd = cfg.hidden_size, cfg.hc_mult, cfg.num_attention_heads, cfg.head_dim
-    hc_out, inter, experts = (2 + n_hc) * n_hc, cfg.moe_intermediate_size, cfg.dspark_n_routed_experts
+    d, inter, experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.dspark_n_routed_experts
     shapes: dict[str, tuple[int, ...]] = {}
     for i in range(n):
         p = layer_prefix(i)
-        shapes.update({p + "attn_norm.weight": (d,), p + "ffn_norm.weight": (d,)})
-        for site in ("attn", "ffn"):
-            shapes.update({f"{p}hc_{site}_fn": (hc_out, n_hc * d), f"{p}hc_{site}_base": (hc_out,),
-                           f"{p}hc_{site}_scale": (3,)})
-        a = p + "attn."
-        shapes.update({
-            a + "wq_a.weight": (cfg.q_lora_rank, d),
-            a + "q_norm.weight": (cfg.q_lora_rank,),
-            a + "wq_b.weight": (heads * hd, cfg.q_lora_rank),
-            a + "wkv.weight": (hd, d),
-            a + "kv_norm.weight": (hd,),
-            a + "wo_a.weight": (cfg.o_groups * cfg.o_lora_rank, heads * hd // cfg.o_groups),
-            a + "wo_b.weight": (d, cfg.o_groups * cfg.o_lora_rank),
-            a + "attn_sink": (heads,),
-        })
+        shapes.update(shared_layer_shapes(p, cfg, kv_norm="kv_norm"))
         f = p + "ffn."
         shapes.update({f + "gate.weight": (experts, d), f + "gate.bias": (experts,)})
         for e in [f"{f}experts.{e}." for e in range(experts)] + [f + "shared_experts."]:
-            shapes.update({e + "w1.weight": (inter, d), e + "w3.weight": (inter, d), e + "w2.weight": (d, inter)})
+            shapes.update(mlp_shapes(e, d, inter))
     first, last, r = layer_prefix(0), layer_prefix(n - 1), cfg.dspark_markov_rank
     shapes.update({
         first + "main_proj.weight": (d, len(cfg.dspark_target_layer_ids) * d),

@@ -16,7 +16,7 @@ from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.models.deepseek_v4.weights import _Reader as V4Reader
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.roles import FULL
-from deepinfer.models.layer_shapes import shared_layer_shapes
+from deepinfer.models.layer_shapes import mlp_shapes, shared_layer_shapes
 from deepinfer.quant import QuantizedTensor
 
 Stored = torch.Tensor | QuantizedTensor
@@ -48,8 +48,8 @@ def expected_shapes(cfg: DeepseekV41Config) -> dict[str, tuple[int, ...]]:
         f = p + "ffn."
         shapes.update({f + "gate.weight": (experts, d), f + "gate.bias": (experts,), f + "gate.bias_vl": (experts,)})
         for e in range(experts):
-            _mlp(shapes, f"{f}experts.{e}.", d, inter)
-        _mlp(shapes, f + "shared_experts.", d, inter)
+            shapes.update(mlp_shapes(f"{f}experts.{e}.", d, inter))
+        shapes.update(mlp_shapes(f + "shared_experts.", d, inter))
         if role.engram:
             index = cfg.engram_layer_ids.index(role.layer_id)
             g = p + "engram."
@@ -62,10 +62,6 @@ def expected_shapes(cfg: DeepseekV41Config) -> dict[str, tuple[int, ...]]:
             })
     return shapes
 
-
-def _mlp(shapes: dict[str, tuple[int, ...]], prefix: str, d: int, inter: int) -> None:
-    shapes.update({f"{prefix}w1.weight": (inter, d), f"{prefix}w3.weight": (inter, d)})
-    shapes[f"{prefix}w2.weight"] = (d, inter)
 
 
 # --- reading ------------------------------------------------------------------------------------------------
