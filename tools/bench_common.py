@@ -100,6 +100,35 @@ class SwitchableOps:
         return getattr(self.table, name)
 
 
+def kernel_profile(fn: Callable[[], object], steps: int = 5, top: int = 25) -> str:
+    """Device time per kernel name over ``steps`` calls of ``fn`` (after a warm-up), as a markdown table of the
+    ``top`` most expensive: where a step's time goes (CUDA graph replays included: CUPTI records their kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        sync()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        us = getattr(event, "device_time", 0.0) if torch.cuda.is_available() else event.cpu_time
+        if torch.cuda.is_available() and str(event.device_type) != "DeviceType.CUDA":
+            continue
+        entry = totals.setdefault(event.name[:90], [0.0, 0])
+        entry[0] += us
+        entry[1] += 1
+    total = sum(v[0] for v in totals.values()) or 1.0
+    lines = [f"per step: {total / steps:.1f} us of kernels, {sum(int(v[1]) for v in totals.values()) / steps:.0f} "
+             "launches", "", "| kernel | us / step | launches / step | share |", "|---|---:|---:|---:|"]
+    for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"| `{name}` | {us / steps:.1f} | {n / steps:.0f} | {us / total:.0%} |")
+    return "\n".join(lines)
+
+
 def backend_for(device: str) -> Any:
     """The DeepInfer backend that runs ``device``'s steps (uploads, graph capture)."""
     if device == "cuda":
@@ -211,7 +240,7 @@ def host_costs(model: Any, graphs: Any, states: list[Any]) -> dict[str, float]:
 
 
 def deepinfer_cases(model: Any, cases: list[str], use_graphs: bool, *, prefill: int, context: int, max_seqs: int,
-                    device: str) -> dict[str, Any]:
+                    device: str, profile: bool = False) -> dict[str, Any]:
     """Seconds per case (``prefill``: one ``prefill``-token sequence; ``decodeB``: a step of B sequences after
     ``context`` tokens each), plus each case's replay (device) time and host costs; decode steps replayed from
     CUDA graphs (captured per batch size, as the engine does) unless ``use_graphs`` is false."""
@@ -231,6 +260,8 @@ def deepinfer_cases(model: Any, cases: list[str], use_graphs: bool, *, prefill: 
             if captured is not None:
                 replay, state = captured
                 out[f"prefill 1x{prefill} replay"] = time_median(replay, 3)
+                if profile:
+                    out[f"prefill 1x{prefill} profile"] = kernel_profile(replay, steps=2)
                 state.release()  # its slot: the b64 case needs every one
         for case in cases:
             if not case.startswith("decode"):
@@ -252,6 +283,8 @@ def deepinfer_cases(model: Any, cases: list[str], use_graphs: bool, *, prefill: 
                 ten = time_median(lambda r=replay: [r() for _ in range(10)], 3)
                 out[f"decode b{batch} ctx {context} replay"] = ten / 10
                 out[f"decode b{batch} ctx {context} host"] = host_costs(model, graphs, states)
+                if profile:
+                    out[f"decode b{batch} ctx {context} profile"] = kernel_profile(replay)
             for state in states:
                 state.release()
             if graphs is not None:

@@ -32,6 +32,7 @@ cuBLAS ``_scaled_mm``) for the FP8 GEMMs, at the bf16 rate for the rest (MXFP4 e
 in the tile); prefill prints its rate against the FP8 ceiling.  Weight and state memory of both are printed.
 
     python tools/bench_v41_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager] [--released]
+                                [--profile]
     python tools/bench_v41_slice.py --tiny      # a small config on the CPU (reference ops): tests the script
 """
 
@@ -297,7 +298,7 @@ def report(rows: list[dict[str, Any]], counts: Bytes, ceilings: Ceilings, device
 
 
 def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released: bool, ceilings: Ceilings,
-              device: str) -> dict[str, Any]:
+              device: str, profile: bool = False) -> dict[str, Any]:
     """Build the slice (bf16, or ``released``), time its cases, print its report; the results as plain data."""
     from deepinfer.kv.sizing import describe_density, tokens_per_gib
 
@@ -308,7 +309,8 @@ def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released:
     state_bytes, density = model.pool.nbytes(), tokens_per_gib(model.state_spec, 2)
     variants = {"graphs": True, "eager": False} if eager else {"graphs": True}
     times = {v: deepinfer_cases(model, cases, graphs, prefill=shape.prefill, context=shape.context,
-                                max_seqs=shape.max_seqs, device=shape.device) for v, graphs in variants.items()}
+                                max_seqs=shape.max_seqs, device=shape.device, profile=profile and graphs)
+             for v, graphs in variants.items()}
     rows = []
     for key, seconds in times["graphs"].items():
         if not isinstance(seconds, float) or key.endswith("replay"):
@@ -322,6 +324,9 @@ def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released:
         rows.append(row)
     title = "released-format (FP8 / MXFP4 / packed KV)" if released else "bf16"
     print(report(rows, counts, ceilings, device, title))
+    for key, table_md in times["graphs"].items():
+        if key.endswith(" profile"):
+            print(f"\n{title}, {key} (kernels of replayed steps):\n{table_md}")
     print(f"state pool: {state_bytes / 1e9:.2f} GB for {shape.max_seqs} sequences; "
           f"{describe_density(model.state_spec, 2)}\n")
     return {"format": "released" if released else "bf16", "rows": rows, "weights_bytes": counts.resident,
@@ -338,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--released", action="store_true",
                         help="also run the slice in the released formats, kept as stored (after the bf16 one)")
     parser.add_argument("--tiny", action="store_true", help="a toy config on the CPU with core's reference ops")
+    parser.add_argument("--profile", action="store_true", help="also print each case's device time per kernel")
     args = parser.parse_args(argv)
     shape = SMALL if args.tiny else FULL
     cases = [c for c in args.cases.split(",") if c]
@@ -354,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if shape.device == "cuda" else "cpu"
     slices = []
     for released in (False, True) if args.released else (False,):
-        slices.append(run_slice(shape, table, cases, args.eager, released, ceilings, device))
+        slices.append(run_slice(shape, table, cases, args.eager, released, ceilings, device, args.profile))
         if shape.device == "cuda":
             torch.cuda.empty_cache()
     if args.released:

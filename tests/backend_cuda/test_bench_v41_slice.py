@@ -38,10 +38,12 @@ def test_tiny_slice_runs_on_the_cpu(tmp_path):
     out = tmp_path / "slice.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(TOOLS / "bench_v41_slice.py"), "--tiny", "--cases",
-                           "prefill,decode1,decode16", "--json", str(out)], capture_output=True, text=True, env=env,
+                           "prefill,decode1,decode16", "--json", str(out), "--profile"], capture_output=True, text=True,
+                          env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| case |" in proc.stdout
+    assert proc.stdout.count("| kernel | us / step |") == 2  # --profile: one table per decode case
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"] for r in rows] == ["prefill 1x64", "decode b1 ctx 80", "decode b16 ctx 80"]
     assert all(r["s"] > 0 and 0 < r["fraction"] and r["bytes"] > 0 for r in rows)

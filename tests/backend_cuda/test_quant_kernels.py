@@ -183,7 +183,8 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         assert kernel.name == "fp8_act_quant"
         kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps)
         g = x.float().view(70, -1, block[1])
-        want_s = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+        amax = g.abs().amax(-1).clamp_min(1e-4)
+        want_s = amax / torch.full_like(amax, 448.0)  # IEEE division (torch's CUDA `t / 448.0` multiplies by 1/448)
         want_q = (g / want_s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
         assert torch.equal(launch.args["s_ptr"].view_as(want_s), want_s), block
         assert torch.equal(launch.args["q_ptr"].view_as(want_q), want_q), block
@@ -258,7 +259,8 @@ def test_prefill_regime_is_its_scheme_and_quantizes_activations_like_torch():
         got = plan.run(torch.cuda.current_device())
         xq, xs = plan.steps[0][1].args["q_ptr"], plan.steps[0][1].args["s_ptr"]
         g = x.float().view(300, -1, block[1])
-        want_s = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+        amax = g.abs().amax(-1).clamp_min(1e-4)
+        want_s = amax / torch.full_like(amax, 448.0)  # IEEE division (torch's CUDA `t / 448.0` multiplies by 1/448)
         assert torch.equal(xs.view_as(want_s), want_s)
         want_q = (g / want_s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
         assert torch.equal(xq.view_as(want_q), want_q)
