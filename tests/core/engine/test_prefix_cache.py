@@ -37,7 +37,7 @@ def _greedy(**kw) -> SamplingParams:
 
 
 def _scratch(path, prompts, params, **kw):
-    llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET, **kw)
+    llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET, **{"enable_prefix_caching": False, **kw})
     return [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in prompts]
 
 
@@ -155,7 +155,7 @@ def test_hits_under_preemption_match_scratch(monkeypatch):
     shared = _tokens(20 * block, 7)
     prompts = [shared + _tokens(4 + i, 20 + i) for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=100, logprobs=2, ignore_eos=True)
-    ref_llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET)
+    ref_llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET, enable_prefix_caching=False)
     refs = ref_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     small = int(ref_llm.engine.model.state_bytes(len(prompts[0]) + 24) * 3.4)
     llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=small, max_num_seqs=4)
@@ -189,9 +189,9 @@ def test_prompt_logprobs_requests_compute_their_prompt():
     assert out.num_cached_tokens == 0 and len(out.prompt_logprobs) == len(prompt)
 
 
-def test_cache_off_by_default_and_reports_nothing():
+def test_cache_off_reports_nothing():
     path, *_ = MODELS["v41"]
-    llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET)
+    llm = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET, enable_prefix_caching=False)
     assert llm.engine.state_cache.prefix is None
     out = llm.generate([{"prompt_token_ids": _tokens(40, 1)}], _greedy(), use_tqdm=False)[0]
     assert out.num_cached_tokens == 0
@@ -246,6 +246,17 @@ def test_a_model_without_a_pooled_state_is_refused():
     tok = toy_tokenizer()
     with pytest.raises(ValueError, match="enable_prefix_caching=True: ToyCausalLM has no prefix cache"):
         LLM.from_model(ToyCausalLM(len(tok), seed=1), tok, enable_prefix_caching=True)
+
+
+def test_prefix_caching_is_on_by_default_where_a_model_has_a_prefix_cache():
+    """The default (None): on for V4 / V4.1 on one rank, off (no error) for a model without a pooled state."""
+    from tests.support.toy_model import ToyCausalLM, toy_tokenizer
+
+    assert LLM(str(TINY_V41_DIR), dtype="float32", state_cache_bytes=BUDGET).engine.config.enable_prefix_caching
+    assert not LLM(str(TINY_V41_DIR), dtype="float32", state_cache_bytes=BUDGET,
+                   enable_prefix_caching=False).engine.config.enable_prefix_caching
+    tok = toy_tokenizer()
+    assert not LLM.from_model(ToyCausalLM(len(tok), seed=1), tok).engine.config.enable_prefix_caching
 
 
 def test_a_preempted_request_hits_its_own_prompt_again():

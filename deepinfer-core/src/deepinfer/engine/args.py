@@ -82,8 +82,9 @@ class EngineArgs:
     #: (debugging; outputs are the same).
     async_scheduling: bool = _knob(True, checks.flag())
     #: Reuse the compressed state of prompt prefixes other requests computed (docs/prefix_caching.md; vLLM's
-    #: name).  Off by default: hits rebuild SWA rings by replaying tokens, exact but new.
-    enable_prefix_caching: bool = _knob(False, checks.flag())
+    #: name).  None (default): on where it is exact and tested, a single-rank engine over a model with a prefix
+    #: cache (V4, V4.1); off on several ranks.
+    enable_prefix_caching: bool | None = _knob(None, checks.flag(optional=True))
     #: Ranks that each own whole requests (data-parallel attention; ``docs/parallel.md``).  With
     #: ``context_parallel_size``, the world size: ``LLM`` starts that many ranks, or joins torchrun's.
     data_parallel_size: int = _knob(1, checks.integer(1))

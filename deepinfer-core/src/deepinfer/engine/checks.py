@@ -38,12 +38,15 @@ def integer(low: int | None = None, high: int | None = None, *, optional: bool =
     return check
 
 
-def flag() -> Check:
-    """``True`` or ``False`` (not 0/1, not a string: ``enforce_eager='no'`` would be truthy)."""
+def flag(*, optional: bool = False) -> Check:
+    """``True`` or ``False`` (not 0/1, not a string: ``enforce_eager='no'`` would be truthy); ``None`` too if
+    ``optional``."""
 
     def check(name: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, {_got(value)}")
+            raise TypeError(f"{name} must be True{', False or None' if optional else ' or False'}, {_got(value)}")
         return value
 
     return check

@@ -24,7 +24,7 @@ from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
-from deepinfer.models.base import CausalLM, DraftingModel
+from deepinfer.models.base import CausalLM, DraftingModel, PrefixCacheable
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.dp import DataParallelEngine
@@ -59,6 +59,14 @@ def _eos_token_ids(checkpoint: Path | None, model: CausalLM, tokenizer: Any) -> 
         if value is not None:
             return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
     return ()
+
+
+def _prefix_caching(args: EngineArgs, model: CausalLM, joined: Joined | None) -> bool:
+    """``enable_prefix_caching``, its default (None) resolved: on for a single-rank engine over a model with a
+    prefix cache, where hits are exact and tested (docs/prefix_caching.md); off on several ranks."""
+    if args.enable_prefix_caching is not None:
+        return args.enable_prefix_caching
+    return joined is None and isinstance(model, PrefixCacheable)
 
 
 def _as_prompt_list(prompts: Any) -> list[Any]:
@@ -153,7 +161,7 @@ class LLM:
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
             eos_token_ids=eos, async_scheduling=args.async_scheduling,
-            enable_prefix_caching=args.enable_prefix_caching,
+            enable_prefix_caching=_prefix_caching(args, model, joined),
             # expert-parallel steps exchange tokens with sizes known only on the host: not capturable
             enforce_eager=args.enforce_eager or (joined is not None and joined.context.plan.ep_size > 1),
         )

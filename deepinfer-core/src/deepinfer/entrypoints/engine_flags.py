@@ -30,7 +30,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, model_positional: bool =
                                         "else the embedded tiny model)")
             else:
                 group.add_argument("--model", default=argparse.SUPPRESS, help=_help(f.name))
-        elif kind == "bool":
+        elif kind in ("bool", "bool | None"):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                help=_help(f.name))
         else:
