@@ -129,7 +129,9 @@ def load_slice(tiny: bool, max_seqs: int, tokens: int):
 
     began = time.perf_counter()
     model = build_slice(tiny, drafter=True)
-    llm = slice_llm(model, max_num_seqs=max_seqs, state_cache_bytes=model.state_pool_bytes(max_seqs, tokens))
+    # no prefix cache: the repeats re-send the same prompts, and each run must compute its prefill as run(1) did
+    llm = slice_llm(model, max_num_seqs=max_seqs, state_cache_bytes=model.state_pool_bytes(max_seqs, tokens),
+                    enable_prefix_caching=False)
     drafter = slice_drafter(model, tiny)
     print(f"built {describe(model)} in {time.perf_counter() - began:.1f} s", flush=True)
     return llm, drafter, describe_drafter(drafter)
