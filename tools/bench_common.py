@@ -140,6 +140,13 @@ def backend_for(device: str) -> Any:
     return CpuBackend()
 
 
+def jit_launches() -> dict[str, int]:
+    """Kernel launches so far through Triton JIT (no cubin in the CUDA kernel set), by kernel."""
+    from deepinfer_cuda.kernel_set.dispatch import _KERNELS
+
+    return {k.name: k.launch_counts["jit"] for k in _KERNELS if k.launch_counts["jit"]}
+
+
 def di_step(model: Any, ids: Any, positions: Any, lens: list[int], states: list[Any]) -> Any:
     """One DeepInfer step: forward, then the logits of each sequence's last row.  Host-built index tensors go
     through the backend's non-blocking copy, as in the engine's runner."""

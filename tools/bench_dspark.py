@@ -3,6 +3,7 @@
 
     python tools/bench_dspark.py --model DIR [--batches 1,16,64] [--acceptance 1.5,2.5,3.5] [--real]
                                  [--k 4] [--new-tokens 64] [--prompt-len 256] [--json PATH]
+    python tools/bench_dspark.py --slice [--tiny] [...]
 
 Per batch size: plain decoding, then speculative decoding with the checkpoint's drafter (``make_drafter``; a
 stand-in proposing arbitrary tokens when the checkpoint has none) at each forced acceptance length L: the runner
@@ -11,6 +12,12 @@ so a slice with random weights measures the engine at a given acceptance.  ``--r
 real (meaningful with trained weights; its measured acceptance length is reported).  Greedy requests with
 ``ignore_eos``; decode time = time of ``--new-tokens`` tokens minus the time of 1 (the prefill), best of
 ``--repeats``.
+
+``--slice``: no checkpoint; the V4.1-Flash slice of ``tools/bench_v41_slice.py`` (8 layers at V4.1-Flash's dims,
+bf16 random weights) on the GPU with a DSpark drafter of random weights at the same dims (``tools/
+v41_slice_engine.py``); ``--slice --tiny``: both at toy dims on the CPU (tests the script).  The output says which
+drafter ran, and how many steps of each mode replayed captured decode graphs: plain decoding does on a backend
+that captures (CUDA), speculative steps (draft, then one ragged verify forward) run eagerly.
 """
 
 from __future__ import annotations
@@ -70,12 +77,40 @@ def _decode_time(llm, prompts, new_tokens: int, repeats: int) -> tuple[float, li
     return best, outs
 
 
-def bench(model: str, batches: list[int], acceptance: list[float], k: int, new_tokens: int, prompt_len: int,
-          real: bool, repeats: int, dtype: str) -> list[dict[str, object]]:
-    from deepinfer import LLM
-    from deepinfer.spec.budget import SpecPolicy
+class StepCounter:
+    """Counts the runner's steps, and those replayed from captured decode graphs (wraps the two methods)."""
 
-    llm = LLM(model, dtype=dtype, max_num_seqs=max(batches))
+    def __init__(self, runner) -> None:
+        self.steps = self.graph_steps = 0
+        launch = runner.launch
+
+        def counted_launch(*args, **kwargs):
+            self.steps += 1
+            return launch(*args, **kwargs)
+
+        runner.launch = counted_launch
+        graphs = runner.decode_graphs
+        if graphs is not None:
+            run = graphs.run
+
+            def counted_run(*args, **kwargs):
+                self.graph_steps += 1
+                return run(*args, **kwargs)
+
+            graphs.run = counted_run
+
+    def take(self) -> tuple[int, int]:
+        """(steps, of which graph replays) since the last call."""
+        counts = self.steps, self.graph_steps
+        self.steps = self.graph_steps = 0
+        return counts
+
+
+def load_checkpoint(model: str, dtype: str, max_seqs: int, k: int):
+    """(LLM, drafter, the drafter in words): the checkpoint's drafter, else :class:`ArbitraryDrafter`."""
+    from deepinfer import LLM
+
+    llm = LLM(model, dtype=dtype, max_num_seqs=max_seqs)
     engine = llm.engine
     drafter = engine.drafter
     if drafter is None:
@@ -83,17 +118,44 @@ def bench(model: str, batches: list[int], acceptance: list[float], k: int, new_t
         drafter = make() if make is not None else None
     if drafter is None:
         print("the checkpoint has no drafter: a stand-in proposes arbitrary tokens", file=sys.stderr)
-        drafter = ArbitraryDrafter(engine.model.vocab_size, k, engine.model.device)
+        return llm, ArbitraryDrafter(engine.model.vocab_size, k, engine.model.device), "ArbitraryDrafter stand-in"
+    return llm, drafter, f"the checkpoint's ({type(drafter).__name__})"
+
+
+def load_slice(tiny: bool, max_seqs: int, tokens: int):
+    """(LLM, drafter, the drafter in words) over the V4.1-Flash slice with a random DSpark drafter; the state
+    cache holds ``max_seqs`` sequences of ``tokens`` tokens."""
+    from v41_slice_engine import build_slice, describe, describe_drafter, slice_drafter, slice_llm
+
+    began = time.perf_counter()
+    model = build_slice(tiny, drafter=True)
+    # no prefix cache: the repeats re-send the same prompts, and each run must compute its prefill as run(1) did
+    llm = slice_llm(model, max_num_seqs=max_seqs, state_cache_bytes=model.state_pool_bytes(max_seqs, tokens),
+                    enable_prefix_caching=False)
+    drafter = slice_drafter(model, tiny)
+    print(f"built {describe(model)} in {time.perf_counter() - began:.1f} s", flush=True)
+    return llm, drafter, describe_drafter(drafter)
+
+
+def bench(llm, drafter, batches: list[int], acceptance: list[float], k: int, new_tokens: int, prompt_len: int,
+          real: bool, repeats: int) -> list[dict[str, object]]:
+    from deepinfer.spec.budget import SpecPolicy
+
+    engine = llm.engine
     k = min(k, drafter.max_draft_len)
     engine.set_drafter(None)
+    counter = StepCounter(engine.runner)
     rows = []
     for batch in batches:
         gen = torch.Generator().manual_seed(batch)
         prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist()
                    for _ in range(batch)]
+        counter.take()
         plain, _ = _decode_time(llm, prompts, new_tokens, repeats)
         base = batch * (new_tokens - 1) / plain
-        rows.append(dict(batch=batch, mode="plain", acceptance=1.0, tokens_per_s=base, speedup=1.0))
+        steps, graphs = counter.take()
+        rows.append(dict(batch=batch, mode="plain", acceptance=1.0, tokens_per_s=base, speedup=1.0, steps=steps,
+                         graph_steps=graphs))
         for length in acceptance + ([0.0] if real else []):
             engine.set_drafter(drafter, SpecPolicy(k))
             engine.runner.forced_acceptance = length or None
@@ -105,14 +167,42 @@ def bench(model: str, batches: list[int], acceptance: list[float], k: int, new_t
             stats = [o.spec_decoding_stats for o in outs if o.spec_decoding_stats is not None]
             measured = (sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_drafts for s in stats)) + 1.0)
             speed = batch * (new_tokens - 1) / took
+            steps, graphs = counter.take()
             rows.append(dict(batch=batch, mode="forced" if length else "real", acceptance=round(measured, 3),
-                             tokens_per_s=speed, speedup=speed / base))
+                             tokens_per_s=speed, speedup=speed / base, steps=steps, graph_steps=graphs))
     return rows
+
+
+def graphs_line(llm, rows: list[dict[str, object]]) -> str:
+    """Whether plain decoding replayed captured graphs and speculative steps ran eagerly, from the counts."""
+    from deepinfer.backends import Backend
+
+    engine = llm.engine
+    backend = engine.runner.backend
+    captures = type(backend).graph_capture is not Backend.graph_capture
+    graphs = engine.runner.decode_graphs
+    if graphs is None:
+        return "decode graphs: off (enforce_eager, or the model has no fixed-shape decode step): every step eager"
+
+    def total(mode: str, key: str) -> int:
+        return sum(int(r[key]) for r in rows if (r["mode"] == "plain") == (mode == "plain"))  # type: ignore[call-overload]
+
+    how = "captured (CUDA graphs)" if captures else "re-executed (this backend does not capture)"
+    line = (f"decode graphs {how} on backend {type(backend).__name__}: plain decoding replayed "
+            f"{total('plain', 'graph_steps')} of its {total('plain', 'steps')} steps (the rest: prefills); "
+            f"speculative decoding {total('spec', 'graph_steps')} of {total('spec', 'steps')} (draft and verify "
+            f"run eagerly)")
+    if graphs.eager_reason:
+        line += f"; a capture failed, decode steps ran eagerly: {graphs.eager_reason}"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="checkpoint directory (or repo id)")
+    parser.add_argument("--model", help="checkpoint directory (or repo id)")
+    parser.add_argument("--slice", action="store_true",
+                        help="no checkpoint: the V4.1-Flash slice (GPU, bf16) with a random DSpark drafter")
+    parser.add_argument("--tiny", action="store_true", help="with --slice: toy dims on the CPU")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--acceptance", default="1.5,2.5,3.5", help="forced acceptance lengths (tokens per step)")
     parser.add_argument("--real", action="store_true", help="also verify for real")
@@ -120,17 +210,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", help="with --model (the slice is bf16)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     acceptance = [float(x) for x in args.acceptance.split(",") if x]
     if any(not 1.0 <= a <= args.k + 1 for a in acceptance):
         parser.error(f"--acceptance values must be in [1, k + 1 = {args.k + 1}]")
-    rows = bench(args.model, [int(b) for b in args.batches.split(",")], acceptance, args.k, args.new_tokens,
-                 args.prompt_len, args.real, args.repeats, args.dtype)
-    print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'tokens/s':>10} {'speedup':>8}")
+    if (args.model is None) == (not args.slice):
+        parser.error("give --model DIR or --slice")
+    if args.tiny and not args.slice:
+        parser.error("--tiny goes with --slice")
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.slice:
+        llm, drafter, drafter_name = load_slice(args.tiny, max(batches), args.prompt_len + args.new_tokens + args.k + 1)
+    else:
+        llm, drafter, drafter_name = load_checkpoint(args.model, args.dtype, max(batches), args.k)
+    print(f"drafter: {drafter_name}", flush=True)
+    rows = bench(llm, drafter, batches, acceptance, args.k, args.new_tokens, args.prompt_len, args.real,
+                 args.repeats)
+    print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'tokens/s':>10} {'speedup':>8} {'graph steps':>12}")
     for r in rows:
-        print(f"{r['batch']:>5} {r['mode']:>7} {r['acceptance']:>7.2f} {r['tokens_per_s']:>10.1f} {r['speedup']:>8.2f}")
+        print(f"{r['batch']:>5} {r['mode']:>7} {r['acceptance']:>7.2f} {r['tokens_per_s']:>10.1f} {r['speedup']:>8.2f} "
+              f"{r['graph_steps']:>5} of {r['steps']:<4}")
+    print(graphs_line(llm, rows))
+    if args.slice:
+        from v41_slice_engine import check_shared_stack, jit_line
+
+        print(check_shared_stack(llm.engine.model))
+        if jit_line(llm.engine.model):
+            print(jit_line(llm.engine.model))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

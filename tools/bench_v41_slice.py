@@ -44,7 +44,7 @@ import json
 import sys
 from typing import Any
 
-from bench_common import SwitchableOps, deepinfer_cases, measure_ceilings, measure_fp8_matmul
+from bench_common import SwitchableOps, deepinfer_cases, jit_launches, measure_ceilings, measure_fp8_matmul
 
 #: V4.1-Flash's per-layer dims; ``n_routed_experts`` is what the layers route over (see ``EXPERTS``).
 SLICE: dict[str, Any] = dict(
@@ -138,50 +138,100 @@ def _mxfp4_experts(moe: Any, e: int, hidden: int, inter: int, gen: Any, rand: An
                   quantize_fp8_block(rand(hidden, inter).float(), FP8_BLOCK))
 
 
-def build_model(shape: Shape, ops: Any, released: bool = False):
-    """The slice's model with random weights (N(0, 1/fan_in) matrices, norms 1, fp32 where the loader keeps
-    fp32), its MoE layers then pointed at one shared stack of ``shape.experts`` routed experts + the shared one;
-    ``released``: in the released formats, kept as stored (MXFP4 experts, and a shared FP8 expert per layer)."""
+def random_generator(device: str, seed: int = 0):
+    """``rand(*dims, dtype=bf16)``: N(0, 1/fan_in) matrices (N(0, 1) vectors) from one seeded generator, and the
+    generator."""
     import torch
 
-    from deepinfer.models.deepseek_v4.weights import keeps_fp32
-    from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
-    from deepinfer.models.deepseek_v41.weights import expected_shapes
-
-    cfg = _config(shape)
-    device, gen = torch.device(shape.device), torch.Generator(device=shape.device).manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*dims: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         t = torch.randn(*dims, generator=gen, device=device, dtype=dtype)
         return t.mul_(dims[-1] ** -0.5) if len(dims) > 1 else t
 
+    return rand, gen
+
+
+def _random_tensors(shapes: dict[str, tuple[int, ...]], rand: Any, gen: Any, device: Any) -> dict[str, Any]:
+    """Random tensors of ``shapes`` (norms 1, fp32 where the loader keeps fp32, Engram tables N(0, 1))."""
+    import torch
+
+    from deepinfer.models.deepseek_v4.weights import keeps_fp32
+    from deepinfer.models.deepseek_v41.weights import MTP_FP32
+
     tensors = {}
-    for name, dims in expected_shapes(cfg).items():
-        dtype = torch.float32 if keeps_fp32(name) or "hc_" in name else torch.bfloat16
+    for name, dims in shapes.items():
+        fp32 = keeps_fp32(name) or "hc_" in name or name.endswith(MTP_FP32)
+        dtype = torch.float32 if fp32 else torch.bfloat16
         if name.endswith(("norm.weight", "q_weight", "k_weight")):
             tensors[name] = torch.ones(dims, dtype=dtype, device=device)
         elif name.endswith("embed.weight") and name.startswith("layers."):  # an Engram table: O(1) rows
             tensors[name] = torch.randn(*dims, generator=gen, device=device, dtype=dtype)
         else:
             tensors[name] = rand(*dims, dtype=dtype)
+    return tensors
+
+
+def expert_stack(experts: int, hidden: int, inter: int, rand: Any) -> tuple[Any, Any]:
+    """(w13 [E + 1, 2I, H], w2 [E + 1, H, I]): ``experts`` routed experts and, last, the shared one."""
+    return rand(experts + 1, 2 * inter, hidden), rand(experts + 1, hidden, inter)
+
+
+def new_router(moe: Any, experts: int, rand: Any, gen: Any) -> None:
+    """Give ``moe`` a random router over ``experts`` experts."""
+    import torch
+
+    device = moe.gate.device
+    moe.gate = rand(experts, moe.gate.shape[1])
+    moe.bias = 0.1 * torch.randn(experts, generator=gen, device=device)
+    moe.spec = dataclasses.replace(moe.spec, n_routed_experts=experts)
+
+
+def read_stack(moe: Any, stack: tuple[Any, Any]) -> None:
+    """Point ``moe`` at a shared :func:`expert_stack` (its last expert: the shared one, weight 1 for every
+    token), as the model stacks its own experts."""
+    import torch
+
+    w13, w2 = stack
+    shared = w13.shape[0] - 1
+    moe.w13, moe.w2, moe.shared_id, moe.scales, moe.shared = w13, w2, shared, None, None
+    moe.shared_slot = (torch.full((1, 1), shared, dtype=torch.int64, device=w13.device),
+                       torch.ones((1, 1), dtype=torch.float32, device=w13.device))
+
+
+def build_model(shape: Shape, ops: Any, released: bool = False):
+    """The slice's model with random weights (N(0, 1/fan_in) matrices, norms 1, fp32 where the loader keeps
+    fp32), its MoE layers then pointed at one shared stack of ``shape.experts`` routed experts + the shared one;
+    ``released``: in the released formats, kept as stored (MXFP4 experts, and a shared FP8 expert per layer).
+    A config with draft layers also gets random ``mtp.*`` tensors (bf16 only; their experts as in the config:
+    ``tools/v41_slice_engine.py`` points them at a stack of their own)."""
+    import torch
+
+    from deepinfer.models.deepseek_v41.dspark_weights import expected_mtp_shapes
+    from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
+    from deepinfer.models.deepseek_v41.weights import expected_shapes
+
+    cfg = _config(shape)
+    if released and cfg.num_nextn_predict_layers:
+        raise ValueError("the released-format slice has no drafter")
+    device = torch.device(shape.device)
+    rand, gen = random_generator(shape.device)
+    tensors = _random_tensors(expected_shapes(cfg), rand, gen, device)
     if released:
         _released(tensors)
     token_map = torch.randint(0, cfg.engram_compressed_vocab_size, (cfg.vocab_size,), generator=gen, device=device)
-    model = DeepseekV41ForCausalLM(cfg, tensors, {}, token_map, ops=ops, dtype=torch.bfloat16, device=device,
+    mtp = _random_tensors(expected_mtp_shapes(cfg), rand, gen, device)
+    model = DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=torch.bfloat16, device=device,
                                    native_weights=released, quantized_kv=released)
     del tensors
     e, hidden, inter = shape.experts, cfg.hidden_size, cfg.moe_intermediate_size
-    w13, w2 = (None, None) if released else (rand(e + 1, 2 * inter, hidden), rand(e + 1, hidden, inter))
+    stack = None if released else expert_stack(e, hidden, inter, rand)
     for layer in model.layers:
-        moe = layer.ffn
-        moe.gate, moe.bias = rand(e, hidden), 0.1 * torch.randn(e, generator=gen, device=device)
-        if released:
-            _mxfp4_experts(moe, e, hidden, inter, gen, rand)
+        new_router(layer.ffn, e, rand, gen)
+        if stack is None:
+            _mxfp4_experts(layer.ffn, e, hidden, inter, gen, rand)
         else:
-            moe.w13, moe.w2, moe.shared_id = w13, w2, e
-            moe.shared_slot = (torch.full((1, 1), e, dtype=torch.int64, device=device),
-                               torch.ones((1, 1), dtype=torch.float32, device=device))
-        moe.spec = dataclasses.replace(moe.spec, n_routed_experts=e)
+            read_stack(layer.ffn, stack)
     return model
 
 
@@ -333,6 +383,17 @@ def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released:
             "state_bytes": state_bytes, "tokens_per_gib": density}
 
 
+def op_table(tiny: bool) -> Any:
+    """Core's reference ops for the tiny slice on the CPU, else the CUDA backend's table."""
+    from deepinfer.ops import OpTable
+
+    if tiny:
+        return OpTable()
+    from deepinfer_cuda.ops import OVERRIDES
+
+    return OpTable(OVERRIDES, "nvidia")
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -347,14 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shape = SMALL if args.tiny else FULL
     cases = [c for c in args.cases.split(",") if c]
-    from deepinfer.ops import OpTable
-
-    if args.tiny:
-        table: Any = OpTable()
-    else:
-        from deepinfer_cuda.ops import OVERRIDES
-
-        table = OpTable(OVERRIDES, "nvidia")
+    table = op_table(args.tiny)
     bw, peak = measure_ceilings(shape.device, small=args.tiny)
     ceilings = Ceilings(bw, peak, measure_fp8_matmul(shape.device, small=args.tiny) if args.released else None)
     device = torch.cuda.get_device_name() if shape.device == "cuda" else "cpu"
@@ -373,10 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"released vs bf16: weights {bf16['weights_bytes'] / 1e9:.1f} -> {rel['weights_bytes'] / 1e9:.1f} GB, "
               f"state {bf16['tokens_per_gib']:,.0f} -> {rel['tokens_per_gib']:,.0f} tokens/GiB; faster: {speedups}")
     if shape.device == "cuda":
-        from deepinfer_cuda.kernel_set.dispatch import _KERNELS
-
-        jit = {k.name: k.launch_counts["jit"] for k in _KERNELS if k.launch_counts["jit"]}
-        print(f"\nkernel launches through Triton JIT (no cubin in the kernel set): {jit or 'none'}")
+        print(f"\nkernel launches through Triton JIT (no cubin in the kernel set): {jit_launches() or 'none'}")
     result = {"device": device, "copy_Bps": bw, "bf16_flops": peak, "fp8_flops": ceilings.fp8,
               "torch": torch.__version__, "rows": slices[0]["rows"], "slices": slices}
     print(json.dumps(result))

@@ -50,6 +50,7 @@ from bench_common import (
     di_prefill,
     di_prefill_once,
     di_step,
+    jit_launches,
     measure_ceilings,
     queue_time,
     sync,
@@ -398,10 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine decode b{batch} (LLM.generate, ms per step, median (range)): "
               + ", ".join(f"{k} {v}" for k, v in ms.items()))
     if variants or args.engine:
-        from deepinfer_cuda.kernel_set.dispatch import _KERNELS
-
-        jit = {k.name: k.launch_counts["jit"] for k in _KERNELS if k.launch_counts["jit"]}
-        print(f"kernel launches through Triton JIT (no cubin in the kernel set): {jit or 'none'}")
+        print(f"kernel launches through Triton JIT (no cubin in the kernel set): {jit_launches() or 'none'}")
     if profile_text:
         print("\nprofiles (nvidia ops):\n" + profile_text)
     if args.json:

@@ -10,6 +10,7 @@ import torch
 
 from deepinfer.testing import check_coverage, check_op, conformance_params, coverage_params
 from deepinfer_cuda.plugin import CudaBackend
+from tests.support.aot_jit import assert_aot_equals_jit
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(
@@ -151,26 +152,10 @@ def _call(module, args):
 @requires_cuda
 @pytest.mark.cuda
 def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
-    from deepinfer_cuda.kernel_set.dispatch import use_kernel_set
     from deepinfer_cuda.kernels import ALL
 
-    cases = list(_model_shape_cases())
-    try:
-        ks = use_kernel_set(device_kernel_set)
-        assert ks.refusal is None, ks.refusal
-        aot = [_call(m, a) for m, a in cases]
-        assert {k.name: k.launch_counts["jit"] for k in ALL} == {k.name: 0 for k in ALL}
-        launches = sum(k.launch_counts["cubin"] for k in ALL)  # a case may launch several kernels (split + combine)
-        assert launches >= len(cases)
-        use_kernel_set(None)
-        jit = [_call(m, a) for m, a in cases]
-        assert sum(k.launch_counts["jit"] for k in ALL) == launches
-    finally:
-        use_kernel_set(device_kernel_set)
-    for (m, args), a, j in zip(cases, aot, jit, strict=True):
-        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in args]
-        pairs = zip(a, j, strict=True) if isinstance(a, tuple) else [(a, j)]
-        assert all(torch.equal(x, y) for x, y in pairs), f"{m.KERNEL.name}: AOT and JIT differ for {shapes}"
+    assert_aot_equals_jit(device_kernel_set, ALL, list(_model_shape_cases()), _call, restore=device_kernel_set,
+                          name=lambda m: m.KERNEL.name, jit_relaunches_all=True)
 
 
 @requires_cuda

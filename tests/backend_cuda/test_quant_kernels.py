@@ -23,6 +23,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.support.aot_jit import assert_aot_equals_jit
+
 pytest.importorskip("triton")
 
 HAS_CUDA = torch.cuda.is_available()
@@ -281,25 +283,10 @@ def quant_kernel_set(tmp_path_factory):
 @requires_cuda
 @pytest.mark.cuda
 def test_quant_aot_cubins_equal_jit_bitwise_and_nothing_jits(quant_kernel_set):
-    from deepinfer_cuda.kernel_set.dispatch import active_kernel_set, use_kernel_set
+    from deepinfer_cuda.kernel_set.dispatch import active_kernel_set
 
-    kernels = _kernels()
-    cases = list(quant_cases("cuda", tokens=(1, 512)))
-    previous = active_kernel_set()
-    try:
-        ks = use_kernel_set(quant_kernel_set)
-        assert ks.refusal is None, ks.refusal
-        for k in kernels.values():
-            k.reset()
-        aot = [_call(op, args) for op, args in cases]
-        assert {n: k.launch_counts["jit"] for n, k in kernels.items()} == dict.fromkeys(kernels, 0)
-        assert sum(k.launch_counts["cubin"] for k in kernels.values()) >= len(cases)
-        use_kernel_set(None)
-        jit = [_call(op, args) for op, args in cases]
-    finally:
-        use_kernel_set(previous)
-    for (op, args), a, j in zip(cases, aot, jit, strict=True):
-        assert torch.equal(a, j), f"{op}: AOT and JIT differ for {tuple(args[0].shape)}"
+    assert_aot_equals_jit(quant_kernel_set, _kernels().values(), list(quant_cases("cuda", tokens=(1, 512))), _call,
+                          restore=active_kernel_set())
 
 
 @requires_cuda

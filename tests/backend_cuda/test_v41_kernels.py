@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.aot_jit import assert_aot_equals_jit
+
 pytest.importorskip("triton")
 
 HAS_CUDA = torch.cuda.is_available()
@@ -322,25 +324,9 @@ def _v41_kernels(op: str) -> list:
 @requires_cuda
 @pytest.mark.cuda
 def test_v41_aot_cubins_equal_jit_bitwise_and_nothing_jits(v41_kernel_set):
-    from deepinfer_cuda.kernel_set.dispatch import use_kernel_set
-
     kernels = {k.name: k for op in V41_OPS for k in _v41_kernels(op)}
-    cases = list(v41_cases("cuda", tokens=(1, 16)))
-    try:
-        ks = use_kernel_set(v41_kernel_set)
-        assert ks.refusal is None, ks.refusal
-        for k in kernels.values():
-            k.reset()
-        aot = [_call(op, args) for op, args in cases]
-        assert {n: k.launch_counts["jit"] for n, k in kernels.items()} == dict.fromkeys(kernels, 0)
-        assert sum(k.launch_counts["cubin"] for k in kernels.values()) >= len(cases)
-        use_kernel_set(None)
-        jit = [_call(op, args) for op, args in cases]
-    finally:
-        use_kernel_set(v41_kernel_set)
-    for (op, args), a, j in zip(cases, aot, jit, strict=True):
-        pairs = zip(a, j, strict=True) if isinstance(a, tuple) else [(a, j)]
-        assert all(torch.equal(x, y) for x, y in pairs), f"{op}: AOT and JIT differ for {args[0].shape}"
+    assert_aot_equals_jit(v41_kernel_set, kernels.values(), list(v41_cases("cuda", tokens=(1, 16))), _call,
+                          restore=v41_kernel_set)
 
 
 @requires_cuda
