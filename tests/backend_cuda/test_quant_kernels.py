@@ -159,9 +159,10 @@ def _kernels() -> dict:
         fp8_e4m3_pack,
         fp8_e4m3_unpack,
         moe_experts_mxfp4,
+        split_k_sum,
     )
 
-    ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
+    ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, split_k_sum.KERNEL, moe_experts_mxfp4.UP_KERNEL,
           moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
           fp4_e2m1_unpack.KERNEL)
     return {k.name: k for k in ks}

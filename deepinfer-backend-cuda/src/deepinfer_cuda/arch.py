@@ -221,6 +221,53 @@ def moe_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_
     return moe_experts_config(arch, 1, hidden, inter, element_bytes)
 
 
+@dataclass(slots=True, frozen=True)
+class Mxfp4Tiles:
+    """Tiles of the MXFP4 expert GEMMs (``kernels/moe_experts_mxfp4.py``): ``moe_experts``' tiles, and whether
+    each program walks its block's slots one at a time with FMAs (``row_loop``; ``tiles.block_m`` is then the plan's
+    block size) instead of one tl.dot tile over them."""
+
+    tiles: MoeTiles
+    row_loop: bool = False
+
+
+#: Measured MXFP4 decode tiles below one slot per expert, (hidden, inter) -> tiles; a shape not listed gets
+#: :func:`mxfp4_decode_default`.  Paste ``tools/sweep_quant_decode.py``'s "best" line here (H200, bf16).
+MXFP4_DECODE_TILES: dict[tuple[int, int], Mxfp4Tiles] = {}
+
+
+def mxfp4_decode_default(hidden: int, inter: int) -> Mxfp4Tiles:
+    """Untuned row-loop tiles: 16 gate + 16 up columns (up) and 32 columns (down) a program over 512-column steps
+    (256 bytes of each weight row), 4 warps, 2 stages; V4.1-Flash b1 (6 experts) runs 864 + 960 programs."""
+
+    def fit(block: int, dim: int) -> int:
+        return max(16, min(block, 1 << (max(dim, 1) - 1).bit_length()))
+
+    cfg = LaunchConfig(num_warps=4, num_stages=2)
+    return Mxfp4Tiles(MoeTiles(16, cfg, fit(16, inter), fit(512, hidden), cfg, fit(32, hidden), fit(512, inter)),
+                      row_loop=True)
+
+
+def moe_mxfp4_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
+                     element_bytes: int = 2) -> Mxfp4Tiles:
+    """Tiles for ``slots_per_expert`` = T*k // E:
+    - below one (decode at V4.1-Flash's 384 experts up to b63): the row loop, :data:`MXFP4_DECODE_TILES` or
+      :func:`mxfp4_decode_default`: an expert mostly gets one slot, so a 16-row tl.dot would multiply 15 rows of
+      padding, and FMAs over each decoded weight once suffice; a block's further slots re-read its weights (L2);
+    - otherwise ``moe_experts_config``'s tiers (tl.dot tiles of 16 / 128 slots)."""
+    if slots_per_expert < 1:
+        if arch.triton_arch not in (90, 100):
+            raise ValueError(f"no MoE configuration for {arch.name}")
+        return MXFP4_DECODE_TILES.get((hidden, inter)) or mxfp4_decode_default(hidden, inter)
+    return Mxfp4Tiles(moe_experts_config(arch, slots_per_expert, hidden, inter, element_bytes))
+
+
+def moe_mxfp4_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> Mxfp4Tiles:
+    """One set of tiles whatever the batch: ``moe_batch_invariant_config``'s 16-row tl.dot tier (a slot's sums do
+    not depend on the batch; the row loop's would not either, but it re-reads weights per slot at larger batches)."""
+    return Mxfp4Tiles(moe_batch_invariant_config(arch, hidden, inter, element_bytes))
+
+
 def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
     """The MoE plan kernel (one program sorts up to 1024 slots): more warps for the wider bitonic sorts."""
     if arch.triton_arch not in (90, 100):
@@ -404,36 +451,88 @@ class Fp8LinearTiles:
     dequantized in the tile and multiplied in the activation's dtype)."""
 
     config: LaunchConfig
-    block_m: int
+    block_m: int  #: rows of a ``tl.dot`` tile, or (``row_loop``) rows a program walks one at a time
     block_n: int
     block_k: int
     act_fp8: bool
+    #: programs per column tile along K (weight-only regime): each writes fp32 partials of its share of K, a second
+    #: kernel adds them in split order (deterministic; the workspace is [split_k, rows, cols] fp32)
+    split_k: int = 1
+    #: weight-only, no ``tl.dot``: FMAs over the program's columns for one row at a time (decode's single row)
+    row_loop: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Fp8DecodeTile:
+    """One entry of :data:`FP8_DECODE_TILES` (what ``tools/sweep_quant_decode.py`` prints)."""
+
+    row_loop: bool  #: FMAs a row at a time (True) or 16-row ``tl.dot`` tiles (False)
+    block_n: int  #: weight rows (output columns) per program; >= 16 for tl.dot tiles
+    block_k: int  #: reduction columns per loop step (a power of two)
+    split_k: int  #: programs along K per column tile (1: no second kernel)
+    num_warps: int
+    num_stages: int
 
 
 #: Rows from which a bf16 FP8 GEMM quantizes its activation (DeepGEMM's scheme): below, a step reads weights and
 #: dequantizing them in the tile costs nothing; above, FP8 tensor cores double the bf16 rate.
 FP8_ACT_MIN_ROWS = 64
+#: Row tiers of the weight-only (decode) regime: a call of ``rows`` takes the first tier >= rows.
+FP8_DECODE_ROW_TIERS = (1, FP8_ACT_MIN_ROWS - 1)
+#: Measured decode tiles, (N per group, K, groups, row tier) -> tile; a shape not listed gets
+#: :func:`fp8_decode_default`.  Paste ``tools/sweep_quant_decode.py``'s "best" lines here (H200, bf16 activations).
+FP8_DECODE_TILES: dict[tuple[int, int, int, int], Fp8DecodeTile] = {}
 
 
-def fp8_linear_config(arch: CudaArch, rows: int, cols: int, block_k: int, element_bytes: int) -> Fp8LinearTiles:
-    """``cols``: the output columns of all groups.
-    - decode (rows < 64, or fp32): 16-row tiles over 128-deep reduction tiles, 4 stages, 4 warps, each program
-      streaming its columns' weights once; 64 columns a program where that still makes two programs per SM
-      (132 SMs), else 32, else 16 (V4.1-Flash's wq_a | wkv, 1792 columns: 112 programs; split-K would fill the GPU);
+def fp8_decode_default(tier: int, n: int, k: int, groups: int) -> Fp8DecodeTile:
+    """Untuned decode tiles: enough programs to give every SM (132) ~4 (row loop) or ~2 (tl.dot) of them.
+    - one row: FMAs over [block_n, 512] byte tiles (4 to 16 weight rows), no split-K (no second launch);
+    - up to 63 rows: 16-row tl.dot tiles of 16 to 64 columns over 256-deep steps, split-K when the columns alone
+      give fewer than 264 programs (each split at least 1024 deep)."""
+    cols = n * groups
+    if tier <= 1:
+        block_n = 16 if cols >= 16 * 528 else 8 if cols >= 8 * 528 else 4
+        return Fp8DecodeTile(True, block_n, 512, 1, 4, 2)
+    block_n = 64 if cols >= 64 * 264 else 32 if cols >= 32 * 264 else 16
+    tiles = -(-cols // block_n)
+    split = max(1, min(-(-264 // tiles), k // 1024))
+    return Fp8DecodeTile(False, block_n, 256, split, 4, 3)
+
+
+def fp8_linear_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, block_k: int, element_bytes: int,
+                      *, batch_invariant: bool = False) -> Fp8LinearTiles:
+    """Tiles of ``rows`` x [groups x (N x K)]; ``block_k``: the weight's scale block along K.
+    - decode (rows < 64, or fp32): the weight-only regime, each program streaming its columns' weights once:
+      :data:`FP8_DECODE_TILES` per shape and row tier, else :func:`fp8_decode_default`.  fp32 activations (tests,
+      oracle runs) halve the reduction step and the pipeline of tl.dot tiles (shared memory);
+    - ``batch_invariant`` (``DEEPINFER_BATCH_INVARIANT=1``): the 16-row tl.dot tier's tiles at every row count,
+      without split-K (its workspace grows with the rows), so a row's result never depends on the batch;
     - prefill (bf16, rows >= 64): 128 x 128 tiles (64 rows below 128), one weight scale block deep per step
       (``block_k``: 128, or 32 for V4.1's 32x32 tensors), FP8 ``tl.dot`` (wgmma m64n128k32), the partial product
       of each step scaled by the activation's and the weight's scales in fp32 (DeepGEMM's promotion every scale
       block), 8 warps = two warpgroups stacked in M, 3 stages.
-    Untuned: the H200 sweep has not run (docs/performance.md)."""
+    Decode untuned until ``tools/sweep_quant_decode.py`` has filled the table (docs/performance.md)."""
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no FP8 GEMM configuration for {arch.name}")
-    if rows < FP8_ACT_MIN_ROWS or element_bytes != 2:
-        wide = 2 if element_bytes > 2 else 1
-        block_n = 64 if cols >= 64 * 264 else 32 if cols >= 32 * 132 else 16
-        return Fp8LinearTiles(LaunchConfig(num_warps=4, num_stages=4 // wide), 16, block_n, 128 // wide, False)
+    if batch_invariant or rows < FP8_ACT_MIN_ROWS or element_bytes != 2:
+        tier = FP8_DECODE_ROW_TIERS[-1] if batch_invariant else next(
+            (t for t in FP8_DECODE_ROW_TIERS if rows <= t), FP8_DECODE_ROW_TIERS[-1])
+        tile = FP8_DECODE_TILES.get((n, k, groups, tier)) or fp8_decode_default(tier, n, k, groups)
+        if batch_invariant and (tile.row_loop or tile.split_k > 1):
+            tile = fp8_decode_default(FP8_DECODE_ROW_TIERS[-1], n, k, groups)
+            tile = Fp8DecodeTile(False, tile.block_n, tile.block_k, 1, tile.num_warps, tile.num_stages)
+        return fp8_decode_tiles(tile, element_bytes)
     block_m = 128 if rows >= 128 else 64
     return Fp8LinearTiles(LaunchConfig(num_warps=8 if block_m == 128 else 4, num_stages=3), block_m, 128, block_k,
                           True)
+
+
+def fp8_decode_tiles(tile: Fp8DecodeTile, element_bytes: int) -> Fp8LinearTiles:
+    """The launch tiles of a decode ``tile`` (fp32 activations: tl.dot tiles half as deep, half the stages)."""
+    wide = 2 if element_bytes > 2 and not tile.row_loop else 1
+    return Fp8LinearTiles(LaunchConfig(num_warps=tile.num_warps, num_stages=max(1, tile.num_stages // wide)),
+                          1 if tile.row_loop else 16, tile.block_n, max(16, tile.block_k // wide), False,
+                          tile.split_k, tile.row_loop)
 
 
 def fp8_act_quant_config(arch: CudaArch, group: int) -> LaunchConfig:
@@ -441,3 +540,10 @@ def fp8_act_quant_config(arch: CudaArch, group: int) -> LaunchConfig:
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no FP8 activation quantization configuration for {arch.name}")
     return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // group))
+
+
+def split_k_sum_config(arch: CudaArch) -> LaunchConfig:
+    """The split-K sum (``kernels/split_k_sum.py``): ``block_rows`` outputs a program, 4 a thread."""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no split-K sum configuration for {arch.name}")
+    return LaunchConfig(num_warps=4, block_rows=512)

@@ -4,9 +4,18 @@ Overrides core's ``fp8_block_linear(x, weight, scale, block_n, block_k)`` (deepi
 grouped form (``fp8_block_grouped_linear.py``) is the same kernel with a group axis in the grid.  Two regimes
 (``arch.fp8_linear_config``):
 
-- **weight-only** (decode: fewer than 64 rows; fp32 always): each weight tile is dequantized in registers, code
-  times its block's scale rounded to x's dtype (exactly the reference's dequantized weight), and multiplied in
-  x's dtype with fp32 accumulation.  The step reads the weights once at one byte a value: half bf16's bytes.
+- **weight-only** (decode: fewer than 64 rows; fp32 always): each weight tile is dequantized in registers and
+  multiplied with x in fp32 accumulation; the step reads the weights once at one byte a value, half bf16's bytes.
+  With ue8m0 scales (powers of two, as released) the scale is taken out of the sum: ``sum_k x_k (code_k s) =
+  s sum_k x_k code_k`` exactly (e4m3 codes are exact in bf16 / fp32 and a power of two rescales exactly), so each
+  scale block's partial sum of ``x * code`` is scaled once per (row, block) instead of once per weight; fp32
+  scales (and fp16 activations, whose range could round ``code * s``) take the reference's route per weight,
+  ``code * s`` rounded to x's dtype.  Three tile forms (``arch.fp8_linear_config``, tuned by
+  ``tools/sweep_quant_decode.py``): one row at a time with FMAs over [block_n, block_k] byte tiles (``row_loop``:
+  decode's single row, where a 16-row ``tl.dot`` would waste 15 rows), or 16-row ``tl.dot`` tiles of one scale
+  block each (``SUB``); either optionally split along K (``split_k``) into fp32 partials that
+  ``split_k_sum.py`` adds in split order (deterministic), so narrow projections (1536..5120 columns) still give
+  every SM several programs.
 - **FP8 tensor cores** (bf16, 64 rows and more; DeepGEMM's scheme, written anew): ``_act_quant_kernel`` first
   quantizes x per token and ``block_k`` channels (scale ``amax / 448`` in fp32, amax floored at 1e-4, codes
   rounded to nearest even), then each program multiplies FP8 tiles one weight scale block deep
@@ -21,16 +30,26 @@ operands), which checks the same math on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.arch import CudaArch, Fp8LinearTiles, fp8_act_quant_config, fp8_linear_config
+from deepinfer_cuda.arch import (
+    FP8_DECODE_ROW_TIERS,
+    CudaArch,
+    Fp8LinearTiles,
+    fp8_act_quant_config,
+    fp8_linear_config,
+)
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernels import split_k_sum
 from deepinfer_cuda.kernels.fake_quant import _exponent, _pow2, _round_to_grid
+from deepinfer_cuda.kernels.split_k_sum import to_dtype
 
 #: The interpreter test turns this on (fp32 products, integer decoding of the codes, rounding by hand).
 INTERPRETED = False
@@ -65,15 +84,6 @@ def _e4m3_code(q):
 
 
 @triton.jit
-def _to_dtype(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
-    """fp32 ``v`` in ``dtype``, rounded to nearest even (the interpreter's cast truncates)."""
-    if INTERPRETED and dtype == tl.bfloat16:
-        bits = v.to(tl.uint32, bitcast=True)
-        v = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return v.to(dtype)
-
-
-@triton.jit
 def _weight_scale(ws_ptr, idx, mask, SCALE_E8M0: tl.constexpr):
     if SCALE_E8M0:
         s = (tl.load(ws_ptr + idx, mask=mask, other=127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
@@ -100,20 +110,22 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, BLOCK_
     tl.store(s_ptr + rows, s, mask=ok)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _fp8_linear_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M,
-                       N: tl.constexpr, K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr,
-                       BK_Q: tl.constexpr, KB: tl.constexpr, SCALE_E8M0: tl.constexpr, ACT_FP8: tl.constexpr,
-                       FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
-    """y[m, g, n] = sum_k x[m, g, k] * W[g * N + n, k] for a [BLOCK_M, BLOCK_N] tile of group ``program_id(2)``;
-    x [M, GROUPS * K] (codes uint8 when ACT_FP8, with scales xs [M, GROUPS * K / BK_Q]), W [GROUPS * N, K] uint8
-    codes with scales ws [cdiv(GROUPS * N, BN_Q), KB = cdiv(K, BK_Q)], y [M, GROUPS * N]."""
-    g = tl.program_id(2)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok, col_ok = rows < M, cols < N
-    w_rows = (g * N + cols).to(tl.int64)
+@triton.jit
+def _code_values(wc, INTERPRETED: tl.constexpr):
+    """fp32 values of e4m3 code bytes (uint8): the hardware conversion, integer decoding under the interpreter."""
+    if INTERPRETED:
+        return _e4m3_value(wc.to(tl.int32))
+    return wc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _act_fp8_tiles(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, g, rows, cols, col_ok, w_rows, N: tl.constexpr,
+                   K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr, BK_Q: tl.constexpr, KB: tl.constexpr,
+                   SCALE_E8M0: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Prefill: FP8 tiles of x codes (scales xs) and weight codes, one scale block deep (BLOCK_K == BK_Q) a step,
+    each step's product promoted to fp32 with both scales."""
+    row_ok = rows < M
     x_row = rows.to(tl.int64) * (GROUPS * K) + g * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -121,55 +133,191 @@ def _fp8_linear_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M,
         k_ok = ks < K
         a = tl.load(x_ptr + x_row[:, None] + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
         wc = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
-        if ACT_FP8:  # BLOCK_K == BK_Q: one scale block of the weight, one group of the activation
-            if INTERPRETED:
-                part = tl.dot(_e4m3_value(a.to(tl.int32)), tl.trans(_e4m3_value(wc.to(tl.int32))),
-                              input_precision="ieee")
-            else:
-                part = tl.dot(a.to(tl.float8e4nv, bitcast=True), tl.trans(wc.to(tl.float8e4nv, bitcast=True)))
-            xs = tl.load(xs_ptr + rows.to(tl.int64) * (GROUPS * K // BK_Q) + (g * K + k0) // BK_Q, mask=row_ok,
-                         other=0.0)
-            ws = _weight_scale(ws_ptr, (w_rows // BN_Q) * KB + k0 // BK_Q, col_ok, SCALE_E8M0)
-            acc += part * xs[:, None] * ws[None, :]
-        else:  # the reference's dequantized weight: code * scale rounded to x's dtype
-            if INTERPRETED:
-                wv = _e4m3_value(wc.to(tl.int32))
-            else:
-                wv = wc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            s_idx = (w_rows // BN_Q)[:, None] * KB + (ks // BK_Q)[None, :]
-            ws = _weight_scale(ws_ptr, s_idx, col_ok[:, None] & k_ok[None, :], SCALE_E8M0)
-            w = _to_dtype(wv * ws, x_ptr.dtype.element_ty, INTERPRETED)
-            if FP32_DOT:
-                acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, tl.trans(w), acc)
-    out = _to_dtype(acc, y_ptr.dtype.element_ty, INTERPRETED)
+        if INTERPRETED:
+            part = tl.dot(_e4m3_value(a.to(tl.int32)), tl.trans(_e4m3_value(wc.to(tl.int32))), input_precision="ieee")
+        else:
+            part = tl.dot(a.to(tl.float8e4nv, bitcast=True), tl.trans(wc.to(tl.float8e4nv, bitcast=True)))
+        xs = tl.load(xs_ptr + rows.to(tl.int64) * (GROUPS * K // BK_Q) + (g * K + k0) // BK_Q, mask=row_ok, other=0.0)
+        ws = _weight_scale(ws_ptr, (w_rows // BN_Q) * KB + k0 // BK_Q, col_ok, SCALE_E8M0)
+        acc += part * xs[:, None] * ws[None, :]
     y_off = rows.to(tl.int64)[:, None] * (GROUPS * N) + g * N + cols[None, :]
-    tl.store(y_ptr + y_off, out, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(y_ptr + y_off, to_dtype(acc, y_ptr.dtype.element_ty, INTERPRETED), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _weight_only_tiles(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, rows, k_lo, k_hi, cols, col_ok, w_rows,
+                       N: tl.constexpr, K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr,
+                       BK_Q: tl.constexpr, KB: tl.constexpr, SCALE_E8M0: tl.constexpr, FACTOR: tl.constexpr,
+                       FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+    """Decode tl.dot tiles: [BLOCK_M, BLOCK_N] of K in [k_lo, k_hi), one SUB-deep product per scale block (SUB
+    divides BK_Q), factored (scaled after the product) or the reference's dequantized weight."""
+    row_ok = rows < M
+    x_row = rows.to(tl.int64) * (GROUPS * K) + g * K
+    dtype = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        for j in tl.static_range(BLOCK_K // SUB):
+            kj = k0 + j * SUB
+            ks = kj + tl.arange(0, SUB)
+            k_ok = ks < K
+            a = tl.load(x_ptr + x_row[:, None] + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+            wc = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
+            # (past K, a block's codes are masked: its scale index is clamped into the row)
+            s = _weight_scale(ws_ptr, (w_rows // BN_Q) * KB + tl.minimum(kj // BK_Q, KB - 1), col_ok, SCALE_E8M0)
+            if FACTOR:  # codes exactly in the dot's dtype, the block's power-of-two scale after the product
+                if FP32_DOT:
+                    part = tl.dot(a.to(tl.float32), tl.trans(_code_values(wc, INTERPRETED)), input_precision="ieee")
+                else:
+                    part = tl.dot(a, tl.trans(wc.to(tl.float8e4nv, bitcast=True).to(dtype)))
+                acc += part * s[None, :]
+            else:  # the reference's dequantized weight: code * scale rounded to x's dtype
+                w = to_dtype(_code_values(wc, INTERPRETED) * s[:, None], dtype, INTERPRETED)
+                if FP32_DOT:
+                    acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, tl.trans(w), acc)
+    y_off = rows.to(tl.int64)[:, None] * (GROUPS * N) + g * N + cols[None, :]
+    tl.store(out_ptr + y_off, to_dtype(acc, out_ptr.dtype.element_ty, INTERPRETED),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _row_loop(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0, k_lo, k_hi, cols, col_ok, w_rows,
+              N: tl.constexpr, K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr, BK_Q: tl.constexpr,
+              KB: tl.constexpr, SCALE_E8M0: tl.constexpr, FACTOR: tl.constexpr, INTERPRETED: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+    """Decode rows one at a time, FMAs (no tl.dot): each step a [BLOCK_N, BLOCK_K / SUB, SUB] tile of codes times
+    x's [BLOCK_K / SUB, SUB], summed per scale block, scaled per (column, block)."""
+    kq = tl.arange(0, BLOCK_K // SUB)
+    offs = kq[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [KQ, SUB]
+    w_base = w_ptr + w_rows[:, None, None] * K
+    s_rows = (w_rows // BN_Q)[:, None] * KB
+    dtype = x_ptr.dtype.element_ty
+    for r in range(row0, tl.minimum(row0 + BLOCK_M, M)):  # row0 int64: so is r (the interpreter's: a Python int)
+        x_row = x_ptr + r * (GROUPS * K) + g * K
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            ks = k0 + offs
+            k_ok = ks < K
+            a = tl.load(x_row + ks, mask=k_ok, other=0.0).to(tl.float32)
+            wc = tl.load(w_base + ks[None, :, :], mask=col_ok[:, None, None] & k_ok[None, :, :], other=0)
+            kb = (k0 + kq * SUB) // BK_Q
+            s = _weight_scale(ws_ptr, s_rows + kb[None, :], col_ok[:, None] & (kb < KB)[None, :], SCALE_E8M0)
+            if FACTOR:
+                acc += tl.sum(tl.sum(_code_values(wc, INTERPRETED) * a[None, :, :], axis=2) * s, axis=1)
+            else:
+                w = to_dtype(_code_values(wc, INTERPRETED) * s[:, :, None], dtype, INTERPRETED).to(tl.float32)
+                acc += tl.sum(tl.sum(w * a[None, :, :], axis=2), axis=1)
+        tl.store(out_ptr + r * (GROUPS * N) + g * N + cols,
+                 to_dtype(acc, out_ptr.dtype.element_ty, INTERPRETED), mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_linear_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M,
+                       N: tl.constexpr, K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr,
+                       BK_Q: tl.constexpr, KB: tl.constexpr, SCALE_E8M0: tl.constexpr, FACTOR: tl.constexpr,
+                       ACT_FP8: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+                       SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, ROW_LOOP: tl.constexpr):
+    """y[m, g, n] = sum_k x[m, g, k] * W[g * N + n, k] for a [BLOCK_M, BLOCK_N] tile of group ``program_id(2)``
+    and split ``program_id(0) % SPLIT_K`` (K in [split * K_SPLIT, +K_SPLIT)); x [M, GROUPS * K] (codes uint8 when
+    ACT_FP8, with scales xs [M, GROUPS * K / BK_Q]), W [GROUPS * N, K] uint8 codes with scales ws
+    [cdiv(GROUPS * N, BN_Q), KB = cdiv(K, BK_Q)], y [M, GROUPS * N] (SPLIT_K > 1: fp32 partials [SPLIT_K, M,
+    GROUPS * N])."""
+    g = tl.program_id(2)
+    row0 = (tl.program_id(0) // SPLIT_K).to(tl.int64) * BLOCK_M
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_rows = (g * N + cols).to(tl.int64)
+    if ACT_FP8:
+        _act_fp8_tiles(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, g, row0 + tl.arange(0, BLOCK_M), cols, col_ok, w_rows,
+                       N, K, GROUPS, BN_Q, BK_Q, KB, SCALE_E8M0, INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        if SPLIT_K == 1:
+            k_lo = 0
+            k_hi = K
+            out_ptr = y_ptr
+        else:
+            split = tl.program_id(0) % SPLIT_K
+            k_lo = split * K_SPLIT
+            k_hi = tl.minimum(k_lo + K_SPLIT, K)
+            out_ptr = y_ptr + split.to(tl.int64) * M * (GROUPS * N)
+        if ROW_LOOP:
+            _row_loop(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0, k_lo, k_hi, cols, col_ok, w_rows, N, K, GROUPS,
+                      BN_Q, BK_Q, KB, SCALE_E8M0, FACTOR, INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K, SUB)
+        else:
+            _weight_only_tiles(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0 + tl.arange(0, BLOCK_M), k_lo, k_hi, cols,
+                               col_ok, w_rows, N, K, GROUPS, BN_Q, BK_Q, KB, SCALE_E8M0, FACTOR, FP32_DOT,
+                               INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K, SUB)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a launch's constexprs depend on besides its tiles."""
+
+    n: int
+    k: int
+    groups: int
+    bn: int  #: the weight's scale block along N
+    bk: int  #: ... and along K
+    e8m0: bool
+    fp32: bool
+    fp16: bool = False
+
+
+def _resolve(tiles: Fp8LinearTiles, bk: int) -> tuple[Fp8LinearTiles, int]:
+    """(tiles, SUB): the sub-block a scale covers whole (a power of two dividing ``bk``, at most ``block_k``); a
+    scale block too narrow for a 16-deep tl.dot takes the row loop."""
+    sub = min(tiles.block_k, bk & -bk)
+    if not tiles.act_fp8 and not tiles.row_loop and sub < 16:
+        tiles = dataclasses.replace(tiles, block_m=1, row_loop=True)
+    return tiles, sub
 
 
 @functools.cache
-def _constexprs(n: int, k: int, groups: int, bn: int, bk: int, e8m0: bool, tiles: Fp8LinearTiles, fp32: bool,
-                interpreted: bool) -> dict[str, object]:
-    return {"N": n, "K": k, "GROUPS": groups, "BN_Q": bn, "BK_Q": bk, "KB": -(-k // bk), "SCALE_E8M0": e8m0,
-            "ACT_FP8": tiles.act_fp8,
-            "FP32_DOT": fp32 or interpreted, "INTERPRETED": interpreted, "BLOCK_M": tiles.block_m,
-            "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k}
+def _constexprs(shape: _Shape, tiles: Fp8LinearTiles, interpreted: bool) -> tuple[dict[str, object], int]:
+    """(the kernel's constexprs, the effective split count)."""
+    tiles, sub = _resolve(tiles, shape.bk)
+    steps = -(-shape.k // tiles.block_k)
+    per_split = -(-steps // tiles.split_k) * tiles.block_k
+    split = -(-shape.k // per_split) if tiles.split_k > 1 else 1
+    const: dict[str, object] = {"N": shape.n, "K": shape.k, "GROUPS": shape.groups, "BN_Q": shape.bn, "BK_Q": shape.bk,
+             "KB": -(-shape.k // shape.bk), "SCALE_E8M0": shape.e8m0, "FACTOR": shape.e8m0 and not shape.fp16,
+             "ACT_FP8": tiles.act_fp8, "FP32_DOT": shape.fp32 or interpreted, "INTERPRETED": interpreted,
+             "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "SUB": sub,
+             "SPLIT_K": split, "K_SPLIT": per_split if split > 1 else shape.k, "ROW_LOOP": tiles.row_loop}
+    return const, split
+
+
+def _aot_tiles(arch: CudaArch) -> list[tuple[_Shape, Fp8LinearTiles]]:
+    """bf16 activations, ue8m0 scales (as released), every regime, at every AOT shape and block: decode's row tiers,
+    prefill's 64- and 128-row tiles, the batch-invariant tiles."""
+    out = []
+    for n, k, groups in AOT_SHAPES:
+        for bn, bk in AOT_BLOCKS:
+            shape = _Shape(n, k, groups, bn, bk, True, False)
+            for rows in (*FP8_DECODE_ROW_TIERS, 64, 128):
+                out.append((shape, fp8_linear_config(arch, rows, n, k, groups, bk, 2)))
+            out.append((shape, fp8_linear_config(arch, 1, n, k, groups, bk, 2, batch_invariant=True)))
+    return out
+
+
+def aot_split_counts(arch: CudaArch) -> set[int]:
+    """The split counts of the AOT decode tiles (``split_k_sum.py`` compiles one variant each)."""
+    return {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)}
 
 
 def _gemm_variants(arch: CudaArch) -> list[Variant]:
-    """bf16 activations, ue8m0 scales (as released), every regime, at every AOT shape and block."""
-    variants = []
-    for n, k, groups in AOT_SHAPES:
-        for bn, bk in AOT_BLOCKS:
-            for rows in (1, 64, 128):  # decode; prefill's 64- and 128-row tiles
-                tiles = fp8_linear_config(arch, rows, n * groups, bk, 2)
-                x = "*u8:D" if tiles.act_fp8 else "*bf16:D"
-                sig = {"x_ptr": x, "xs_ptr": "*fp32:D" if tiles.act_fp8 else x, "w_ptr": "*u8:D", "ws_ptr": "*u8:D",
-                       "y_ptr": "*bf16:D", "M": "i32"}
-                const = _constexprs(n, k, groups, bn, bk, True, tiles, False, False)
-                variants.append(Variant(sig, dict(const), tiles.config.num_warps, tiles.config.num_stages))
-    return variants
+    variants: dict[tuple, Variant] = {}
+    for shape, tiles in _aot_tiles(arch):
+        const, split = _constexprs(shape, tiles, False)
+        x = "*u8:D" if tiles.act_fp8 else "*bf16:D"
+        sig = {"x_ptr": x, "xs_ptr": "*fp32:D" if tiles.act_fp8 else x, "w_ptr": "*u8:D", "ws_ptr": "*u8:D",
+               "y_ptr": "*fp32:D" if split > 1 else "*bf16:D", "M": "i32"}
+        key = (tuple(sig.items()), tuple(sorted(const.items())), tiles.config.num_warps, tiles.config.num_stages)
+        variants[key] = Variant(sig, dict(const), tiles.config.num_warps, tiles.config.num_stages)
+    return list(variants.values())
 
 
 def _act_quant_variants(arch: CudaArch) -> list[Variant]:
@@ -194,10 +342,12 @@ def _scale_bytes(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int, groups: int,
-              *, arch: CudaArch, interpreted: bool, fixed: bool = False) -> LaunchChain:
+              *, arch: CudaArch, interpreted: bool, fixed: bool = False,
+              tiles: Fp8LinearTiles | None = None) -> LaunchChain:
     """The launches of ``y [M, groups * N] = x [M, groups * K] @ W^T`` per group (see the module docstring);
     ``fixed``: the weight-only regime at every row count (``DEEPINFER_BATCH_INVARIANT=1``: a row's result is its
-    own 16-row tile's, reduced in one order, whatever the batch)."""
+    own 16-row tile's, reduced in one order, whatever the batch); ``tiles`` overrides ``arch.fp8_linear_config``
+    (tuning runs only: the kernel set holds the config's tiles)."""
     if x.dtype not in (torch.bfloat16, torch.float32, torch.float16):
         raise ValueError(f"fp8_block_linear: x must be bf16, fp16 or fp32, got {x.dtype}")
     if weight.dtype not in (torch.float8_e4m3fn, torch.uint8):
@@ -210,13 +360,16 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
     m = x2.shape[0]
     y = torch.empty(m, groups * n, dtype=x.dtype, device=x.device)
     result = y.view(*lead, groups, n) if groups > 1 else y.view(*lead, n)
-    tiles = fp8_linear_config(arch, 0 if fixed else m, n * groups, block_k, x.element_size())
+    if tiles is None:
+        tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=fixed)
     if tiles.act_fp8 and (k % block_k or block_k not in (32, 64, 128) or x.dtype != torch.bfloat16):
-        tiles = fp8_linear_config(arch, 0, n * groups, block_k, x.element_size())  # the activation path: whole groups
+        # the activation path needs whole groups: the weight-only tiles of any batch
+        tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=True)
     w = weight.contiguous().view(torch.uint8)
     ws, e8m0 = _scale_bytes(scale)
-    const = _constexprs(n, k, groups, block_n, block_k, e8m0, tiles, x.dtype == torch.float32, interpreted)
-    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), groups)
+    shape = _Shape(n, k, groups, block_n, block_k, e8m0, x.dtype == torch.float32, x.dtype == torch.float16)
+    const, split = _constexprs(shape, tiles, interpreted)
+    grid = (triton.cdiv(m, const["BLOCK_M"]) * split, triton.cdiv(n, tiles.block_n), groups)
     steps = []
     a, xs = x2, x2
     if tiles.act_fp8:
@@ -228,9 +381,12 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
                        dict(x_ptr=x2, q_ptr=a, s_ptr=xs, n_groups=n_groups, GROUP=block_k, BLOCK_R=cfg.block_rows,
                             INTERPRETED=interpreted), None)
         steps.append((ACT_QUANT_KERNEL, quant))
-    gemm = Launch(grid if m else (0,), tiles.config, dict(x_ptr=a, xs_ptr=xs, w_ptr=w, ws_ptr=ws, y_ptr=y, M=m,
+    out = y if split == 1 else torch.empty(split, m, groups * n, dtype=torch.float32, device=x.device)
+    gemm = Launch(grid if m else (0,), tiles.config, dict(x_ptr=a, xs_ptr=xs, w_ptr=w, ws_ptr=ws, y_ptr=out, M=m,
                                                            **const), result)
     steps.append((KERNEL, gemm))
+    if split > 1:
+        steps.append((split_k_sum.KERNEL, split_k_sum.plan(out, y, arch=arch, interpreted=interpreted)))
     return LaunchChain(steps, lambda: result)
 
 

@@ -78,21 +78,30 @@ def _scaled_slots(acc, weights_ptr, slots, row_ok, dtype: tl.constexpr, INTERPRE
     return _rounded(_rounded(acc, dtype, INTERPRETED) * scale[:, None], dtype, INTERPRETED).to(dtype)
 
 
+@triton.jit
+def program_block(blocks_ptr, n_blocks, COLS_INNER: tl.constexpr):
+    """(expert, first sorted slot, end, column tile) of this program's plan block (``first == end``: an unused block
+    past the batch's last, whose program returns at once).  The expert GEMMs' grids are (blocks, column tiles), or
+    (column tiles, blocks) when ``COLS_INNER``."""
+    block = tl.program_id(1 if COLS_INNER else 0)
+    start = tl.load(blocks_ptr + n_blocks + block)
+    end = tl.load(blocks_ptr + 2 * n_blocks + block)
+    expert = tl.load(blocks_ptr + block)
+    return expert, start, end, tl.program_id(0 if COLS_INNER else 1)
+
+
 @triton.jit(do_not_specialize=["n_blocks", "limit"])
 def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
                    H: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
                    FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
-    block = tl.program_id(1 if COLS_INNER else 0)
-    start = tl.load(blocks_ptr + n_blocks + block)
-    end = tl.load(blocks_ptr + 2 * n_blocks + block)
+    expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:  # past the last block of the batch: no slots
         return
-    expert = tl.load(blocks_ptr + block)
     rows = start + tl.arange(0, BLOCK_M)
     row_ok = rows < end
     tokens = (tl.load(order_ptr + rows, mask=row_ok, other=0) // TOPK).to(tl.int64)
-    col0 = tl.program_id(0 if COLS_INNER else 1) * BLOCK_N
+    col0 = col_tile * BLOCK_N
     cols = col0 + tl.arange(0, BLOCK_N)
     col_ok = cols < INTER
     gate_row = expert * (2 * INTER) + col0  # w13 as [E * 2I, H]: a tile past INTER reads the next rows, whose columns
@@ -118,16 +127,13 @@ def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, li
 def _moe_down_kernel(act_ptr, w2_desc, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
                      H: tl.constexpr, INTER: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
-    block = tl.program_id(1 if COLS_INNER else 0)
-    start = tl.load(blocks_ptr + n_blocks + block)
-    end = tl.load(blocks_ptr + 2 * n_blocks + block)
+    expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return
-    expert = tl.load(blocks_ptr + block)
     rows = start + tl.arange(0, BLOCK_M)
     row_ok = rows < end
     slots = tl.load(order_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    col0 = tl.program_id(0 if COLS_INNER else 1) * BLOCK_N
+    col0 = col_tile * BLOCK_N
     cols = col0 + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     w_row = expert * H + col0  # w2 as [E * H, I] (as in the up kernel: rows past H are never stored)

@@ -1,0 +1,30 @@
+"""``tools/sweep_quant_decode.py --tiny`` end to end on the CPU (Triton's interpreter): every candidate of the tiny
+cases runs the op's plan with its tiles and matches core's reference (``err`` 0 or within the FP8 / MXFP4 bounds,
+no ``BAD`` row), and the summary prints the entries to paste into ``arch.py``.  The GPU run is the lead's:
+``python tools/sweep_quant_decode.py`` on the H200."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "sweep_quant_decode.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the sweep itself there")
+def test_the_sweep_runs_tiny_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": os.pathsep.join([str(TOOL.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(TOOL), "--tiny"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "BAD" not in out, out
+    assert out.count("Fp8DecodeTile(") == 4, out  # two tiny shapes x two row tiers
+    assert "Mxfp4Tiles(MoeTiles(16" in out and "row_loop=True" in out, out
