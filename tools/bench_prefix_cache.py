@@ -144,10 +144,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     off, on = statistics.median(times[False]), statistics.median(times[True])
     cached = sum(o.num_cached_tokens for o in outs[True])
     prompt = sum(len(o.prompt_token_ids) for o in outs[True])
-    diff = max(abs(a.outputs[0].logprobs[i][t].logprob - b.outputs[0].logprobs[i][t].logprob)
-               for a, b in zip(outs[False], outs[True], strict=True)
-               for i, t in enumerate(a.outputs[0].token_ids))
-    same = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs[False], outs[True], strict=True))
+    # bf16 on a GPU: a hit computes in other batch shapes than scratch, so near-tied tokens (random weights) may
+    # differ; the logprob difference is over the positions where both drew the same token
+    pairs = [(a.outputs[0], b.outputs[0]) for a, b in zip(outs[False], outs[True], strict=True)]
+    diff = max((abs(a.logprobs[i][t].logprob - b.logprobs[i][t].logprob) for a, b in pairs
+                for i, (t, u) in enumerate(zip(a.token_ids, b.token_ids, strict=True)) if t == u), default=0.0)
+    agree = sum(a.token_ids == b.token_ids for a, b in pairs)
+    same = agree == len(pairs)
     dtype = str(model.dtype).removeprefix("torch.") if model is not None else args.dtype
     print(f"model={name} device={args.device} dtype={dtype} prefix={args.prefix} "
           f"suffix={args.suffix} concurrency={args.concurrency} max_tokens={args.max_tokens} repeats={args.repeats} "
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"cache off: {off * 1e3:.1f} ms   cache on: {on * 1e3:.1f} ms   saved {(1 - on / off) * 100:.1f}% "
           f"({off / on:.2f}x)")
     print(f"prompt tokens {prompt}, served from the cache {cached} ({cached / prompt * 100:.1f}%); "
-          f"same tokens: {same}; max |logprob difference| {diff:.3g}")
+          f"same tokens: {agree} of {len(pairs)} requests; max |logprob difference| {diff:.3g}")
     if model is not None:
         from v41_slice_engine import check_shared_stack, jit_line
 

@@ -195,6 +195,7 @@ def test_cache_off_reports_nothing():
     assert llm.engine.state_cache.prefix is None
     out = llm.generate([{"prompt_token_ids": _tokens(40, 1)}], _greedy(), use_tqdm=False)[0]
     assert out.num_cached_tokens == 0
+    assert llm.reset_prefix_cache() is False
 
 
 @pytest.mark.parametrize("suffix", [5, 200])
@@ -298,4 +299,6 @@ def test_a_full_pool_evicts_the_least_recently_used_prefixes():
     assert cache.match(prompts[0], base) == 0 and cache.match(prompts[-1], base) == base
     again = llm.generate([{"prompt_token_ids": prompts[-1] + [4]}], _greedy(), use_tqdm=False)[0]
     assert again.num_cached_tokens == base
+    assert llm.reset_prefix_cache() and len(cache) == 0  # every block dropped: the next request computes it all
+    assert llm.generate([{"prompt_token_ids": prompts[-1] + [5]}], _greedy(), use_tqdm=False)[0].num_cached_tokens == 0
     _assert_close(ref_llm.generate([{"prompt_token_ids": prompts[-1] + [4]}], _greedy(), use_tqdm=False)[0], again)

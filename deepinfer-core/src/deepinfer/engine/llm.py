@@ -175,6 +175,15 @@ class LLM:
         self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
         self._peers = joined.peers if joined is not None else []
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prompt block (vLLM's name): their pages go back to the state pool, and later requests
+        compute their prompts from scratch until new prefixes are published.  False when prefix caching is off."""
+        prefix = self.engine.state_cache.prefix
+        if prefix is None:
+            return False
+        prefix.clear()
+        return True
+
     def _setup_drafter(self, model: CausalLM, backend: Backend, several_ranks: bool = False) -> None:
         """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
 
