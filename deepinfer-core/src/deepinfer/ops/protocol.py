@@ -138,6 +138,25 @@ class Ops(Protocol):
         """``sparse_attention`` with its output's rope channels rotated back (ops.attention)."""
         raise TypeError
 
+    def sparse_attention_packed_inverse_rope(
+        self,
+        q: torch.Tensor,
+        rings: torch.Tensor,
+        entries: torch.Tensor,
+        entry_base: int,
+        indices: torch.Tensor,
+        sinks: torch.Tensor,
+        scale: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+        ring_block: int,
+        entry_block: int,
+        entry_scale_format: ScaleFormat,
+    ) -> torch.Tensor:
+        """``sparse_attention_inverse_rope`` over packed FP8 ring rows and FP4 entry rows (ops.packed_attention)."""
+        raise TypeError
+
     def indexer_topk(
         self,
         q: torch.Tensor,

@@ -99,3 +99,34 @@ def test_a_forked_state_continues_bit_for_bit(monkeypatch):
                 logits.append(model.compute_logits(hidden))
         outs.append(torch.cat(logits))
     _same(*outs)
+
+
+def test_decode_attends_to_the_packed_rows_in_place(monkeypatch):
+    """A decode step reads the packed rings and entries through ``sparse_attention_packed_inverse_rope``: no K=V
+    row is unpacked (the indexer keys still are), no unpacked pool is attended."""
+    calls: dict[str, int] = {}
+    ops = OpTable()
+
+    def counted(name, op):
+        def call(*args):
+            calls[name] = calls.get(name, 0) + 1
+            return op(*args)
+
+        return call
+
+    for name in ("sparse_attention_packed_inverse_rope", "sparse_attention_inverse_rope", "fp8_e4m3_unpack",
+                 "fp4_e2m1_unpack"):
+        setattr(ops, name, counted(name, getattr(ops, name)))
+    monkeypatch.setenv("DEEPINFER_QUANTIZED_KV", "1")
+    model = load_model(FIXTURES / "tiny_a", ops=ops, dtype=torch.float32, device=torch.device("cpu"))
+    tokens = references("tiny_a")[0].tokens[:60]
+    state = model.new_state()
+    with torch.no_grad():
+        model.forward(ForwardBatch(tokens[:50], torch.arange(50), [50], [state]))
+        calls.clear()
+        model.forward(ForwardBatch(tokens[50:51], torch.tensor([50]), [1], [state]))
+    layers = model.config.num_hidden_layers
+    assert calls.get("sparse_attention_packed_inverse_rope") == layers, calls
+    assert "sparse_attention_inverse_rope" not in calls and "fp8_e4m3_unpack" not in calls, calls
+    indexing = sum(1 for r in model.config.layers if r.is_index_source)
+    assert calls.get("fp4_e2m1_unpack", 0) <= indexing, calls  # only the indexer keys
