@@ -103,6 +103,19 @@ def _model_shape_cases():
         sinks = randn(heads, dtype=torch.float32)
         yield sparse_attention, (randn(tokens, heads, 512, dtype=torch.bfloat16), randn(900, 512, dtype=torch.bfloat16),
                                  indices, sinks, 512**-0.5)
+    from deepinfer.ops.kv_quant import fp4_e2m1_pack, fp8_e4m3_pack
+    from deepinfer_cuda.kernels import sparse_attention_packed
+
+    rings = fp8_e4m3_pack(randn(512, 512, dtype=torch.float32), 32)  # V4.1-Flash's packed state: SWA FP8 rows,
+    entries = fp4_e2m1_pack(randn(2000, 512, dtype=torch.float32), 16, "e4m3")  # compressed latents FP4
+    for tokens in (1, 33, 80):  # decode: window 128 ring rows + top-512 entries, 64 rope channels rotated back
+        indices = torch.cat([torch.randint(0, 512, (tokens, 128), device="cuda", generator=gen),
+                             512 + torch.randint(0, 2000, (tokens, 512), device="cuda", generator=gen)], dim=1)
+        indices[torch.rand(tokens, 640, device="cuda", generator=gen) < 0.1] = -1
+        positions = torch.randint(0, 1 << 20, (tokens,), device="cuda", generator=gen)
+        yield sparse_attention_packed, (randn(tokens, 64, 512, dtype=torch.bfloat16), rings, entries, 512, indices,
+                                        randn(64, dtype=torch.float32), 512**-0.5, positions, inv_freq, 1.0, 32, 16,
+                                        "e4m3")
     for tokens, seqs, entries in [(1, 1, 300), (64, 2, 1000)]:  # 64 index heads x 128, top-512
         seq_ids = torch.sort(torch.randint(0, seqs, (tokens,), device="cuda", generator=gen)).values
         limits = torch.randint(0, entries + 1, (tokens,), device="cuda", generator=gen)

@@ -43,6 +43,7 @@ from deepinfer_cuda.kernels.rope import rope
 from deepinfer_cuda.kernels.rope_fp4_e2m1_fake_quant import rope_fp4_e2m1_fake_quant
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention, sparse_attention_inverse_rope
+from deepinfer_cuda.kernels.sparse_attention_packed import sparse_attention_packed_inverse_rope
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
@@ -57,6 +58,7 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "moe_hash_router": moe_hash_router,
     "sparse_attention": sparse_attention,
     "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
+    "sparse_attention_packed_inverse_rope": sparse_attention_packed_inverse_rope,
     "indexer_topk": indexer_topk,
     "indexer_candidates": indexer_candidates,
     "indexer_topk_in_blocks": indexer_topk_in_blocks,

@@ -35,6 +35,7 @@ from deepinfer_cuda.kernels import (
                                     rope_fp4_e2m1_fake_quant,
                                     sample_tokens,
                                     sparse_attention,
+                                    sparse_attention_packed,
                                     split_k_sum,
 )
 
@@ -50,5 +51,5 @@ ALL: tuple[TritonKernel, ...] = (
     rms_norm_rope_fp8_e4m3_fake_quant.KERNEL, rope_fp4_e2m1_fake_quant.KERNEL,
     fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
     moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
-    fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL,
+    fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL, sparse_attention_packed.KERNEL,
 )

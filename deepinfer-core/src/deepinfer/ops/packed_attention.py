@@ -47,7 +47,7 @@ def _samples(dtype: torch.dtype, gen: torch.Generator):
             continue
         base = kv.shape[0] // 3 if i % 3 else kv.shape[0]  # every third sample: rings only
         entry_block, fmt = (16, "e4m3") if i % 2 else (32, "ue8m0")
-        spread = torch.exp2(torch.randint(-12, 6, (kv.shape[0], 1), generator=gen)).to(kv.dtype)
+        spread = torch.exp2(torch.randint(-10, 1, (kv.shape[0], 1), generator=gen)).to(kv.dtype)
         rings = fp8_e4m3_pack(kv[:base] * spread[:base], 32)
         entries = fp4_e2m1_pack(kv[base:] * spread[base:], entry_block, fmt)
         yield OpSample((q, rings, entries, base, indices, sinks, scale, positions, inv_freq, scaling, 32, entry_block,
