@@ -56,3 +56,34 @@ def test_rings_only():
 def test_reference_samples_conform_and_are_batch_invariant(dtype):
     assert check_op(CpuBackend(), NAME, dtype) > 0
     assert check_batch_invariance(CpuBackend(), NAME, dtype) > 0
+
+
+INDEXER_OPS = ("indexer_topk_packed", "indexer_candidates_packed", "indexer_topk_in_blocks_packed")
+
+
+def test_packed_indexer_keys_score_as_the_fake_quantized_keys():
+    """The indexer over packed FP4 keys (ue8m0 per 32, rows scattered over the pages) picks what it picks over the
+    model's fake-quantized keys, bit for bit (the same scores)."""
+    gen = torch.Generator().manual_seed(3)
+    q, w = torch.randn(5, 8, 64, generator=gen), torch.randn(5, 8, generator=gen)
+    keys = torch.randn(2, 30, 64, generator=gen)
+    seq_ids, limits = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([30, 12, 30, 29, 3])
+    rows = torch.randperm(70, generator=gen)[:60].view(2, 30)
+    pages = torch.zeros(70, 34, dtype=torch.uint8)
+    pages[rows.flatten()] = OPS.fp4_e2m1_pack(keys.flatten(0, 1), 32, "ue8m0")
+    fake = OPS.fp4_e2m1_fake_quant(keys, 32, "ue8m0")
+    common = (seq_ids, limits, 6, 0.125, 0.3)
+    packed = (q, w, pages, rows, 32, "ue8m0")
+    assert torch.equal(OPS.indexer_topk_packed(*packed, *common), OPS.indexer_topk(q, w, fake, *common))
+    got = OPS.indexer_candidates_packed(*packed, *common, 4, 3)
+    want = OPS.indexer_candidates(q, w, fake, *common, 4, 3)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch.equal(OPS.indexer_topk_in_blocks_packed(*packed, *common, want[1], 4),
+                       OPS.indexer_topk_in_blocks(q, w, fake, *common, want[1], 4))
+
+
+@pytest.mark.parametrize("name", INDEXER_OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_indexer_samples_conform_and_are_batch_invariant(name, dtype):
+    assert check_op(CpuBackend(), name, dtype) > 0
+    assert check_batch_invariance(CpuBackend(), name, dtype) > 0

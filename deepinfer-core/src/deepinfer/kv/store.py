@@ -5,8 +5,9 @@ each buffer a :class:`RowStore` with that :class:`~.spec.RowFormat`.  ``encode(x
 values the model computes with): the fake-quantized rows twice when the buffer holds the model's dtype, or the
 packed rows and their unpacked values when it stores the format itself (``packed``).  Both give the same values
 bit for bit (``unpack(pack(x)) == fake_quant(x)``, :mod:`deepinfer.ops.kv_quant`), so the storage changes no
-logit.  Reads unpack where the rows are read; a decode step's attention reads a KV buffer's packed rows in place
-(:meth:`KVStore.packed_rows`, the op ``sparse_attention_packed_inverse_rope``).
+logit.  Reads unpack where the rows are read, except where an op reads the packed bytes itself: a decode step's
+attention (:meth:`KVStore.packed_rows`, ``sparse_attention_packed_inverse_rope``) and the indexer's scoring
+(:meth:`RowStore.in_place`, ``indexer_*_packed``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class RowStore:
         got = self.tensor[rows]
         return unpack(self.ops, self.fmt, got, self.dtype) if self.packed and self.fmt is not None else got
 
+    def in_place(self, rows: torch.Tensor) -> PagedRows | None:
+        """Stored ``rows`` for an op that reads the packed bytes itself; None where the rows are values."""
+        if not self.packed or self.fmt is None:
+            return None
+        return PagedRows(self.tensor, rows, self.fmt)
+
     def write(self, rows: torch.Tensor, stored: torch.Tensor) -> None:
         self.tensor.index_copy_(0, rows, stored)
 
@@ -84,6 +91,15 @@ class PackedRows:
     entry_base: int
     ring_format: RowFormat
     entry_format: RowFormat
+
+
+@dataclass(slots=True, frozen=True)
+class PagedRows:
+    """Rows ``rows`` (any shape of row ids) of a packed store's ``tensor``, for an op to read in place."""
+
+    tensor: torch.Tensor
+    rows: torch.Tensor
+    fmt: RowFormat
 
 
 class KVStore:

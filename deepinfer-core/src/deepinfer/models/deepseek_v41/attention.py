@@ -21,7 +21,7 @@ import torch
 from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
-from deepinfer.kv.store import PackedRows, RowStore
+from deepinfer.kv.store import PackedRows, PagedRows, RowStore
 from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
 from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v41.compressor import Compressor
@@ -59,6 +59,12 @@ class GraphStep:
     plan: DecodePlan
     window_cols: dict[int, torch.Tensor]
     published: Published
+
+
+def _keys(store: RowStore, rows: torch.Tensor) -> torch.Tensor | PagedRows:
+    """The indexer keys of entry rows ``rows``: read in place by the indexer where they are packed, else values."""
+    paged = store.in_place(rows)
+    return paged if paged is not None else store.read(rows)
 
 
 class Attention:
@@ -194,10 +200,10 @@ class Attention:
         cols = plan.window_cols
         if self.ratio:
             longest = max((s + n) // self.ratio for s, n in zip(layout.starts, layout.lens, strict=True))
-            keys = None
+            keys: torch.Tensor | PagedRows | None = None
             if self.indexer is not None and longest > self.indexer.spec.topk:
                 assert cache.key_rows is not None
-                keys = cache.key_rows.read(layout.entry_rows[self.ratio][:, :longest])
+                keys = _keys(cache.key_rows, layout.entry_rows[self.ratio][:, :longest])
             picks = self._picks(q_residual, weights, positions, keys, layout.seq_ids, None, step.published, longest)
             assert plan.causal_cols is not None and plan.entry_offsets is not None  # a compressed ratio's plan
             if picks is None:
@@ -238,10 +244,10 @@ class Attention:
                 assert self.indexer is not None and cache.key_rows is not None
                 new_keys = self.indexer.keys(latents, ratio.entry_positions, cache.key_rows)
                 cache.key_rows.write(ratio.entry_write, new_keys)
-            keys = None
+            keys: torch.Tensor | PagedRows | None = None
             if ratio.picks is not None and self.indexer is not None:
                 assert cache.key_rows is not None
-                keys = cache.key_rows.read(ratio.entry_rows)
+                keys = _keys(cache.key_rows, ratio.entry_rows)
             longest = ratio.entry_rows.shape[1] if ratio.picks is not None else 0
             picks = self._picks(q_residual, weights, step.positions, keys, plan.seq_ids, ratio.picks,
                                 graph.published, longest)
