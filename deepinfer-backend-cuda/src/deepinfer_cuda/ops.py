@@ -30,8 +30,11 @@ from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.hc_pre_single_pass import hc_pre_single_pass
 from deepinfer_cuda.kernels.indexer_candidates import indexer_candidates
+from deepinfer_cuda.kernels.indexer_candidates_packed import indexer_candidates_packed
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.indexer_topk_in_blocks import indexer_topk_in_blocks
+from deepinfer_cuda.kernels.indexer_topk_in_blocks_packed import indexer_topk_in_blocks_packed
+from deepinfer_cuda.kernels.indexer_topk_packed import indexer_topk_packed
 from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
 from deepinfer_cuda.kernels.moe_experts_mxfp4 import moe_experts_mxfp4, moe_experts_mxfp4_fixed_tiles
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
@@ -62,6 +65,9 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "indexer_topk": indexer_topk,
     "indexer_candidates": indexer_candidates,
     "indexer_topk_in_blocks": indexer_topk_in_blocks,
+    "indexer_topk_packed": indexer_topk_packed,
+    "indexer_candidates_packed": indexer_candidates_packed,
+    "indexer_topk_in_blocks_packed": indexer_topk_in_blocks_packed,
     "compress_pool": compress_pool,
     "compress_entries": compress_entries,
     "sample_tokens": sample_tokens,

@@ -1,4 +1,5 @@
-"""V4.1's packed K=V rows decoded in registers, for attention's tile loop (``sparse_attention_packed.py``).
+"""V4.1's packed rows decoded in registers: attention's K=V rows (``sparse_attention_packed.py``) and the
+indexer's keys (``indexer_topk.py``'s packed scores).
 
 The rows a chunk of indices names live in two tensors (core's ``deepinfer/ops/packed_attention.py``): ring rows
 (``idx < entry_base``) as FP8 e4m3 codes then one ue8m0 exponent byte per ``RING_BLOCK`` values, entry rows
@@ -27,9 +28,9 @@ def _e4m3_fp32(c, SOFT_FP8: tl.constexpr):
 
 
 @triton.jit
-def _ring_values(rings_ptr, idx, ring, dims, D: tl.constexpr, RING_BLOCK: tl.constexpr, SOFT_FP8: tl.constexpr,
+def fp8_row_values(rings_ptr, idx, ring, dims, D: tl.constexpr, RING_BLOCK: tl.constexpr, SOFT_FP8: tl.constexpr,
                  OUT: tl.constexpr):
-    """Values of FP8 ring rows ``idx`` (0 where not ``ring``), in OUT: ``code * 2^(e - 127)``, exact."""
+    """Values [N, D] of packed FP8 rows ``idx`` [N] (0 where not ``ring``), in OUT: ``code * 2^(e - 127)``, exact."""
     row = rings_ptr + tl.where(ring, idx, 0).to(tl.int64) * (D + D // RING_BLOCK)
     codes = tl.load(row[:, None] + dims[None, :], mask=ring[:, None], other=0)
     e = tl.load(row[:, None] + D + dims[None, :] // RING_BLOCK, mask=ring[:, None], other=127).to(tl.int32)
@@ -37,9 +38,10 @@ def _ring_values(rings_ptr, idx, ring, dims, D: tl.constexpr, RING_BLOCK: tl.con
 
 
 @triton.jit
-def _entry_values(entries_ptr, rel, entry, dims, D: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
+def fp4_row_values(entries_ptr, rel, entry, dims, D: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
                   ENTRY_E4M3: tl.constexpr, SOFT_FP8: tl.constexpr, OUT: tl.constexpr):
-    """Values of FP4 entry rows ``rel`` (0 where not ``entry``), in OUT: ``e2m1 * scale``, exact.  An e2m1 code
+    """Values [N, D] of packed FP4 rows ``rel`` [N] (0 where not ``entry``), in OUT: ``e2m1 * scale``, exact (also
+    the indexer's keys: ``indexer_topk.py``).  An e2m1 code
     ``s e1 e0 m`` is built as fp32 bits: ``(e + 126, m)`` when e > 0, 0.5 or 0 when e = 0, signed (``-0`` kept)."""
     row = entries_ptr + tl.where(entry, rel, 0).to(tl.int64) * (D // 2 + D // ENTRY_BLOCK)
     b = tl.load(row[:, None] + dims[None, :] // 2, mask=entry[:, None], other=0).to(tl.int32)
@@ -67,11 +69,11 @@ def load_packed_rows(rings_ptr, entries_ptr, entry_base, idx, valid, D: tl.const
     ring = valid & (idx < entry_base)
     entry = valid & (idx >= entry_base)
     if tl.max(entry.to(tl.int32), axis=0) == 0:
-        k = _ring_values(rings_ptr, idx, ring, dims, D, RING_BLOCK, SOFT_FP8, OUT)
+        k = fp8_row_values(rings_ptr, idx, ring, dims, D, RING_BLOCK, SOFT_FP8, OUT)
     elif tl.max(ring.to(tl.int32), axis=0) == 0:
-        k = _entry_values(entries_ptr, idx - entry_base, entry, dims, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8, OUT)
+        k = fp4_row_values(entries_ptr, idx - entry_base, entry, dims, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8, OUT)
     else:
-        k = tl.where(ring[:, None], _ring_values(rings_ptr, idx, ring, dims, D, RING_BLOCK, SOFT_FP8, OUT),
-                     _entry_values(entries_ptr, idx - entry_base, entry, dims, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8,
+        k = tl.where(ring[:, None], fp8_row_values(rings_ptr, idx, ring, dims, D, RING_BLOCK, SOFT_FP8, OUT),
+                     fp4_row_values(entries_ptr, idx - entry_base, entry, dims, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8,
                                    OUT))
     return k
