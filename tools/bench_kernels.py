@@ -3,7 +3,7 @@
 
     python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
     python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample,
-                                             # fused)
+                                             # fused, packed_kv)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
 kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
@@ -228,6 +228,83 @@ def indexer_rows(peak: float) -> list[dict[str, object]]:
     return out
 
 
+def packed_kv_rows(peak: float) -> list[dict[str, object]]:
+    """V4.1-Flash decode over its packed state (``DEEPINFER_QUANTIZED_KV=1``), a sequence per query at 8K / 32K
+    tokens: attention of a CSA layer (64 heads x 512; window 128 FP8 ring rows of 528 B + top-512 FP4 entries of
+    288 B) and the indexer (32 heads x 128 over FP4 keys of 68 B), reading the packed rows in place.  *ref* is what
+    ran before on the GPU: the rows gathered, unpacked by the unpack kernels, then the plain kernel.  *floor* =
+    max(q, out, indices and the distinct packed rows moved once over the copy ceiling, the products over the matmul
+    rate)."""
+    import torch
+
+    from deepinfer.ops.kv_quant import fp4_e2m1_pack, fp8_e4m3_pack
+    from deepinfer_cuda.kernels.fp4_e2m1_unpack import fp4_e2m1_unpack
+    from deepinfer_cuda.kernels.fp8_e4m3_unpack import fp8_e4m3_unpack
+    from deepinfer_cuda.kernels.indexer_topk import indexer_topk
+    from deepinfer_cuda.kernels.indexer_topk_packed import KERNEL as INDEXER_KERNEL
+    from deepinfer_cuda.kernels.indexer_topk_packed import indexer_topk_packed
+    from deepinfer_cuda.kernels.sparse_attention import sparse_attention_inverse_rope
+    from deepinfer_cuda.kernels.sparse_attention_packed import KERNEL, sparse_attention_packed_inverse_rope
+
+    heads, dim, window, topk = 64, 512, 128, 512
+    inv_freq = torch.rand(32, device="cuda")
+    out = []
+    for label, tokens, ctx in [("b1 ctx8K", 1, 8192), ("b16 ctx8K", 16, 8192), ("b64 ctx8K", 64, 8192),
+                               ("b16 ctx32K", 16, 32768)]:
+        n = ctx // 4  # CSA entries per sequence
+        rings = fp8_e4m3_pack(torch.randn(tokens * window, dim, device="cuda"), 32)
+        entries = fp4_e2m1_pack(torch.randn(tokens * n, dim, device="cuda"), 16, "e4m3")
+        base, seqs = rings.shape[0], torch.arange(tokens, device="cuda")[:, None]
+        indices = torch.cat([seqs * window + torch.arange(window, device="cuda"),
+                             base + seqs * n + torch.randint(0, n, (tokens, topk), device="cuda")], dim=1)
+        q = torch.randn(tokens, heads, dim, device="cuda", dtype=torch.bfloat16)
+        sinks, positions = torch.randn(heads, device="cuda"), torch.full((tokens,), ctx - 1, device="cuda")
+        rope = (positions, inv_freq, 1.0)
+
+        def packed(q=q, rings=rings, entries=entries, base=base, indices=indices, sinks=sinks, rope=rope):
+            return sparse_attention_packed_inverse_rope(q, rings, entries, base, indices, sinks, dim**-0.5, *rope,
+                                                        32, 16, "e4m3")
+
+        def unpacking(q=q, rings=rings, entries=entries, base=base, indices=indices, sinks=sinks, rope=rope):
+            rows = indices.clamp(min=0).flatten()
+            ring = fp8_e4m3_unpack(rings[rows.clamp(max=base - 1)], 32, q.dtype)
+            entry = fp4_e2m1_unpack(entries[(rows - base).clamp(min=0)], 16, "e4m3", q.dtype)
+            pool = torch.where((rows < base).unsqueeze(-1), ring, entry)
+            cols = torch.where(indices >= 0, torch.arange(indices.numel(), device="cuda").view_as(indices), -1)
+            return sparse_attention_inverse_rope(q, pool, cols, sinks, dim**-0.5, *rope)
+
+        width = window + topk
+        nbytes = 2 * q.numel() * 2 + indices.numel() * 8 + tokens * (window * 528 + topk * 288)
+        flops = 4 * tokens * heads * width * dim
+        out.append({"op": "sparse_attention_packed", "case": f"decode {label} T={tokens} K={width}", "bytes": nbytes,
+                    "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(packed),
+                    "ours_graph_s": _graph_time(packed, calls=5), "reference_s": _bench(unpacking),
+                    "reference_graph_s": _graph_time(unpacking, calls=5),
+                    "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"})
+
+        iheads, idim = 32, 128
+        pages = fp4_e2m1_pack(torch.randn(tokens * n, idim, device="cuda"), 32, "ue8m0")
+        key_rows = torch.randperm(tokens * n, device="cuda").view(tokens, n)
+        iq = torch.randn(tokens, iheads, idim, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(tokens, iheads, device="cuda", dtype=torch.bfloat16)
+        tail = (seqs.flatten(), torch.full((tokens,), n, device="cuda"), topk, idim**-0.5, iheads**-0.5)
+
+        def packed_index(iq=iq, w=w, pages=pages, key_rows=key_rows, tail=tail):
+            return indexer_topk_packed(iq, w, pages, key_rows, 32, "ue8m0", *tail)
+
+        def unpacking_index(iq=iq, w=w, pages=pages, key_rows=key_rows, tail=tail):
+            return indexer_topk(iq, w, fp4_e2m1_unpack(pages[key_rows], 32, "ue8m0", iq.dtype), *tail)
+
+        nbytes = (iq.numel() + w.numel()) * 2 + tokens * n * (68 + 8) + tokens * topk * 8
+        flops = 2 * tokens * iheads * n * idim
+        out.append({"op": "indexer_topk_packed", "case": f"decode {label} T={tokens} N={n}", "bytes": nbytes,
+                    "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(packed_index),
+                    "ours_graph_s": _graph_time(packed_index, calls=5), "reference_s": _bench(unpacking_index),
+                    "reference_graph_s": _graph_time(unpacking_index, calls=5),
+                    "path": "cubin" if INDEXER_KERNEL.launch_counts["cubin"] else "jit"})
+    return out
+
+
 def compress_and_sample_rows() -> list[dict[str, object]]:
     """Gated pooling at V4-Flash shapes (CSA: 2 x 4 slots, HCA: 128 slots, head_dim 512, bf16) and token sampling
     over V4's 129280-token vocabulary (fp32 logits, seeded rows).  Memory floor: inputs read once, output written."""
@@ -322,16 +399,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--ops", default="rms_norm,rope_hc,moe",
-                        help="groups: rms_norm, rope_hc, moe, attention, compress_sample, fused")
+                        help="groups: rms_norm, rope_hc, moe, attention, compress_sample, fused, packed_kv")
     args = parser.parse_args(argv)
     groups = args.ops.split(",")
     bw = _BW[0] = copy_bandwidth()
     rows = (rms_norm_rows() if "rms_norm" in groups else []) + (rope_and_hc_rows() if "rope_hc" in groups else [])
-    peak = matmul_rate() if {"moe", "attention"} & set(groups) else 0.0
+    peak = matmul_rate() if {"moe", "attention", "packed_kv"} & set(groups) else 0.0
     if "moe" in groups:
         rows += moe_rows(peak)
     if "attention" in groups:
         rows += attention_rows(peak) + indexer_rows(peak)
+    if "packed_kv" in groups:
+        rows += packed_kv_rows(peak)
     if "compress_sample" in groups:
         rows += compress_and_sample_rows()
     if "fused" in groups:

@@ -103,12 +103,35 @@ def _model_shape_cases():
         sinks = randn(heads, dtype=torch.float32)
         yield sparse_attention, (randn(tokens, heads, 512, dtype=torch.bfloat16), randn(900, 512, dtype=torch.bfloat16),
                                  indices, sinks, 512**-0.5)
+    from deepinfer.ops.kv_quant import fp4_e2m1_pack, fp8_e4m3_pack
+    from deepinfer_cuda.kernels import sparse_attention_packed
+
+    rings = fp8_e4m3_pack(randn(512, 512, dtype=torch.float32), 32)  # V4.1-Flash's packed state: SWA FP8 rows,
+    entries = fp4_e2m1_pack(randn(2000, 512, dtype=torch.float32), 16, "e4m3")  # compressed latents FP4
+    for tokens in (1, 33, 80):  # decode: window 128 ring rows + top-512 entries, 64 rope channels rotated back
+        indices = torch.cat([torch.randint(0, 512, (tokens, 128), device="cuda", generator=gen),
+                             512 + torch.randint(0, 2000, (tokens, 512), device="cuda", generator=gen)], dim=1)
+        indices[torch.rand(tokens, 640, device="cuda", generator=gen) < 0.1] = -1
+        positions = torch.randint(0, 1 << 20, (tokens,), device="cuda", generator=gen)
+        yield sparse_attention_packed, (randn(tokens, 64, 512, dtype=torch.bfloat16), rings, entries, 512, indices,
+                                        randn(64, dtype=torch.float32), 512**-0.5, positions, inv_freq, 1.0, 32, 16,
+                                        "e4m3")
     for tokens, seqs, entries in [(1, 1, 300), (64, 2, 1000)]:  # 64 index heads x 128, top-512
         seq_ids = torch.sort(torch.randint(0, seqs, (tokens,), device="cuda", generator=gen)).values
         limits = torch.randint(0, entries + 1, (tokens,), device="cuda", generator=gen)
         yield indexer_topk, (randn(tokens, 64, 128, dtype=torch.bfloat16), randn(tokens, 64, dtype=torch.bfloat16),
                              randn(seqs, entries, 128, dtype=torch.bfloat16), seq_ids, limits, 512, 128**-0.5,
                              64**-0.5)
+    from deepinfer_cuda.kernels import indexer_topk_packed
+
+    key_pages = fp4_e2m1_pack(randn(5000, 128, dtype=torch.float32), 32, "ue8m0")  # V4.1-Flash: 68 B a key
+    for tokens, seqs, entries in [(1, 1, 300), (64, 2, 1000)]:  # 32 index heads x 128, top-512, rows scattered
+        seq_ids = torch.sort(torch.randint(0, seqs, (tokens,), device="cuda", generator=gen)).values
+        limits = torch.randint(0, entries + 1, (tokens,), device="cuda", generator=gen)
+        key_rows = torch.randperm(5000, device="cuda", generator=gen)[: seqs * entries].view(seqs, entries)
+        q, w = randn(tokens, 32, 128, dtype=torch.bfloat16), randn(tokens, 32, dtype=torch.bfloat16)
+        yield indexer_topk_packed, (q, w, key_pages, key_rows, 32, "ue8m0", seq_ids, limits, 512, 128**-0.5,
+                                    32**-0.5)
     for dtype in (torch.bfloat16, torch.float32):  # CSA (2 x ratio 4 slots) and HCA (128) at head / index dims
         for windows, slots, dim in [(1, 8, 512), (300, 8, 512), (17, 128, 512), (64, 8, 128), (5, 4, 512)]:
             score = randn(windows, slots, dim, dtype=torch.float32)

@@ -62,6 +62,42 @@ def sparse_attention_inverse_rope(q: torch.Tensor, kv: torch.Tensor, indices: to
     return rope_fits(inv_freq, q.shape[-1])
 
 
+def sparse_attention_packed_inverse_rope(q: torch.Tensor, rings: torch.Tensor, entries: torch.Tensor,
+                                         entry_base: int, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+                                         positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float,
+                                         ring_block: int, entry_block: int, entry_scale_format: str) -> bool:
+    """A packed row decodes as one power-of-two tile of channels (>= 32), in scale blocks of 16 or 32."""
+    dim = q.shape[-1]
+    return (rope_fits(inv_freq, dim) and is_pow2(dim) and dim >= 32 and ring_block in (16, 32)
+            and entry_block in (16, 32))
+
+
+def packed_keys_fit(q: torch.Tensor, key_block: int) -> bool:
+    """The indexer's packed keys decode as one power-of-two tile of channels (>= 16), in blocks of 16 or 32."""
+    dim = q.shape[-1]
+    return is_pow2(dim) and dim >= 16 and key_block in (16, 32) and dim % key_block == 0
+
+
+def indexer_topk_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor,
+                        key_block: int, key_scale_format: str, seq_ids: torch.Tensor, limits: torch.Tensor,
+                        topk: int, softmax_scale: float, weights_scale: float) -> bool:
+    return packed_keys_fit(q, key_block)
+
+
+def indexer_candidates_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor,
+                              key_rows: torch.Tensor, key_block: int, key_scale_format: str, seq_ids: torch.Tensor,
+                              limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float,
+                              block_size: int, topk_blocks: int) -> bool:
+    return packed_keys_fit(q, key_block)
+
+
+def indexer_topk_in_blocks_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor,
+                                  key_rows: torch.Tensor, key_block: int, key_scale_format: str,
+                                  seq_ids: torch.Tensor, limits: torch.Tensor, topk: int, softmax_scale: float,
+                                  weights_scale: float, blocks: torch.Tensor, block_size: int) -> bool:
+    return packed_keys_fit(q, key_block)
+
+
 def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
                      position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
                      inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None) -> bool:
@@ -98,7 +134,11 @@ COVERAGE: dict[str, Callable[..., bool]] = {
     "rope": rope,
     "rms_norm_rope": rms_norm_rope,
     "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
+    "sparse_attention_packed_inverse_rope": sparse_attention_packed_inverse_rope,
     "compress_entries": compress_entries,
+    "indexer_topk_packed": indexer_topk_packed,
+    "indexer_candidates_packed": indexer_candidates_packed,
+    "indexer_topk_in_blocks_packed": indexer_topk_in_blocks_packed,
     "rms_norm_rope_fp8_e4m3_fake_quant": rms_norm_rope_fp8_e4m3_fake_quant,
     "rope_fp4_e2m1_fake_quant": rope_fp4_e2m1_fake_quant,
 }

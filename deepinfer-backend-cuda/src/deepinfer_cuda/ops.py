@@ -30,8 +30,11 @@ from deepinfer_cuda.kernels.hc_post import hc_post
 from deepinfer_cuda.kernels.hc_pre import hc_pre
 from deepinfer_cuda.kernels.hc_pre_single_pass import hc_pre_single_pass
 from deepinfer_cuda.kernels.indexer_candidates import indexer_candidates
+from deepinfer_cuda.kernels.indexer_candidates_packed import indexer_candidates_packed
 from deepinfer_cuda.kernels.indexer_topk import indexer_topk
 from deepinfer_cuda.kernels.indexer_topk_in_blocks import indexer_topk_in_blocks
+from deepinfer_cuda.kernels.indexer_topk_in_blocks_packed import indexer_topk_in_blocks_packed
+from deepinfer_cuda.kernels.indexer_topk_packed import indexer_topk_packed
 from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
 from deepinfer_cuda.kernels.moe_experts_mxfp4 import moe_experts_mxfp4, moe_experts_mxfp4_fixed_tiles
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
@@ -43,6 +46,7 @@ from deepinfer_cuda.kernels.rope import rope
 from deepinfer_cuda.kernels.rope_fp4_e2m1_fake_quant import rope_fp4_e2m1_fake_quant
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention, sparse_attention_inverse_rope
+from deepinfer_cuda.kernels.sparse_attention_packed import sparse_attention_packed_inverse_rope
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
@@ -57,9 +61,13 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "moe_hash_router": moe_hash_router,
     "sparse_attention": sparse_attention,
     "sparse_attention_inverse_rope": sparse_attention_inverse_rope,
+    "sparse_attention_packed_inverse_rope": sparse_attention_packed_inverse_rope,
     "indexer_topk": indexer_topk,
     "indexer_candidates": indexer_candidates,
     "indexer_topk_in_blocks": indexer_topk_in_blocks,
+    "indexer_topk_packed": indexer_topk_packed,
+    "indexer_candidates_packed": indexer_candidates_packed,
+    "indexer_topk_in_blocks_packed": indexer_topk_in_blocks_packed,
     "compress_pool": compress_pool,
     "compress_entries": compress_entries,
     "sample_tokens": sample_tokens,

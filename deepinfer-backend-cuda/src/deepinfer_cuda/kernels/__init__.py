@@ -23,6 +23,8 @@ from deepinfer_cuda.kernels import (
                                     hc_pre,
                                     indexer_topk,
                                     indexer_topk_in_blocks,
+                                    indexer_topk_in_blocks_packed,
+                                    indexer_topk_packed,
                                     moe_experts,
                                     moe_experts_mxfp4,
                                     moe_hash_router,
@@ -35,6 +37,7 @@ from deepinfer_cuda.kernels import (
                                     rope_fp4_e2m1_fake_quant,
                                     sample_tokens,
                                     sparse_attention,
+                                    sparse_attention_packed,
                                     split_k_sum,
 )
 
@@ -50,5 +53,6 @@ ALL: tuple[TritonKernel, ...] = (
     rms_norm_rope_fp8_e4m3_fake_quant.KERNEL, rope_fp4_e2m1_fake_quant.KERNEL,
     fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
     moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
-    fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL,
+    fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL, sparse_attention_packed.KERNEL, indexer_topk_packed.KERNEL,
+    indexer_topk_in_blocks_packed.KERNEL,
 )

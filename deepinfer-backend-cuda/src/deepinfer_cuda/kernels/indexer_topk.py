@@ -15,6 +15,8 @@ conformance comparison compares the kept scores (see its ``compare``).  fp32 inp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -22,6 +24,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, indexer_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernels.packed_rows import fp4_row_values
 
 #: (index heads, index head dim) compiled ahead of time: V4-Flash 64 x 128, V4.1-Flash 32 x 128.
 AOT_SHAPES = ((64, 128), (32, 128))
@@ -33,13 +36,16 @@ INTERPRETED = False
 
 
 @triton.jit(do_not_specialize=["entries", "softmax_scale", "weights_scale", "allowed_stride"])
-def index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr, allowed_ptr, entries, softmax_scale,
-                         weights_scale, allowed_stride, H: tl.constexpr, C: tl.constexpr, FP32_DOT: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
-                         CANDIDATE_BLOCK: tl.constexpr):
+def index_scores_kernel(q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, limit_ptr, scores_ptr, allowed_ptr, entries,
+                         softmax_scale, weights_scale, allowed_stride, H: tl.constexpr, C: tl.constexpr,
+                         FP32_DOT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
+                         CANDIDATE_BLOCK: tl.constexpr, PACKED: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                         KEY_E4M3: tl.constexpr, SOFT_FP8: tl.constexpr):
     """Scores of query t against entries [pid1 * BLOCK_N, +BLOCK_N).  CANDIDATE_BLOCK > 0 (``indexer_topk_in_blocks``):
     entries whose block (``e // CANDIDATE_BLOCK``) is not set in the query's row of ``allowed`` [T, blocks] (uint8)
-    score -inf too."""
+    score -inf too.  ``PACKED`` (the ``_packed`` ops): keys_ptr holds packed FP4 rows (a ``KEY_BLOCK`` scale byte,
+    e4m3 or ue8m0) and the sequence's entry e is row ``rows[seq, e]``, decoded in registers (``packed_rows.py``);
+    only causal entries are read (the others score -inf whatever their key)."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     limit = tl.load(limit_ptr + t)
@@ -55,8 +61,14 @@ def index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr, 
     q = tl.load(q_ptr + t * (H * C) + heads[:, None] * C + dims[None, :], mask=head_ok[:, None] & dim_ok[None, :],
                 other=0.0)
     seq = tl.load(seq_ptr + t).to(tl.int64)
-    k = tl.load(keys_ptr + (seq * entries + cols.to(tl.int64))[:, None] * C + dims[None, :],
-                mask=col_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_C]
+    if PACKED:  # C = BLOCK_C
+        causal = col_ok & (cols < limit)
+        rows = tl.load(rows_ptr + seq * entries + cols, mask=causal, other=0)
+        k = fp4_row_values(keys_ptr, rows, causal & (rows >= 0), dims, C, KEY_BLOCK, KEY_E4M3, SOFT_FP8,
+                           q_ptr.dtype.element_ty)
+    else:
+        k = tl.load(keys_ptr + (seq * entries + cols.to(tl.int64))[:, None] * C + dims[None, :],
+                    mask=col_ok[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_C]
     if FP32_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -70,21 +82,32 @@ def index_scores_kernel(q_ptr, w_ptr, keys_ptr, seq_ptr, limit_ptr, scores_ptr, 
     tl.store(out_ptrs, tl.where(keep, score, float("-inf")), mask=col_ok)
 
 
-def _constexprs(heads: int, dim: int, block_n: int, fp32: bool, candidate_block: int) -> dict[str, object]:
+#: The plain (values) kernel's packed-key constexprs: off.
+PLAIN_KEYS: dict[str, object] = {"PACKED": False, "KEY_BLOCK": 32, "KEY_E4M3": False, "SOFT_FP8": False}
+
+
+def _constexprs(heads: int, dim: int, block_n: int, fp32: bool, candidate_block: int,
+                keys: dict[str, object] | None = None) -> dict[str, object]:
     return {"H": heads, "C": dim, "FP32_DOT": fp32, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
-            "BLOCK_C": max(16, triton.next_power_of_2(dim)), "BLOCK_N": block_n, "CANDIDATE_BLOCK": candidate_block}
+            "BLOCK_C": max(16, triton.next_power_of_2(dim)), "BLOCK_N": block_n, "CANDIDATE_BLOCK": candidate_block,
+            **(keys or PLAIN_KEYS)}
 
 
-def aot_variants(arch: CudaArch, in_blocks: bool = False) -> list[Variant]:
+def aot_variants(arch: CudaArch, in_blocks: bool = False, packed: dict[str, object] | None = None,
+                 shapes: tuple[tuple[int, int], ...] = AOT_SHAPES) -> list[Variant]:
     """Contiguous bf16 queries, weights and keys, int64 sequence ids and limits, at the model shapes; with the
-    candidate-block mask (``in_blocks``) at V4.1's block sizes."""
+    candidate-block mask (``in_blocks``) at V4.1's block sizes; ``packed``: uint8 key pages and int64 rows, with
+    these packed-key constexprs."""
     variants = []
-    for heads, dim in AOT_SHAPES:
+    for heads, dim in shapes:
         cfg, block_n = indexer_config(arch, heads, dim, 2)
         for block in AOT_CANDIDATE_BLOCKS if in_blocks else (0,):
-            sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", "keys_ptr": "*bf16:D", "seq_ptr": "*i64:D",
-                   "limit_ptr": "*i64:D", "scores_ptr": "*fp32:D"}
-            const = _constexprs(heads, dim, block_n, False, block)
+            keys = {"keys_ptr": "*u8:D", "rows_ptr": "*i64:D"} if packed else {"keys_ptr": "*bf16:D"}
+            sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", **keys, "seq_ptr": "*i64:D", "limit_ptr": "*i64:D",
+                   "scores_ptr": "*fp32:D"}
+            const = _constexprs(heads, dim, block_n, False, block, packed)
+            if not packed:
+                const["rows_ptr"] = None
             if block:
                 sig["allowed_ptr"] = "*u8:D"
             else:
@@ -97,22 +120,51 @@ def aot_variants(arch: CudaArch, in_blocks: bool = False) -> list[Variant]:
 KERNEL = TritonKernel("indexer_topk", index_scores_kernel, aot_variants)
 
 
-def plan_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
+@dataclass(slots=True, frozen=True)
+class PackedKeys:
+    """The ``_packed`` ops' keys: ``pages`` [P, c / 2 + c / block] uint8 FP4 rows, ``rows`` [B, N] of each sequence's
+    entries."""
+
+    pages: torch.Tensor
+    rows: torch.Tensor
+    block: int
+    scale_format: str
+
+    def check(self, dim: int) -> None:
+        if dim & (dim - 1) or dim < 16 or self.block not in (16, 32) or dim % self.block:
+            raise ValueError(f"packed indexer keys: the head dim must be a power of two >= 16 in blocks of 16 or 32, "
+                             f"got {dim}, {self.block}")
+        if self.pages.shape[-1] != dim // 2 + dim // self.block:
+            raise ValueError(f"packed key rows of {self.pages.shape[-1]} bytes are not rows of {dim} values")
+
+
+def plan_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor | PackedKeys, seq_ids: torch.Tensor,
                 limits: torch.Tensor, softmax_scale: float, weights_scale: float, *, arch: CudaArch,
                 interpreted: bool, allowed: torch.Tensor | None = None, candidate_block: int = 0) -> Launch:
     """The scores kernel's launch; ``result``: the fp32 scores [T, N] (``-inf`` at and past each query's limit,
-    and outside its ``allowed`` [T, >= cdiv(N, candidate_block)] uint8 blocks when given)."""
+    and outside its ``allowed`` [T, >= cdiv(N, candidate_block)] uint8 blocks when given).  ``keys``: values
+    [B, N, c], or packed rows."""
     tokens, heads, dim = q.shape
-    entries = keys.shape[1]
     q = q.contiguous()
-    weights, keys = weights.to(q.dtype).contiguous(), keys.to(q.dtype).contiguous()
+    weights = weights.to(q.dtype).contiguous()
+    packed: dict[str, object] | None = None
+    key_args: dict[str, object]
+    if isinstance(keys, PackedKeys):
+        keys.check(dim)
+        entries = keys.rows.shape[1]
+        key_args = dict(keys_ptr=keys.pages.contiguous(), rows_ptr=keys.rows.to(torch.int64).contiguous())
+        packed = {"PACKED": True, "KEY_BLOCK": keys.block, "KEY_E4M3": keys.scale_format == "e4m3",
+                  "SOFT_FP8": interpreted}
+    else:
+        entries = keys.shape[1]
+        key_args = dict(keys_ptr=keys.to(q.dtype).contiguous(), rows_ptr=None)
     seq_ids = seq_ids.to(device=q.device, dtype=torch.int64).contiguous()
     limits = limits.to(device=q.device, dtype=torch.int64).contiguous()
     scores = torch.empty((tokens, entries), dtype=torch.float32, device=q.device)
     cfg, block_n = indexer_config(arch, heads, dim, q.element_size())
     const = _constexprs(heads, dim, block_n, q.dtype == torch.float32 or interpreted,
-                        candidate_block if allowed is not None else 0)
-    args = dict(q_ptr=q, w_ptr=weights, keys_ptr=keys, seq_ptr=seq_ids, limit_ptr=limits, scores_ptr=scores,
+                        candidate_block if allowed is not None else 0, packed)
+    args = dict(q_ptr=q, w_ptr=weights, **key_args, seq_ptr=seq_ids, limit_ptr=limits, scores_ptr=scores,
                 allowed_ptr=allowed, entries=entries, softmax_scale=float(softmax_scale),
                 weights_scale=float(weights_scale), allowed_stride=allowed.stride(0) if allowed is not None else 0,
                 **const)

@@ -29,6 +29,8 @@ valid one (prefill rows are -1 at both ends): the chunks it leaves out would not
 stretch that ends inside a split is merged where it ends, as the split's remaining -1 chunks would have left it.
 ``transposed`` tiles compute s^T = k @ q^T and acc^T = k^T @ p^T: the gathered rows are then the M side of both
 products, so a 64-row chunk is a Hopper wgmma (32 heads as M is an mma.sync); other bits, the same in both regimes.
+``PACKED`` (``sparse_attention_packed.py``): the pool is V4.1's packed FP8 ring rows and FP4 entry rows, decoded in
+registers as each chunk is gathered (``packed_rows.py``); the rest of the kernel is the same code.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from triton.language.extra import libdevice
 from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles, sparse_attention_config
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernels.packed_rows import load_packed_rows
 from deepinfer_cuda.kernels.rope import rope_pairs
 
 #: (heads, head_dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 512, and 128 x 512 (V4-Pro width).
@@ -106,12 +109,14 @@ def _live_chunks(idx_row, col_lo, col_hi, BLOCK_N: tl.constexpr, SCAN: tl.conste
     return lo, tl.maximum(lo, (last + BLOCK_N) // BLOCK_N)  # last + BLOCK_N >= 0: no negative division
 
 
-@triton.jit(do_not_specialize=["width", "n_splits", "partial"])
-def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr, pos_ptr, inv_freq_ptr,
-                             width, n_splits, partial, scale, rope_scaling,
+@triton.jit(do_not_specialize=["width", "n_splits", "partial", "entry_base"])
+def _sparse_attention_kernel(q_ptr, kv_ptr, entries_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr, pos_ptr,
+                             inv_freq_ptr, width, n_splits, partial, entry_base, scale, rope_scaling,
                              H: tl.constexpr, D: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr,
-                             SKIP_EMPTY: tl.constexpr, TRANS: tl.constexpr, ROPE_HALF: tl.constexpr):
+                             SKIP_EMPTY: tl.constexpr, TRANS: tl.constexpr, ROPE_HALF: tl.constexpr,
+                             PACKED: tl.constexpr, RING_BLOCK: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
+                             ENTRY_E4M3: tl.constexpr, SOFT_FP8: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     z = tl.program_id(2)
@@ -146,8 +151,12 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sinks_ptr, out_ptr, ws_acc_
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         idx = tl.load(idx_ptr + t * width + cols, mask=cols < width, other=-1)
         valid = idx >= 0
-        k = tl.load(kv_ptr + tl.maximum(idx, 0).to(tl.int64)[:, None] * D + dims[None, :],
-                    mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
+        if PACKED:  # kv_ptr: the ring rows (FP8), entries_ptr: the entry rows (FP4); D = BLOCK_D
+            k = load_packed_rows(kv_ptr, entries_ptr, entry_base, idx, valid, D, RING_BLOCK, ENTRY_BLOCK, ENTRY_E4M3,
+                                 SOFT_FP8, q_ptr.dtype.element_ty)
+        else:
+            k = tl.load(kv_ptr + tl.maximum(idx, 0).to(tl.int64)[:, None] * D + dims[None, :],
+                        mask=valid[:, None] & dim_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D], K = V
         if FP32_DOT:
             k = k.to(tl.float32)
         if TRANS:
@@ -233,10 +242,17 @@ def _block_d(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
 
-def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool, rope_half: int) -> dict[str, object]:
+#: The constexprs of the plain (bf16 / fp32 pool) kernel's packed-row decoding: off.
+PLAIN_POOL: dict[str, object] = {"PACKED": False, "RING_BLOCK": 32, "ENTRY_BLOCK": 16, "ENTRY_E4M3": True,
+                                 "SOFT_FP8": False}
+
+
+def _constexprs(heads: int, dim: int, tiles: SparseAttentionTiles, fp32: bool, rope_half: int,
+                pool: dict[str, object] | None = None) -> dict[str, object]:
     return {"H": heads, "D": dim, "FP32_DOT": fp32 or INTERPRETED, "BLOCK_H": tiles.block_h,
             "BLOCK_D": _block_d(dim), "BLOCK_N": tiles.block_n, "SPLIT_N": tiles.split_n,
-            "SKIP_EMPTY": tiles.skip_empty, "TRANS": tiles.transposed, "ROPE_HALF": rope_half}
+            "SKIP_EMPTY": tiles.skip_empty, "TRANS": tiles.transposed, "ROPE_HALF": rope_half,
+            **(pool or PLAIN_POOL)}
 
 
 def _rope_signature(rope_half: int) -> tuple[dict[str, str], dict[str, object]]:
@@ -246,19 +262,29 @@ def _rope_signature(rope_half: int) -> tuple[dict[str, str], dict[str, object]]:
     return {}, {"pos_ptr": None, "inv_freq_ptr": None}
 
 
-def _aot_variants(arch: CudaArch) -> list[Variant]:
-    """Contiguous bf16 queries and pool, int64 indices, fp32 sinks and workspace at the model shapes."""
+def attention_variants(arch: CudaArch, shapes: tuple[tuple[int, int], ...], rope_halves: tuple[int, ...],
+                       pool_sig: dict[str, str], pool_const: dict[str, object]) -> list[Variant]:
+    """Contiguous bf16 queries, int64 indices, fp32 sinks and workspace at ``shapes`` (heads, head_dim); the pool's
+    pointers as ``pool_sig`` (and None constexprs) and its decoding constexprs ``pool_const``."""
     variants = []
-    for heads, dim in AOT_SHAPES:
+    for heads, dim in shapes:
         tiles = sparse_attention_config(arch, heads, dim, 2)
-        for rope_half in AOT_ROPE_HALVES:
+        for rope_half in rope_halves:
             rope_sig, rope_const = _rope_signature(rope_half)
-            sig = {"q_ptr": "*bf16:D", "kv_ptr": "*bf16:D", "idx_ptr": "*i64:D", "sinks_ptr": "*fp32:D",
+            sig = {"q_ptr": "*bf16:D", **pool_sig, "idx_ptr": "*i64:D", "sinks_ptr": "*fp32:D",
                    "out_ptr": "*bf16:D", "ws_acc_ptr": "*fp32:D", "ws_ml_ptr": "*fp32:D", **rope_sig,
-                   "width": "i32", "n_splits": "i32", "partial": "i32", "scale": "fp32", "rope_scaling": "fp32"}
-            variants.append(Variant(sig, {**_constexprs(heads, dim, tiles, False, rope_half), **rope_const},
-                                    tiles.split.num_warps, tiles.split.num_stages))
+                   "width": "i32", "n_splits": "i32", "partial": "i32", "entry_base": "i32", "scale": "fp32",
+                   "rope_scaling": "fp32"}
+            const = {**_constexprs(heads, dim, tiles, False, rope_half, pool_const), **rope_const}
+            if "entries_ptr" not in pool_sig:
+                const["entries_ptr"] = None
+            variants.append(Variant(sig, const, tiles.split.num_warps, tiles.split.num_stages))
     return variants
+
+
+def _aot_variants(arch: CudaArch) -> list[Variant]:
+    """A bf16 pool."""
+    return attention_variants(arch, AOT_SHAPES, AOT_ROPE_HALVES, {"kv_ptr": "*bf16:D"}, PLAIN_POOL)
 
 
 def _combine_aot_variants(arch: CudaArch) -> list[Variant]:
@@ -278,17 +304,13 @@ KERNEL = TritonKernel("sparse_attention", _sparse_attention_kernel, _aot_variant
 COMBINE_KERNEL = TritonKernel("sparse_attention_combine", _combine_kernel, _combine_aot_variants)
 
 
-def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
-            positions: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0, *,
-            arch: CudaArch, split: bool | None = None,
-            tiles: SparseAttentionTiles | None = None) -> LaunchChain:
-    """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: outputs allocated, nothing launched;
-    with ``positions`` and ``inv_freq``, ``sparse_attention_inverse_rope`` (the rotation in the epilogue).
-
-    ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
-    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep_sparse_attention.py)."""
+def plan_attention(q: torch.Tensor, pool: dict[str, object], pool_const: dict[str, object], indices: torch.Tensor,
+                   sinks: torch.Tensor, scale: float, positions: torch.Tensor | None, inv_freq: torch.Tensor | None,
+                   rope_scaling: float, *, arch: CudaArch, split: bool | None, tiles: SparseAttentionTiles | None,
+                   kernel: TritonKernel, fp32_dot: bool = False) -> LaunchChain:
+    """The attention kernel's launch (``kernel``: which op's cubins) over a pool given as its pointer arguments
+    ``pool`` (``kv_ptr``, ``entries_ptr``, ``entry_base``) and decoding constexprs, then the split combine."""
     tokens, heads, dim = q.shape
-    q, kv = q.contiguous(), kv.to(q.dtype).contiguous()
     indices = indices.to(torch.int64).contiguous()
     sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     rope_half = 0
@@ -313,15 +335,30 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     ws_ml = torch.empty(ws_rows * 2 * heads, device=q.device, dtype=torch.float32)
     rope = dict(pos_ptr=positions if rope_half else None, inv_freq_ptr=inv_freq if rope_half else None,
                 rope_scaling=float(rope_scaling))
-    args = dict(q_ptr=q, kv_ptr=kv, idx_ptr=indices, sinks_ptr=sinks, out_ptr=out, ws_acc_ptr=ws_acc,
+    args = dict(q_ptr=q, **pool, idx_ptr=indices, sinks_ptr=sinks, out_ptr=out, ws_acc_ptr=ws_acc,
                 ws_ml_ptr=ws_ml, width=width, n_splits=n_splits, partial=int(split), scale=float(scale), **rope,
-                **_constexprs(heads, dim, tiles, q.dtype == torch.float32, rope_half))
-    steps = [(KERNEL, Launch((tokens, head_blocks, n_splits if split else 1), tiles.split, args, out))]
+                **_constexprs(heads, dim, tiles, q.dtype == torch.float32 or fp32_dot, rope_half, pool_const))
+    steps = [(kernel, Launch((tokens, head_blocks, n_splits if split else 1), tiles.split, args, out))]
     if split:
         combine = dict(ws_acc_ptr=ws_acc, ws_ml_ptr=ws_ml, sinks_ptr=sinks, out_ptr=out, n_splits=n_splits, H=heads,
                        D=dim, BLOCK_D=_block_d(dim), ROPE_HALF=rope_half, **rope)
         steps.append((COMBINE_KERNEL, Launch((tokens, heads), tiles.combine, combine, out)))
     return LaunchChain(steps, lambda: out)
+
+
+def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+            positions: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0, *,
+            arch: CudaArch, split: bool | None = None,
+            tiles: SparseAttentionTiles | None = None) -> LaunchChain:
+    """Plan ``sparse_attention(q, kv, indices, sinks, scale)`` for ``arch``: outputs allocated, nothing launched;
+    with ``positions`` and ``inv_freq``, ``sparse_attention_inverse_rope`` (the rotation in the epilogue).
+
+    ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
+    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep_sparse_attention.py)."""
+    q = q.contiguous()
+    pool: dict[str, object] = dict(kv_ptr=kv.to(q.dtype).contiguous(), entries_ptr=None, entry_base=0)
+    return plan_attention(q, pool, PLAIN_POOL, indices, sinks, scale, positions, inv_freq, rope_scaling, arch=arch,
+                          split=split, tiles=tiles, kernel=KERNEL)
 
 
 def sparse_attention(

@@ -5,10 +5,14 @@ each buffer a :class:`RowStore` with that :class:`~.spec.RowFormat`.  ``encode(x
 values the model computes with): the fake-quantized rows twice when the buffer holds the model's dtype, or the
 packed rows and their unpacked values when it stores the format itself (``packed``).  Both give the same values
 bit for bit (``unpack(pack(x)) == fake_quant(x)``, :mod:`deepinfer.ops.kv_quant`), so the storage changes no
-logit.  Reads unpack where the rows are read (a kernel reading the packed rows directly may replace that later).
+logit.  Reads unpack where the rows are read, except where an op reads the packed bytes itself: a decode step's
+attention (:meth:`KVStore.packed_rows`, ``sparse_attention_packed_inverse_rope``) and the indexer's scoring
+(:meth:`RowStore.in_place`, ``indexer_*_packed``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -67,8 +71,35 @@ class RowStore:
         got = self.tensor[rows]
         return unpack(self.ops, self.fmt, got, self.dtype) if self.packed and self.fmt is not None else got
 
+    def in_place(self, rows: torch.Tensor) -> PagedRows | None:
+        """Stored ``rows`` for an op that reads the packed bytes itself; None where the rows are values."""
+        if not self.packed or self.fmt is None:
+            return None
+        return PagedRows(self.tensor, rows, self.fmt)
+
     def write(self, rows: torch.Tensor, stored: torch.Tensor) -> None:
         self.tensor.index_copy_(0, rows, stored)
+
+
+@dataclass(slots=True, frozen=True)
+class PackedRows:
+    """A KV buffer's packed rows as attention reads them in place: ``rings`` (FP8) and ``entries`` (FP4, maybe no
+    rows), one numbering (``r >= entry_base``: entry ``r - entry_base``)."""
+
+    rings: torch.Tensor
+    entries: torch.Tensor
+    entry_base: int
+    ring_format: RowFormat
+    entry_format: RowFormat
+
+
+@dataclass(slots=True, frozen=True)
+class PagedRows:
+    """Rows ``rows`` (any shape of row ids) of a packed store's ``tensor``, for an op to read in place."""
+
+    tensor: torch.Tensor
+    rows: torch.Tensor
+    fmt: RowFormat
 
 
 class KVStore:
@@ -95,6 +126,19 @@ class KVStore:
     def write_entries(self, rows: torch.Tensor, stored: torch.Tensor) -> None:
         """``rows`` relative to the first entry."""
         self.entries.write(rows, stored)
+
+    def packed_rows(self) -> PackedRows | None:
+        """The packed rows for attention to read in place, when every row attention may name is packed (rings in
+        FP8, entries in FP4, or no entries); None: read through :meth:`attention_pool`."""
+        rings, entries = self.rings, self.entries
+        if not rings.packed or rings.fmt is None or rings.fmt.kind != "fp8_e4m3" or entries.fmt is None:
+            return None
+        if entries.fmt.kind != "fp4_e2m1" or not entries.packed and entries.tensor.shape[0]:
+            return None
+        width = rings.tensor.shape[1] * rings.fmt.block // (rings.fmt.block + 1)
+        tensor = entries.tensor if entries.packed else torch.empty(0, entries.fmt.row_bytes(width), dtype=torch.uint8,
+                                                                   device=rings.tensor.device)
+        return PackedRows(rings.tensor, tensor, self.entry_base, rings.fmt, entries.fmt)
 
     def attention_pool(self, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(a pool of values, the columns into it) for attention over rows ``cols`` [T, C] (``-1``: none): the

@@ -138,6 +138,80 @@ class Ops(Protocol):
         """``sparse_attention`` with its output's rope channels rotated back (ops.attention)."""
         raise TypeError
 
+    def sparse_attention_packed_inverse_rope(
+        self,
+        q: torch.Tensor,
+        rings: torch.Tensor,
+        entries: torch.Tensor,
+        entry_base: int,
+        indices: torch.Tensor,
+        sinks: torch.Tensor,
+        scale: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+        ring_block: int,
+        entry_block: int,
+        entry_scale_format: ScaleFormat,
+    ) -> torch.Tensor:
+        """``sparse_attention_inverse_rope`` over packed FP8 ring rows and FP4 entry rows (ops.packed_attention)."""
+        raise TypeError
+
+    def indexer_topk_packed(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        key_pages: torch.Tensor,
+        key_rows: torch.Tensor,
+        key_block: int,
+        key_scale_format: ScaleFormat,
+        seq_ids: torch.Tensor,
+        limits: torch.Tensor,
+        topk: int,
+        softmax_scale: float,
+        weights_scale: float,
+    ) -> torch.Tensor:
+        """``indexer_topk`` over packed FP4 keys (ops.packed_indexer)."""
+        raise TypeError
+
+    def indexer_candidates_packed(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        key_pages: torch.Tensor,
+        key_rows: torch.Tensor,
+        key_block: int,
+        key_scale_format: ScaleFormat,
+        seq_ids: torch.Tensor,
+        limits: torch.Tensor,
+        topk: int,
+        softmax_scale: float,
+        weights_scale: float,
+        block_size: int,
+        topk_blocks: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``indexer_candidates`` over packed FP4 keys (ops.packed_indexer)."""
+        raise TypeError
+
+    def indexer_topk_in_blocks_packed(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        key_pages: torch.Tensor,
+        key_rows: torch.Tensor,
+        key_block: int,
+        key_scale_format: ScaleFormat,
+        seq_ids: torch.Tensor,
+        limits: torch.Tensor,
+        topk: int,
+        softmax_scale: float,
+        weights_scale: float,
+        blocks: torch.Tensor,
+        block_size: int,
+    ) -> torch.Tensor:
+        """``indexer_topk_in_blocks`` over packed FP4 keys (ops.packed_indexer)."""
+        raise TypeError
+
     def indexer_topk(
         self,
         q: torch.Tensor,

@@ -99,3 +99,36 @@ def test_a_forked_state_continues_bit_for_bit(monkeypatch):
                 logits.append(model.compute_logits(hidden))
         outs.append(torch.cat(logits))
     _same(*outs)
+
+
+def test_decode_reads_the_packed_rows_in_place(monkeypatch):
+    """A decode step reads the packed rings and entries through ``sparse_attention_packed_inverse_rope`` and the
+    packed indexer keys through the ``indexer_*_packed`` ops: no row is unpacked, no unpacked pool is attended."""
+    calls: dict[str, int] = {}
+    ops = OpTable()
+
+    def counted(name, op):
+        def call(*args):
+            calls[name] = calls.get(name, 0) + 1
+            return op(*args)
+
+        return call
+
+    names = ("sparse_attention_packed_inverse_rope", "sparse_attention_inverse_rope", "fp8_e4m3_unpack",
+             "fp4_e2m1_unpack", "indexer_topk_packed", "indexer_candidates_packed", "indexer_topk_in_blocks_packed",
+             "indexer_topk", "indexer_candidates", "indexer_topk_in_blocks")
+    for name in names:
+        setattr(ops, name, counted(name, getattr(ops, name)))
+    monkeypatch.setenv("DEEPINFER_QUANTIZED_KV", "1")
+    model = load_model(FIXTURES / "tiny_a", ops=ops, dtype=torch.float32, device=torch.device("cpu"))
+    tokens = references("tiny_a")[0].tokens[:100]  # past the top-k (8): the index sources score
+    state = model.new_state()
+    with torch.no_grad():
+        model.forward(ForwardBatch(tokens[:90], torch.arange(90), [90], [state]))
+        assert not {"indexer_topk", "indexer_candidates", "indexer_topk_in_blocks"} & set(calls), calls
+        calls.clear()
+        model.forward(ForwardBatch(tokens[90:91], torch.tensor([90]), [1], [state]))
+    assert calls.get("sparse_attention_packed_inverse_rope") == model.config.num_hidden_layers, calls
+    scored = sum(calls.get(n, 0) for n in names[4:7])
+    assert scored == sum(1 for r in model.config.layers if r.is_index_source) and scored > 0, calls
+    assert set(calls) <= set(names[:1] + names[4:7]), calls  # nothing unpacked, nothing scored on values

@@ -3,7 +3,8 @@
 - queries: ``q = wq_b(RMSNorm(wq_a x))`` rotated on the last rope dims (no per-head norm, unlike V4);
 - one K=V latent per token: ``RMSNorm(wkv x)`` rotated, then FP8 (ue8m0 scale per 32): the model's own
   fake-quantization, so the ring stores exactly what is attended (packed in that format with
-  ``DEEPINFER_QUANTIZED_KV``: :mod:`.state`, :mod:`deepinfer.kv.store`);
+  ``DEEPINFER_QUANTIZED_KV``: :mod:`.state`, :mod:`deepinfer.kv.store`; decode then attends to the packed rows in
+  place, ``sparse_attention_packed_inverse_rope``);
 - keys = the layer's last ``sliding_window`` latents and, in layers with a ratio, the top-k entries of its
   group (CSA2 roles: the kv source compresses, index sources pick, Reuse layers take the latest picks);
 - a sink logit per head; the output's rope dims rotated back; grouped output projection ``wo_a`` / ``wo_b``.
@@ -20,7 +21,7 @@ import torch
 from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
-from deepinfer.kv.store import RowStore
+from deepinfer.kv.store import PackedRows, PagedRows, RowStore
 from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
 from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v41.compressor import Compressor
@@ -60,6 +61,12 @@ class GraphStep:
     published: Published
 
 
+def _keys(store: RowStore, rows: torch.Tensor) -> torch.Tensor | PagedRows:
+    """The indexer keys of entry rows ``rows``: read in place by the indexer where they are packed, else values."""
+    paged = store.in_place(rows)
+    return paged if paged is not None else store.read(rows)
+
+
 class Attention:
     def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
                  prefix: str | None = None, weight: GetWeight | None = None):
@@ -96,17 +103,22 @@ class Attention:
         self.wkv = wkv if wkv is not None else weight(p + "wkv.weight")
 
     # --- shared by both paths -------------------------------------------------------------------------
-    def _project(self, x: torch.Tensor, positions: torch.Tensor, ring: RowStore | None = None):
+    def _project(self, x: torch.Tensor, positions: torch.Tensor, ring: RowStore | None = None,
+                 values: bool = True):
         """(q_residual, rotated queries [T, H, Dh], the K=V latent [T, Dh] (rotated, FP8), its rows as ``ring``
-        stores them, index head weights)."""
+        stores them, index head weights).  ``values=False``: the caller reads only the stored rows (decode), so a
+        packed ring's rows are not unpacked (the latent is then the stored rows)."""
         ops, tokens = self.ops, x.shape[0]
         q_lin, kv_lin, *rest = self.w_in(ops, x).split(self.in_splits, dim=1)
         q_residual = ops.rms_norm(q_lin, self.q_norm, self.eps)
         q = linear(ops, q_residual, self.wq_b).view(tokens, self.heads, self.head_dim)
         q = ops.rope(q, positions, self.inv_freq, self.rope_scaling)
         if ring is not None and ring.packed:  # the ring stores FP8 codes: pack the rotated latent itself
-            stored, kv = ring.encode(ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq,
-                                                       self.rope_scaling))
+            latent = ops.rms_norm_rope(kv_lin, self.kv_norm, self.eps, positions, self.inv_freq, self.rope_scaling)
+            if values:
+                stored, kv = ring.encode(latent)
+            else:
+                stored = kv = ring.stored(latent)
         else:
             kv = stored = ops.rms_norm_rope_fp8_e4m3_fake_quant(kv_lin, self.kv_norm, self.eps, positions,
                                                                 self.inv_freq, self.rope_scaling, WINDOW_BLOCK)
@@ -127,9 +139,21 @@ class Attention:
 
     def _output(self, q: torch.Tensor, pool: torch.Tensor, cols: torch.Tensor, positions: torch.Tensor):
         """``pool``: values (rows read from the state, or the state's own tensor)."""
-        ops, tokens = self.ops, q.shape[0]
-        out = ops.sparse_attention_inverse_rope(q, pool, cols, self.sinks, self.head_dim**-0.5, positions,
-                                                self.inv_freq, self.rope_scaling)
+        out = self.ops.sparse_attention_inverse_rope(q, pool, cols, self.sinks, self.head_dim**-0.5, positions,
+                                                     self.inv_freq, self.rope_scaling)
+        return self._project_out(out)
+
+    def _output_packed(self, q: torch.Tensor, rows: PackedRows, cols: torch.Tensor, positions: torch.Tensor):
+        """Attention over the state's packed rows in place (``cols`` in the buffer's joint numbering)."""
+        entry = rows.entry_format
+        out = self.ops.sparse_attention_packed_inverse_rope(
+            q, rows.rings, rows.entries, rows.entry_base, cols, self.sinks, self.head_dim**-0.5, positions,
+            self.inv_freq, self.rope_scaling, rows.ring_format.block, entry.block,
+            "e4m3" if entry.scale_format == "e4m3" else "ue8m0")
+        return self._project_out(out)
+
+    def _project_out(self, out: torch.Tensor) -> torch.Tensor:
+        ops, tokens = self.ops, out.shape[0]
         out = grouped_linear(ops, out.view(tokens, self.groups, -1), self.wo_a).flatten(1)
         return linear(ops, out, self.wo_b)
 
@@ -176,10 +200,10 @@ class Attention:
         cols = plan.window_cols
         if self.ratio:
             longest = max((s + n) // self.ratio for s, n in zip(layout.starts, layout.lens, strict=True))
-            keys = None
+            keys: torch.Tensor | PagedRows | None = None
             if self.indexer is not None and longest > self.indexer.spec.topk:
                 assert cache.key_rows is not None
-                keys = cache.key_rows.read(layout.entry_rows[self.ratio][:, :longest])
+                keys = _keys(cache.key_rows, layout.entry_rows[self.ratio][:, :longest])
             picks = self._picks(q_residual, weights, positions, keys, layout.seq_ids, None, step.published, longest)
             assert plan.causal_cols is not None and plan.entry_offsets is not None  # a compressed ratio's plan
             if picks is None:
@@ -208,7 +232,7 @@ class Attention:
         """The token's latent goes to its ring first (which then holds exactly the window ending at it); the
         window and the group's entry pages are read in place through row indices (``graph.plan``)."""
         step, plan = graph.step, graph.plan
-        q_residual, q, _, stored, weights = self._project(x, step.positions, cache.kv_rows.rings)
+        q_residual, q, _, stored, weights = self._project(x, step.positions, cache.kv_rows.rings, values=False)
         cache.kv_rows.write_rings(plan.ring_rows + cache.ring_base, stored)
         cols = graph.window_cols[cache.ring_base]
         if self.ratio:
@@ -220,10 +244,10 @@ class Attention:
                 assert self.indexer is not None and cache.key_rows is not None
                 new_keys = self.indexer.keys(latents, ratio.entry_positions, cache.key_rows)
                 cache.key_rows.write(ratio.entry_write, new_keys)
-            keys = None
+            keys: torch.Tensor | PagedRows | None = None
             if ratio.picks is not None and self.indexer is not None:
                 assert cache.key_rows is not None
-                keys = cache.key_rows.read(ratio.entry_rows)
+                keys = _keys(cache.key_rows, ratio.entry_rows)
             longest = ratio.entry_rows.shape[1] if ratio.picks is not None else 0
             picks = self._picks(q_residual, weights, step.positions, keys, plan.seq_ids, ratio.picks,
                                 graph.published, longest)
@@ -233,5 +257,8 @@ class Attention:
             else:
                 assert ratio.pick_cols is not None
                 cols = torch.cat([cols, ratio.pick_cols[plan.seq_ids[:, None], picks]], dim=1)
+        packed = cache.kv_rows.packed_rows()
+        if packed is not None:  # the packed rows are read in place: no unpacked copy of the attended rows
+            return self._output_packed(q, packed, cols, step.positions)
         pool, cols = cache.kv_rows.attention_pool(cols)
         return self._output(q, pool, cols, step.positions)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.kv.decode_plan import CausalPicks
-from deepinfer.kv.store import RowStore
+from deepinfer.kv.store import PagedRows, RowStore
 from deepinfer.layers.linear import GetWeight, linear
 from deepinfer.models.deepseek_v41.roles import FULL, LayerRole
 from deepinfer.ops import Ops
@@ -68,14 +68,27 @@ class Indexer:
             return store.stored(self.ops.rope(k, positions, self.inv_freq, self.rope_scaling))
         return self._rope_fp4(k, positions)
 
-    def picks(self, q_residual: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-              seq_ids: torch.Tensor, causal: CausalPicks, published: Published) -> torch.Tensor:
+    def picks(self, q_residual: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
+              keys: torch.Tensor | PagedRows, seq_ids: torch.Tensor, causal: CausalPicks, published: Published
+              ) -> torch.Tensor:
         """Entry ids [T, topk] (``-1`` pads) of the queries' picks against ``keys`` [S, N, head_dim] (the group's
-        keys of each sequence, padded); publishes the candidate blocks if this is the candidate source."""
+        keys of each sequence, padded: values, or their packed rows read in place by the ``_packed`` ops);
+        publishes the candidate blocks if this is the candidate source."""
         ops, s = self.ops, self.spec
         q = linear(ops, q_residual, self.wq_b).view(q_residual.shape[0], s.n_heads, s.head_dim)
         q = self._rope_fp4(q, positions)
-        args = (q, weights, keys, seq_ids, causal.limits, s.topk, s.head_dim**-0.5, s.n_heads**-0.5)
+        rest = (seq_ids, causal.limits, s.topk, s.head_dim**-0.5, s.n_heads**-0.5)
+        if isinstance(keys, PagedRows):
+            fmt: ScaleFormat = "e4m3" if keys.fmt.scale_format == "e4m3" else "ue8m0"
+            packed = (q, weights, keys.tensor, keys.rows, keys.fmt.block, fmt, *rest)
+            if self.role.is_candidate_source:
+                ids, published.blocks = ops.indexer_candidates_packed(*packed, s.block_size, s.topk_blocks)
+            elif self.role.uses_candidates and published.blocks is not None:
+                ids = ops.indexer_topk_in_blocks_packed(*packed, published.blocks, s.block_size)
+            else:
+                ids = ops.indexer_topk_packed(*packed)
+            return torch.where(causal.takes_all, causal.ids, ids)
+        args = (q, weights, keys, *rest)
         if self.role.is_candidate_source:
             ids, published.blocks = ops.indexer_candidates(*args, s.block_size, s.topk_blocks)
         elif self.role.uses_candidates and published.blocks is not None:

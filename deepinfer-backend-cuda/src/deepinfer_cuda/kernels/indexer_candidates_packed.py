@@ -1,0 +1,52 @@
+"""V4.1's candidate source over packed FP4 keys: ``indexer_topk_packed.py``'s scores kernel, then the picks and the
+candidate pool as ``indexer_candidates.py`` makes them.
+
+Overrides core's ``indexer_candidates_packed(q, weights, key_pages, key_rows, key_block, key_scale_format, seq_ids,
+limits, topk, softmax_scale, weights_scale, block_size, topk_blocks)`` (deepinfer/ops/packed_indexer.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.ops.fake_quant import ScaleFormat
+from deepinfer.ops.indexer import candidate_blocks
+from deepinfer_cuda.arch import CudaArch
+from deepinfer_cuda.kernel_set.dispatch import LaunchChain, cuda_target
+from deepinfer_cuda.kernels.indexer_topk import PackedKeys, plan_scores, top_entries
+from deepinfer_cuda.kernels.indexer_topk_packed import KERNEL
+
+#: As ``indexer_topk_packed.INTERPRETED``, for this op.
+INTERPRETED = False
+
+__all__ = ["KERNEL", "indexer_candidates_packed", "prepare"]
+
+
+def prepare(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor, key_block: int,
+            key_scale_format: ScaleFormat, seq_ids: torch.Tensor, limits: torch.Tensor, topk: int,
+            softmax_scale: float, weights_scale: float, block_size: int, topk_blocks: int, *,
+            arch: CudaArch) -> LaunchChain:
+    """Plan the op: the scores kernel's launch, then (``finish``) the picks and the blocks."""
+    if block_size < 1 or topk_blocks < 1:
+        raise ValueError(f"block_size and topk_blocks must be >= 1, got {block_size} and {topk_blocks}")
+    keys = PackedKeys(key_pages, key_rows, key_block, key_scale_format)
+    launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
+                         interpreted=INTERPRETED)
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        scores = launch.result
+        causal = limits.to(device=scores.device, dtype=torch.int64)
+        return top_entries(scores, topk), candidate_blocks(scores, causal, block_size, topk_blocks)
+
+    return LaunchChain([(KERNEL, launch)], finish)
+
+
+def indexer_candidates_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor,
+                              key_rows: torch.Tensor, key_block: int, key_scale_format: ScaleFormat,
+                              seq_ids: torch.Tensor, limits: torch.Tensor, topk: int, softmax_scale: float,
+                              weights_scale: float, block_size: int, topk_blocks: int
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(picks [T, topk] int64, candidate blocks [T, topk_blocks] int64, ascending, -1 pads)."""
+    index, arch = cuda_target(q)
+    return prepare(q, weights, key_pages, key_rows, key_block, key_scale_format, seq_ids, limits, topk, softmax_scale,
+                   weights_scale, block_size, topk_blocks, arch=arch).run(index)
