@@ -32,8 +32,12 @@ def mixed_params(max_tokens: int) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=max_tokens, logprobs=3, prompt_logprobs=2, ignore_eos=True, **k) for k in kinds]
 
 
-def assert_same_output(a: RequestOutput, b: RequestOutput, tol: float = 1e-5) -> None:
-    """Same tokens, finish reasons and ranks; logprobs (prompt and generated) within ``tol``."""
+def assert_same_output(a: RequestOutput, b: RequestOutput, tol: float = 1e-5,
+                       flips: tuple[float, int] | None = None) -> None:
+    """Same tokens, finish reasons and ranks; logprobs (prompt and generated) within ``tol``.  ``flips`` = (bound,
+    count): up to ``count`` generated positions per completion may differ by up to ``bound`` instead (a model that
+    fake-quantizes its KV, V4.1: a rounding difference of another batch shape can move one value across an FP8
+    rounding boundary, which shifts the logprobs after it by a few hundredths)."""
     assert a.error is None and b.error is None
     assert a.prompt_token_ids == b.prompt_token_ids
     assert (a.prompt_logprobs is None) == (b.prompt_logprobs is None)
@@ -45,14 +49,18 @@ def assert_same_output(a: RequestOutput, b: RequestOutput, tol: float = 1e-5) ->
         for t in pa:
             assert abs(pa[t].logprob - pb[t].logprob) < tol and pa[t].rank == pb[t].rank
     assert len(a.outputs) == len(b.outputs)
+    bound, count = flips if flips is not None else (tol, 0)
     for ca, cb in zip(a.outputs, b.outputs, strict=True):
         assert ca.token_ids == cb.token_ids
         assert ca.finish_reason == cb.finish_reason and ca.text == cb.text
-        assert abs(ca.cumulative_logprob - cb.cumulative_logprob) < tol * max(1, len(ca.token_ids))
+        assert abs(ca.cumulative_logprob - cb.cumulative_logprob) < max(tol * len(ca.token_ids), count * bound, tol)
+        flipped = 0
         for la, lb in zip(ca.logprobs or [], cb.logprobs or [], strict=True):
             assert la.keys() == lb.keys()
-            for t in la:
-                assert abs(la[t].logprob - lb[t].logprob) < tol
+            worst = max((abs(la[t].logprob - lb[t].logprob) for t in la), default=0.0)
+            flipped += worst >= tol
+            assert worst < bound, f"logprobs differ by {worst:.3g} (bound {bound})"
+        assert flipped <= count, f"{flipped} positions differ by more than {tol} (at most {count} may)"
 
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:

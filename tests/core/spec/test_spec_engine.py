@@ -32,14 +32,17 @@ STEEP = CostTable(tuple(range(1, 257)), tuple(1.0 + 0.08 * n for n in range(1, 2
 
 #: Logprob tolerance of each model between a speculative and a plain run: V4.1's FP8 fake-quantized KV turns
 #: rounding differences of a chunk forward into logprob differences of ~5e-3 (the same between a request run
-#: alone and batched without speculation).
+#: alone and batched without speculation) ...
 TOL = {"v4": 1e-4, "v41_a": 2e-2, "v41_b": 2e-2}
+#: ... and, rarely, a value across an FP8 rounding boundary: the positions after it differ by a few hundredths
+#: (tiny_a on one CPU: 0.033 and 0.088 at two positions of 103; medians 1e-6).  Tokens must still be equal.
+FLIPS = {"v4": None, "v41_a": (0.15, 3), "v41_b": (0.15, 3)}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def llm(request):
     llm = LLM(str(MODELS[request.param]), dtype="float32")
-    llm.test_tol = TOL[request.param]
+    llm.test_tol, llm.test_flips = TOL[request.param], FLIPS[request.param]
     return llm
 
 
@@ -76,7 +79,7 @@ def test_greedy_output_is_the_plain_output(llm, mode, k, varlen):
     drafter = StandInDrafter(vocab, 4, mode, oracle)
     spec = _generate(llm, prompts, params, drafter, SpecPolicy(k, varlen, STEEP if varlen else None))
     for a, b in zip(plain, spec, strict=True):
-        assert_same_output(a, b, tol=llm.test_tol)
+        assert_same_output(a, b, tol=llm.test_tol, flips=llm.test_flips)
     assert drafter.calls > 0
     stats = [o.spec_decoding_stats for o in spec if o.spec_decoding_stats is not None]
     assert stats and all(s.num_draft_tokens <= k * s.num_drafts for s in stats)
@@ -236,5 +239,5 @@ def test_greedy_identity_under_v41_decoder_prefill_truncation(monkeypatch):
     spec = _generate(llm, prompts, params, StandInDrafter(llm.engine.model.vocab_size, 4, "mixed", oracle),
                      SpecPolicy(4))
     for a, b in zip(plain, spec, strict=True):
-        assert_same_output(a, b, tol=TOL["v41_b"])
+        assert_same_output(a, b, tol=TOL["v41_b"], flips=FLIPS["v41_b"])
         assert b.spec_decoding_stats.num_accepted_tokens > 0
