@@ -129,9 +129,10 @@ def test_runtime_keys_of_model_shape_calls_have_an_aot_variant():
         return torch.empty(shape, dtype=torch.bfloat16, device="meta")
 
     cases = [(4096, 2048, 64), (4096, 2048, 256), (5120, 2304, 384)]
-    # top-6 of E routed experts, and top-7 of E + 1 (the V4 model's shared expert as one more slot per token)
-    for (hidden, inter, routed), shared in itertools.product(cases, (0, 1)):
-        experts, top_k = routed + shared, 6 + shared
+    # top-6 of E routed experts, and top-7 of E + 1 (the V4 model's shared expert as one more slot per token); V4.1-
+    # Flash's DSpark drafter: top-3 of 128
+    shapes = [(h, i, e + shared, 6 + shared) for (h, i, e), shared in itertools.product(cases, (0, 1))]
+    for hidden, inter, experts, top_k in [*shapes, (5120, 2304, 128, 3)]:
         w13, w2 = fake(experts, 2 * inter, hidden), fake(experts, hidden, inter)
         for tokens in (1, 4, 8, 16, 64, 146, 170, 1024):
             x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)

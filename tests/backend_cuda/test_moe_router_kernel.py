@@ -155,6 +155,13 @@ def test_v4_router_calls_find_their_cubins(tokens, experts, dtype):
                                                                   arch=SM90A))
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 80])
+def test_dspark_drafter_router_calls_find_their_cubins(tokens):
+    """V4.1-Flash's DSpark drafter: 128 routed experts, top-3, sqrtsoftplus with the selection bias, bf16."""
+    x, w = torch.randn(tokens, 64, dtype=torch.bfloat16), torch.randn(128, 64, dtype=torch.bfloat16)
+    assert _covered(moe_router, moe_router.prepare(x, w, torch.randn(128), 3, 1.5, "sqrtsoftplus", arch=SM90A))
+
+
 def test_unknown_score_function_is_refused():
     with pytest.raises(ValueError, match="scoring function"):
         moe_router.prepare(torch.randn(2, 8), torch.randn(4, 8), None, 2, 1.0, "relu", arch=SM90A)

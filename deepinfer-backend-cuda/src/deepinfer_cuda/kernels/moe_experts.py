@@ -37,8 +37,8 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel
 from deepinfer_cuda.kernels.moe_routing import expert_blocks, plan  # noqa: F401  (expert_blocks: re-exported)
 
 #: (hidden, intermediate, top-k) compiled ahead of time: V4-Flash (4096, 2048) and V4.1-Flash (5120, 2304) at top-6,
-#: and at top-7: the V4 model runs its shared expert as one more slot per token.
-AOT_SHAPES = ((4096, 2048, 6), (5120, 2304, 6), (4096, 2048, 7), (5120, 2304, 7))
+#: and at top-7: the V4 model runs its shared expert as one more slot per token; V4.1-Flash's DSpark drafter at top-3.
+AOT_SHAPES = ((4096, 2048, 6), (5120, 2304, 6), (4096, 2048, 7), (5120, 2304, 7), (5120, 2304, 3))
 #: Work around Triton's CPU interpreter, which computes bf16 ``tl.dot`` wrongly and truncates fp32 -> bf16: multiply
 #: in fp32 (bf16 products are exact in fp32) and round to bf16 to nearest-even explicitly.  The same function as
 #: the GPU path; off on the GPU, turned on by the interpreter test.

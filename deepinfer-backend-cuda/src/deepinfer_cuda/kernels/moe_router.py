@@ -37,9 +37,10 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 
 #: core's SCORE_FUNCS as the kernel's SCORE constexpr.
 SCORE_CODES = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
-#: Routed experts compiled ahead of time: 64 (the V4 slice, tests), 256 (V4-Flash, V4.1-Flash), 384 (V4.1).
-AOT_EXPERTS = (64, 256, 384)
-AOT_TOP_K = (6, 8)
+#: Routed experts compiled ahead of time: 64 (the V4 slice, tests), 256 (V4-Flash, V4.1-Flash), 384 (V4.1), and
+#: V4.1-Flash's DSpark drafter: 128 experts, top-3.
+AOT_EXPERTS = (64, 128, 256, 384)
+AOT_TOP_K = (3, 6, 8)
 AOT_DTYPES = ("bf16", "fp32")
 #: libdevice has no implementation in Triton's CPU interpreter; the interpreter test turns this on to use
 #: ``tl.exp`` and Kahan's log1p instead (the same function to a few ulps).  Off on the GPU.

@@ -35,9 +35,9 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
 #: three chunked kernels.
 PLAN_KERNEL_MAX_SLOTS = 1024
 #: Expert counts compiled ahead of time: the V4 slice (64), V4-Flash (256), V4.1-Flash (384), each also with the
-#: shared expert run as one more (the V4 model does); their padded widths (``experts_pad``) are what the cubins
-#: depend on.
-AOT_EXPERTS = (64, 65, 256, 257, 384, 385)
+#: shared expert run as one more (the V4 model does), and V4.1-Flash's DSpark drafter (128); their padded widths
+#: (``experts_pad``) are what the cubins depend on.
+AOT_EXPERTS = (64, 65, 128, 256, 257, 384, 385)
 #: Decode tiles plan blocks of 16 slots (see arch.moe_experts_config).
 AOT_BLOCK_M = 16
 
