@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops.fake_quant import ScaleFormat
-from deepinfer.ops.indexer import candidate_blocks
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, cuda_target
-from deepinfer_cuda.kernels.indexer_topk import PackedKeys, plan_scores, top_entries
+from deepinfer_cuda.kernels.indexer_candidates import plan_candidates
+from deepinfer_cuda.kernels.indexer_topk import PackedKeys
 from deepinfer_cuda.kernels.indexer_topk_packed import KERNEL
 
 #: As ``indexer_topk_packed.INTERPRETED``, for this op.
@@ -27,18 +27,9 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key
             softmax_scale: float, weights_scale: float, block_size: int, topk_blocks: int, *,
             arch: CudaArch) -> LaunchChain:
     """Plan the op: the scores kernel's launch, then (``finish``) the picks and the blocks."""
-    if block_size < 1 or topk_blocks < 1:
-        raise ValueError(f"block_size and topk_blocks must be >= 1, got {block_size} and {topk_blocks}")
     keys = PackedKeys(key_pages, key_rows, key_block, key_scale_format)
-    launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
-                         interpreted=INTERPRETED)
-
-    def finish() -> tuple[torch.Tensor, torch.Tensor]:
-        scores = launch.result
-        causal = limits.to(device=scores.device, dtype=torch.int64)
-        return top_entries(scores, topk), candidate_blocks(scores, causal, block_size, topk_blocks)
-
-    return LaunchChain([(KERNEL, launch)], finish)
+    return plan_candidates(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale, block_size,
+                           topk_blocks, kernel=KERNEL, arch=arch, interpreted=INTERPRETED)
 
 
 def indexer_candidates_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor,

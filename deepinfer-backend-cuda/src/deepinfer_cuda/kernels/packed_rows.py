@@ -16,15 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.kernels.fp8_block_linear import _e4m3_value
-
-
-@triton.jit
-def _e4m3_fp32(c, SOFT_FP8: tl.constexpr):
-    """fp32 values of e4m3 codes (uint8): the hardware conversion, or arithmetic under the interpreter."""
-    if SOFT_FP8:
-        return _e4m3_value(c.to(tl.int32))
-    return c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+from deepinfer_cuda.kernels.fp8_block_linear import _code_values
 
 
 @triton.jit
@@ -34,7 +26,7 @@ def fp8_row_values(rings_ptr, idx, ring, dims, D: tl.constexpr, RING_BLOCK: tl.c
     row = rings_ptr + tl.where(ring, idx, 0).to(tl.int64) * (D + D // RING_BLOCK)
     codes = tl.load(row[:, None] + dims[None, :], mask=ring[:, None], other=0)
     e = tl.load(row[:, None] + D + dims[None, :] // RING_BLOCK, mask=ring[:, None], other=127).to(tl.int32)
-    return (_e4m3_fp32(codes, SOFT_FP8) * (e << 23).to(tl.float32, bitcast=True)).to(OUT)
+    return (_code_values(codes, SOFT_FP8) * (e << 23).to(tl.float32, bitcast=True)).to(OUT)
 
 
 @triton.jit
@@ -47,7 +39,7 @@ def fp4_row_values(entries_ptr, rel, entry, dims, D: tl.constexpr, ENTRY_BLOCK: 
     b = tl.load(row[:, None] + dims[None, :] // 2, mask=entry[:, None], other=0).to(tl.int32)
     sb = tl.load(row[:, None] + D // 2 + dims[None, :] // ENTRY_BLOCK, mask=entry[:, None], other=0)
     if ENTRY_E4M3:
-        scale = _e4m3_fp32(sb, SOFT_FP8)
+        scale = _code_values(sb, SOFT_FP8)
     else:
         scale = (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     c = (b >> ((dims[None, :] & 1) * 4)) & 15
