@@ -34,6 +34,26 @@ def time_median(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
+def graph_time(fn: Callable[[], object], calls: int = 1, *, per_call: int = 1, warmup: int = 25,
+               rep: int = 200) -> float:
+    """Device seconds per call: ``fn`` captured ``calls`` times in one CUDA graph (after a warm-up on a side
+    stream), the graph's replays timed by ``triton.testing.do_bench`` (median), divided by ``calls * per_call``
+    (``per_call``: the calls ``fn`` itself makes).  No host overhead in the number."""
+    import torch
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median") * 1e-3 / (calls * per_call)
+
+
 def queue_time(fn: Callable[[], object], repeats: int) -> float:
     """Median host time until ``fn`` returns, its device work queued but not awaited (after one warm-up call):
     below the synchronised wall time, the step is device-bound; near it, host-bound."""

@@ -16,6 +16,8 @@ import json
 import sys
 from collections.abc import Callable
 
+from bench_common import graph_time
+
 
 def _bench(fn: Callable[[], object]) -> float:
     from triton.testing import do_bench
@@ -25,18 +27,7 @@ def _bench(fn: Callable[[], object]) -> float:
 
 def _graph_time(fn: Callable[[], object], calls: int = 20) -> float:
     """Device time per call: ``calls`` calls captured in one CUDA graph, replayed (no host overhead)."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return _bench(graph.replay) / calls
+    return graph_time(fn, calls)
 
 
 def copy_bandwidth() -> float:

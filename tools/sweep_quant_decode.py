@@ -235,18 +235,9 @@ def _timer(tiny: bool):
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) / calls * 1e6
-        import torch
-        from triton.testing import do_bench
+        from bench_common import graph_time
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / calls
+        return graph_time(fn, per_call=calls, warmup=5, rep=40) * 1e6
 
     return measure
 
