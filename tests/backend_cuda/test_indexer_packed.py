@@ -106,13 +106,15 @@ def test_v41_flash_decode_launches_have_aot_variants():
         q = torch.zeros(tokens, 32, 128, dtype=torch.bfloat16)
         w = torch.zeros(tokens, 32, dtype=torch.bfloat16)
         pages, rows = torch.zeros(5000, 68, dtype=torch.uint8), torch.zeros(seqs, entries, dtype=torch.int64)
-        seq_ids, limits = torch.arange(tokens) % seqs, torch.full((tokens,), entries)
-        args = (q, w, pages, rows, 32, "ue8m0", seq_ids, limits, 512, 128**-0.5, 32**-0.5)
-        blocks = torch.zeros(tokens, 64, dtype=torch.int64)
-        for module, extra in [(indexer_topk_packed, ()), (indexer_candidates_packed, (8, 64)),
-                              (indexer_topk_in_blocks_packed, (blocks, 8))]:
-            for kernel, launch in module.prepare(*args, *extra, arch=SM90A).steps:
-                assert kernel.has_aot_variant(launch, SM90A), (module.__name__, tokens)
+        limits = torch.full((tokens,), entries)
+        # the sequence ids 16-byte aligned, or 8 bytes into a buffer (a decode step's plan holds them so)
+        for seq_ids in (torch.arange(tokens) % seqs, (torch.arange(tokens + 1) % seqs)[1:]):
+            args = (q, w, pages, rows, 32, "ue8m0", seq_ids, limits, 512, 128**-0.5, 32**-0.5)
+            blocks = torch.zeros(tokens, 64, dtype=torch.int64)
+            for module, extra in [(indexer_topk_packed, ()), (indexer_candidates_packed, (8, 64)),
+                                  (indexer_topk_in_blocks_packed, (blocks, 8))]:
+                for kernel, launch in module.prepare(*args, *extra, arch=SM90A).steps:
+                    assert kernel.has_aot_variant(launch, SM90A), (module.__name__, tokens, seq_ids.data_ptr() % 16)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host")

@@ -15,6 +15,7 @@ conformance comparison compares the kept scores (see its ``compare``).  fp32 inp
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -97,13 +98,14 @@ def aot_variants(arch: CudaArch, in_blocks: bool = False, packed: dict[str, obje
                  shapes: tuple[tuple[int, int], ...] = AOT_SHAPES) -> list[Variant]:
     """Contiguous bf16 queries, weights and keys, int64 sequence ids and limits, at the model shapes; with the
     candidate-block mask (``in_blocks``) at V4.1's block sizes; ``packed``: uint8 key pages and int64 rows, with
-    these packed-key constexprs."""
+    these packed-key constexprs.  The sequence ids either 16-byte aligned or not (a decode step's are a view
+    8 bytes into its plan's buffer)."""
     variants = []
-    for heads, dim in shapes:
+    for (heads, dim), seq in itertools.product(shapes, ("*i64:D", "*i64")):
         cfg, block_n = indexer_config(arch, heads, dim, 2)
         for block in AOT_CANDIDATE_BLOCKS if in_blocks else (0,):
             keys = {"keys_ptr": "*u8:D", "rows_ptr": "*i64:D"} if packed else {"keys_ptr": "*bf16:D"}
-            sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", **keys, "seq_ptr": "*i64:D", "limit_ptr": "*i64:D",
+            sig = {"q_ptr": "*bf16:D", "w_ptr": "*bf16:D", **keys, "seq_ptr": seq, "limit_ptr": "*i64:D",
                    "scores_ptr": "*fp32:D"}
             const = _constexprs(heads, dim, block_n, False, block, packed)
             if not packed:
