@@ -5,12 +5,17 @@ Each step the runner asks the drafter for ``k`` tokens per decoding request (:me
 not change the context), verifies them with the target in one forward, and then appends the captured target
 features of the accepted positions to the drafter's context (:meth:`Drafter.extend`).  Rejected positions are
 never extended, so the drafter has nothing to roll back.
+
+A drafter whose greedy draft pass has fixed shapes once its batch is padded may also be a :class:`GraphDrafter`;
+the runner then captures that pass per (batch bucket, k) through the backend's graph service
+(:mod:`deepinfer.runner.draft_graphs`), as it captures a :class:`~deepinfer.models.base.GraphDecodable` model's
+decode steps.  The capability is optional, so a drafter that cannot offer it (or a stand-in) stays eager.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -61,4 +66,26 @@ class Drafter(Protocol):
 
     def free(self, slot: int) -> None:
         """Forget the slot's context (the request finished or was preempted)."""
+        ...
+
+
+@runtime_checkable
+class GraphDrafter(Protocol):
+    """A drafter whose greedy draft pass the runner can capture and replay (optional, next to :class:`Drafter`).
+
+    ``draft_inputs`` is the host side (checks, and the requests as one int64 tensor padded to ``bucket`` rows);
+    ``draft_forward`` is the device side, reading only that tensor (which the runner keeps in a static buffer)
+    and the drafter's context, with no host synchronisation.  For greedy requests ``draft`` must give what
+    ``draft_forward`` gives on the same rows, bit for bit where the backend's ops are batch invariant.
+    """
+
+    def draft_inputs(self, requests: list[DraftRequest], bucket: int) -> torch.Tensor:
+        """Host int64 ``[bucket, C]``: one row per request, then padding rows that read only the null slot 0
+        (never handed out) and whose drafts nobody reads.  All-zero rows must be valid padding (capture runs on
+        them)."""
+        ...
+
+    def draft_forward(self, inputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens ``[bucket, k]`` int64, confidence ``[bucket, k]`` fp32): greedy drafts of ``inputs`` (from
+        ``draft_inputs``, on the device); must not change the context."""
         ...

@@ -12,7 +12,8 @@ Every block position is a prediction ("anchor as first prediction": position j d
 block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
 target's.  The layers are :class:`~.model.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
 :meth:`~.attention.Attention.block` and :meth:`~.attention.Attention.latents`; the MoE, mHC and norms are the
-backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter`.
+backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter` and its optional
+:class:`~deepinfer.spec.drafter.GraphDrafter` (greedy drafts captured per (batch bucket, k)).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from deepinfer.models.deepseek_v41.model import DecoderLayer, DeepseekV41ForCaus
 from deepinfer.models.deepseek_v41.roles import SWA
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
-from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts
+from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter
 
 Stored = torch.Tensor | QuantizedTensor
 
@@ -105,14 +106,45 @@ class DSparkDrafter:
         """Give slot ``dst`` a copy of slot ``src``'s context (``n > 1`` forks)."""
         self.context.fork(src, dst)
 
-    # --- drafting --------------------------------------------------------------------------------------------
+    # --- drafting ---------------------------------------------------------------------------------------------
     def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
         """k drafts per request, drawn left to right; the context is not changed."""
+        self._check_k(k)
+        inputs = self.draft_inputs(requests, len(requests)).to(self.device)
+        return self._drafts(inputs, k, [r.temperature for r in requests], [r.generator for r in requests])
+
+    def draft_inputs(self, requests: list[DraftRequest], bucket: int) -> torch.Tensor:
+        """Host int64 [bucket, 3]: (slot, anchor, anchor position) per request, then all-zero padding rows.  A
+        padding row reads slot 0 at position 0, where no context row is valid (it holds positions < 0 only), so
+        it attends to its own block alone (:class:`deepinfer.spec.drafter.GraphDrafter`)."""
+        if bucket < len(requests):
+            raise ValueError(f"draft_inputs: {len(requests)} requests do not fit a bucket of {bucket} rows")
+        for r in requests:
+            self.context.check_slot(r.slot)
+        rows = [[r.slot, r.anchor, r.position] for r in requests] + [[0, 0, 0]] * (bucket - len(requests))
+        return torch.tensor(rows, dtype=torch.int64).view(bucket, 3)
+
+    def draft_forward(self, inputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy (tokens [bucket, k], confidence [bucket, k]) of ``draft_inputs`` rows on the device: fixed shapes,
+        no host data, so the runner can capture it per (bucket, k)."""
+        self._check_k(k)
+        b = inputs.shape[0]
+        drafts = self._drafts(inputs, k, [0.0] * b, [None] * b)
+        return drafts.tokens, drafts.confidence
+
+    def block(self, requests: list[DraftRequest], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The parallel pass: (hidden before the final norm [B, k, D], base logits [B, k, V] fp32)."""
+        return self._block(self.draft_inputs(requests, len(requests)).to(self.device), k)
+
+    def _check_k(self, k: int) -> None:
         if not 1 <= k <= self.max_draft_len:
             raise ValueError(f"k must be in [1, {self.max_draft_len}] (dspark_block_size), got {k}")
-        hidden, logits = self.block(requests, k)
-        prev = torch.tensor([r.anchor for r in requests], dtype=torch.int64).to(self.device)
-        temps, gens = [r.temperature for r in requests], [r.generator for r in requests]
+
+    def _drafts(self, inputs: torch.Tensor, k: int, temps: list[float], gens: list[torch.Generator | None]
+                ) -> Drafts:
+        """The parallel pass over ``inputs`` [B, 3] (device), then the k drafts drawn left to right."""
+        hidden, logits = self._block(inputs, k)
+        prev = inputs[:, 1].contiguous()
         tokens, confidence, probs = [], [], []
         for j in range(k):
             code, bias = self.markov(prev)
@@ -123,13 +155,10 @@ class DSparkDrafter:
         stacked = None if any(q is None for q in probs) else torch.stack(probs, dim=1)  # type: ignore[arg-type]
         return Drafts(torch.stack(tokens, dim=1), stacked, torch.stack(confidence, dim=1))
 
-    def block(self, requests: list[DraftRequest], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The parallel pass: (hidden before the final norm [B, k, D], base logits [B, k, V] fp32)."""
-        ops, cfg, b = self.ops, self.config, len(requests)
-        for r in requests:
-            self.context.check_slot(r.slot)
-        host = torch.tensor([[r.slot, r.anchor, r.position] for r in requests], dtype=torch.int64).to(self.device)
-        slots, anchors, starts = host[:, 0], host[:, 1], host[:, 2]
+    def _block(self, inputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`block` of ``draft_inputs`` rows [B, 3] on the device."""
+        ops, cfg, b = self.ops, self.config, inputs.shape[0]
+        slots, anchors, starts = inputs[:, 0], inputs[:, 1], inputs[:, 2]
         ids = torch.full((b, k), cfg.dspark_noise_token_id, dtype=torch.int64, device=self.device)
         ids[:, 0] = anchors
         ids = ids.flatten()
@@ -173,4 +202,9 @@ def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> C
 
 def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:
     """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.Drafter`."""
+    return drafter
+
+
+def _implements_graph_drafting(drafter: DSparkDrafter) -> GraphDrafter:
+    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.GraphDrafter`."""
     return drafter
