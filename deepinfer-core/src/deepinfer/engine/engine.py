@@ -30,11 +30,12 @@ from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, Sequence
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
+from deepinfer.runner.draft_graphs import DraftGraphs
 from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
 from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import Drafter
+from deepinfer.spec.drafter import Drafter, GraphDrafter
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Engine:
         self.lock = threading.Lock()
         #: Speculative decoding's drafter, when it is on (:meth:`set_drafter`).
         self.drafter: Drafter | None = None
+        self._draft_graphs: DraftGraphs | None = None  # the captured draft passes of the last graph drafter
         if drafter is not None:
             self.set_drafter(drafter)
 
@@ -114,8 +116,24 @@ class Engine:
                         "confidence-scheduled verification" if policy.varlen else "every draft verified")
         self.drafter = drafter
         self.runner.drafter = drafter
+        self._set_draft_graphs(drafter)
         self.scheduler.spec = policy
         self.state_cache.on_release = self._forget_draft_context if drafter is not None else None
+
+    def _set_draft_graphs(self, drafter: Drafter | None) -> None:
+        """Capture greedy draft passes where decode steps are captured (not ``enforce_eager``) and the drafter
+        offers it (:class:`~deepinfer.spec.drafter.GraphDrafter`).  The captures of the last such drafter are
+        kept while speculation is off, so turning the same drafter on again does not capture again."""
+        runner, kept = self.runner, self._draft_graphs
+        runner.draft_graphs = None
+        if drafter is None or runner.decode_graphs is None or not isinstance(drafter, GraphDrafter):
+            return
+        if kept is None or kept.drafter is not drafter:
+            if kept is not None:
+                kept.close()
+            kept = self._draft_graphs = DraftGraphs(drafter, runner.backend, self.model.device,
+                                                    self.config.max_num_seqs)
+        runner.draft_graphs = kept
 
     def _forget_draft_context(self, state: SequenceState) -> None:
         slot = getattr(state, "slot", None)

@@ -188,8 +188,8 @@ class LLM:
         """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
 
         Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
-        really captures, e.g. CUDA): draft and verify steps run eagerly, which can be slower than captured plain
-        decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
+        really captures, e.g. CUDA): verify steps (and sampled drafts) run eagerly, which can be slower than
+        captured plain decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
         if envs.nextn_decode() == 0:
             return
         drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
@@ -207,7 +207,7 @@ class LLM:
             return
         captures = type(backend).graph_capture is not Backend.graph_capture
         if captures and self.engine.runner.decode_graphs is not None and not envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
-            logger.info("speculative decoding off by default on backend %r: its draft and verify steps are not "
+            logger.info("speculative decoding off by default on backend %r: its verify steps are not "
                         "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE=1..%d to use the checkpoint's drafter",
                         backend.name, drafter.max_draft_len)
             return

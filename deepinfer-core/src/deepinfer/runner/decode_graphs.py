@@ -31,7 +31,8 @@ class DecodableModel(CausalLM, GraphDecodable, Protocol):
 _ALIGN = 2
 
 
-def _bucket(n: int, smallest: int = 1) -> int:
+def bucket_size(n: int, smallest: int = 1) -> int:
+    """The smallest power-of-two multiple of ``smallest`` that holds ``n`` (batch and length buckets)."""
     size = smallest
     while size < n:
         size *= 2
@@ -80,9 +81,9 @@ class DecodeGraphs:
 
     def buckets(self, states: list[SequenceState]) -> tuple[int, int]:
         """(rows, tokens) a step of ``states`` is padded to."""
-        rows = min(_bucket(len(states)), self.max_seqs)
+        rows = min(bucket_size(len(states)), self.max_seqs)
         longest = max(s.num_tokens for s in states) + 1
-        return rows, min(_bucket(longest, self.MIN_TOKENS), self.max_tokens)
+        return rows, min(bucket_size(longest, self.MIN_TOKENS), self.max_tokens)
 
     def run(self, states: list[SequenceState], input_ids: list[int],
             feed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -17,6 +17,7 @@ from deepinfer.backends import Backend
 from deepinfer.models.base import CausalLM, ForwardBatch, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.runner.decode_graphs import DecodeGraphs
+from deepinfer.runner.draft_graphs import DraftGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.spec.drafter import Drafter
 from deepinfer.step import PLACEHOLDER, PromptScoring, RunnerOutput, ScheduledSample, StepInput, TokenLogprobs
@@ -67,6 +68,9 @@ class ModelRunner:
         self.decode_graphs = decode_graphs
         #: Speculative decoding's drafter (set by the engine); every step then runs ``launch_speculative``.
         self.drafter: Drafter | None = None
+        #: Replays the drafter's greedy draft passes from captured graphs (set with the drafter when the engine
+        #: captures decode steps and the drafter is a ``GraphDrafter``); None = drafts run eagerly.
+        self.draft_graphs: DraftGraphs | None = None
         #: Benchmarks only (``tools/bench_dspark.py``): a mean acceptance length L (tokens per verify step); each
         #: step then accepts L - 1 drafts (alternating floor and ceil) whatever the target says.  Lossy.
         self.forced_acceptance: float | None = None

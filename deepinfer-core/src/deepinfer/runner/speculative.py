@@ -1,8 +1,9 @@
 """A step with a drafter: draft, feed the drafts after each anchor in one target forward, verify, undo the rest.
 
 1. The drafter proposes ``chunk.num_drafts`` tokens per speculating sequence (from its context, which holds the
-   target features of every position the sequence has had accepted).  A grammar keeps the leading drafts it
-   allows.
+   target features of every position the sequence has had accepted); a step whose requests are all greedy
+   replays a captured draft pass when the runner has :class:`~deepinfer.runner.draft_graphs.DraftGraphs`.  A
+   grammar keeps the leading drafts it allows.
 2. One ragged forward runs every chunk with its drafts appended (the model already takes several tokens per
    sequence); states of speculating sequences are checkpointed first (:class:`~deepinfer.models.base.Rewindable`).
 3. :func:`deepinfer.spec.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
@@ -78,7 +79,11 @@ def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledS
                                      row.params.temperature if sampled else 0.0,
                                      draft_generator(row.seed, position, device) if sampled else None))
     k_max = max(step.chunks[i].num_drafts for i in chosen)
-    drafts: Drafts = runner.drafter.draft(requests, k_max)
+    graphs = runner.draft_graphs
+    if graphs is not None and all(r.temperature == 0 for r in requests):  # greedy: a captured draft pass
+        drafts = graphs.run(requests, k_max)
+    else:
+        drafts = runner.drafter.draft(requests, k_max)
     drafts.tokens = drafts.tokens[:, :k_max].clamp(0, vocab - 1)
     specs = [_Spec(i, per_chunk[i][0], n, step.chunks[i].num_drafts) for n, i in enumerate(chosen)]
     wanted = [s for s in specs if s.sample.row.grammar is not None or s.sample.row.params.has_penalties]

@@ -1,0 +1,97 @@
+"""Greedy draft passes replayed from captured graphs, one per (batch bucket, k).
+
+A :class:`~deepinfer.spec.drafter.GraphDrafter`'s greedy draft pass has fixed shapes once its requests are padded
+to a bucket of rows: the drafter reads one int64 tensor (``draft_inputs``: a row per request) and its own context.
+The first draft of a (bucket, k) captures ``draft_forward`` through the backend's graph service
+(``Backend.graph_capture``: CUDA graphs on NVIDIA, plain re-execution on the CPU) against a static input buffer;
+every later one copies its rows into that buffer (one host-to-device copy) and replays.  Capture runs on all-zero
+rows, padding that reads only the null slot, and drafting writes nothing, so capturing changes no context.
+Requests that sample (temperature > 0, with their own generators) are drafted eagerly by the runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.backends import Backend
+from deepinfer.runner.decode_graphs import bucket_size
+from deepinfer.spec.drafter import DraftRequest, Drafts, GraphDrafter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _DraftGraph:
+    inputs: torch.Tensor  # [bucket, C] int64 on the device: the static input
+    #: Two host copies of ``inputs`` (Backend.host_buffer: pinned on CUDA), used in turn, so a copy still queued
+    #: from the previous draft is never overwritten (as :class:`~deepinfer.runner.decode_graphs.DecodeGraphs`).
+    staging: tuple[torch.Tensor, torch.Tensor]
+    replay: Callable[[], object]
+    outputs: list[torch.Tensor]  # (tokens, confidence) [bucket, k]; a captured graph rewrites them in place
+    turn: int = 0
+
+    def stage(self, host: torch.Tensor) -> None:
+        staging = self.staging[self.turn]
+        self.turn ^= 1
+        staging.copy_(host.flatten())
+        self.inputs.copy_(staging.view(self.inputs.shape), non_blocking=True)
+
+
+class DraftGraphs:
+    """Captures and replays ``drafter``'s greedy draft passes on ``backend``'s ``device``."""
+
+    def __init__(self, drafter: GraphDrafter, backend: Backend, device: torch.device, max_seqs: int):
+        self.drafter, self.backend, self.device, self.max_seqs = drafter, backend, device, max_seqs
+        self._graphs: dict[tuple[int, int], _DraftGraph] = {}
+        #: Set when a capture failed: every greedy draft then runs eagerly on the same static buffers (exact).
+        self.eager_reason: str | None = None
+        self._exit = contextlib.ExitStack()
+        self._capture = self._exit.enter_context(backend.graph_capture(device))
+
+    def bucket(self, n: int) -> int:
+        """Rows a draft of ``n`` requests is padded to (``n`` itself beyond ``max_seqs``)."""
+        return max(n, min(bucket_size(n), self.max_seqs))
+
+    def run(self, requests: list[DraftRequest], k: int) -> Drafts:
+        """Greedy drafts of ``requests`` (every temperature 0): tokens and confidence ``[len(requests), k]``,
+        views of the graph's outputs, valid until the next draft of the same (bucket, k)."""
+        if any(r.temperature > 0 for r in requests):
+            raise ValueError("DraftGraphs.run drafts greedy requests only (sampled ones draft eagerly)")
+        rows = self.bucket(len(requests))
+        host = self.drafter.draft_inputs(requests, rows)
+        graph = self._graphs.get((rows, k))
+        if graph is None:
+            graph = self._graphs[rows, k] = self._capture_graph(host, k)
+        graph.stage(host)
+        graph.replay()
+        tokens, confidence = graph.outputs
+        return Drafts(tokens[: len(requests)], None, confidence[: len(requests)])
+
+    def _capture_graph(self, host: torch.Tensor, k: int) -> _DraftGraph:
+        inputs = torch.zeros(host.shape, dtype=torch.int64, device=self.device)
+        out: list[torch.Tensor] = []
+
+        def step() -> None:
+            out[:] = list(self.drafter.draft_forward(inputs, k))
+
+        staging = (self.backend.host_buffer(host.numel(), torch.int64),
+                   self.backend.host_buffer(host.numel(), torch.int64))
+        replay: Callable[[], object] = step
+        if self.eager_reason is None:
+            try:
+                replay = self._capture(step)
+            except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager drafts
+                self.eager_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                logger.warning("capturing a draft pass failed (%s); greedy drafts run eagerly from now on",
+                               self.eager_reason)
+                replay = step
+        return _DraftGraph(inputs, staging, replay, out)
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self._exit.close()
