@@ -190,10 +190,16 @@ def graphs_line(llm, rows: list[dict[str, object]]) -> str:
     how = "captured (CUDA graphs)" if captures else "re-executed (this backend does not capture)"
     line = (f"decode graphs {how} on backend {type(backend).__name__}: plain decoding replayed "
             f"{total('plain', 'graph_steps')} of its {total('plain', 'steps')} steps (the rest: prefills); "
-            f"speculative decoding {total('spec', 'graph_steps')} of {total('spec', 'steps')} (draft and verify "
-            f"run eagerly)")
+            f"speculative decoding {total('spec', 'graph_steps')} of {total('spec', 'steps')} (verify runs eagerly)")
     if graphs.eager_reason:
         line += f"; a capture failed, decode steps ran eagerly: {graphs.eager_reason}"
+    drafts = getattr(engine, "_draft_graphs", None)
+    if drafts is None:
+        line += "; draft passes eager (the drafter is not a GraphDrafter)"
+    else:
+        line += f"; greedy draft passes {how} per (bucket, k): {sorted(drafts._graphs)}"
+        if drafts.eager_reason:
+            line += f" (a capture failed, they ran eagerly: {drafts.eager_reason})"
     return line
 
 
