@@ -107,30 +107,40 @@ class MoeCandidate:
     warps: int
     stages: int
     row_loop: bool = True
+    tma: bool = False  #: row loop only: weight tiles by TMA, ``stages`` deep
 
     def label(self) -> str:
         return f"{self.kernel:4s} n{self.n:<3d} k{self.k:<4d} w{self.warps} s{self.stages} " + (
-            "row-loop" if self.row_loop else "tl.dot")
+            "row-loop" if self.row_loop else "tl.dot") + (" tma" if self.tma else "")
 
 
-def moe_candidates(tiny: bool) -> list[MoeCandidate]:
-    """The config's row-loop tiles and moe_experts' 16-row tl.dot tier first, then row-loop variants."""
+def moe_candidates(tiny: bool, forms: str = "all") -> list[MoeCandidate]:
+    """The config's row-loop tiles and moe_experts' 16-row tl.dot tier first; then TMA row loops (the config's
+    tiles at 2..4 stages, then a grid at 3 stages), then pointer-load row-loop variants (``forms``: as for FP8)."""
     from deepinfer_cuda.arch import SM90A, moe_experts_config, moe_mxfp4_config
 
     h, i = (TINY_MOE if tiny else MOE)[:2]
     out = []
     for tiles in (moe_mxfp4_config(SM90A, 0, h, i), None):
         t = tiles.tiles if tiles else moe_experts_config(SM90A, 0, h, i)
-        loop = tiles.row_loop if tiles else False
-        out += [MoeCandidate("up", t.up_block_n, t.up_block_k, t.up.num_warps, t.up.num_stages, loop),
-                MoeCandidate("down", t.down_block_n, t.down_block_k, t.down.num_warps, t.down.num_stages, loop)]
+        loop, tma = (tiles.row_loop, tiles.tma) if tiles else (False, False)
+        out += [MoeCandidate("up", t.up_block_n, t.up_block_k, t.up.num_warps, t.up.num_stages, loop, tma),
+                MoeCandidate("down", t.down_block_n, t.down_block_k, t.down.num_warps, t.down.num_stages, loop, tma)]
     if tiny:
-        return out + [MoeCandidate("up", 16, 32, 4, 1), MoeCandidate("down", 16, 32, 4, 1)]
-    for kernel, ns in (("up", (8, 16, 32)), ("down", (16, 32, 64))):
-        for n, k, w in itertools.product(ns, (256, 512, 1024), (4, 8)):
-            c = MoeCandidate(kernel, n, k, w, 1)
-            if c not in out and n * k // 2 * (2 if kernel == "up" else 1) <= 32 * 32 * w * 16:
-                out.append(c)
+        grid = [MoeCandidate("up", 16, 32, 4, 2, tma=True), MoeCandidate("down", 16, 64, 4, 2, tma=True),
+                MoeCandidate("up", 16, 32, 4, 1), MoeCandidate("down", 16, 32, 4, 1)]
+    else:
+        grid = [MoeCandidate(c.kernel, c.n, c.k, c.warps, st, tma=True) for c in out[:2] for st in (2, 3, 4)]
+        for kernel, ns in (("up", (8, 16, 32)), ("down", (16, 32, 64))):
+            grid += [MoeCandidate(kernel, n, k, w, 3, tma=True)
+                     for n, k, w in itertools.product(ns, (256, 512, 1024), (4,))]
+        for kernel, ns in (("up", (8, 16, 32)), ("down", (16, 32, 64))):
+            grid += [MoeCandidate(kernel, n, k, w, 1) for n, k, w in itertools.product(ns, (256, 512, 1024), (4, 8))]
+    for c in grid:
+        wanted = forms == "all" or c.tma == (forms == "tma")
+        fits = c.n * c.k // 2 * (2 if c.kernel == "up" else 1) <= 32 * 32 * c.warps * 16  # bytes a step, registers
+        if c not in out and wanted and (tiny or fits):
+            out.append(c)
     return out
 
 
@@ -148,7 +158,7 @@ def moe_tiles(c: MoeCandidate, tiny: bool):
         t = dataclasses.replace(t, up=cfg, up_block_n=c.n, up_block_k=c.k)
     else:
         t = dataclasses.replace(t, down=cfg, down_block_n=c.n, down_block_k=c.k)
-    return Mxfp4Tiles(t, row_loop=c.row_loop)
+    return Mxfp4Tiles(t, row_loop=c.row_loop, tma=c.tma)  # (tma: both kernels; only ``c.kernel`` is timed)
 
 
 # --- problems ---------------------------------------------------------------------------------------------------
@@ -369,22 +379,24 @@ def summary(rows: list[dict], moe_shape: tuple[int, ...]) -> None:
     tokens = sorted({r["tokens"] for r in moe})
     totals: dict[tuple, dict[int, float]] = {}
     for r in moe:
-        key = (r["row_loop"], r["kernel"], r["n"], r["k"], r["warps"], r["stages"])
+        key = (r["row_loop"], r.get("tma", False), r["kernel"], r["n"], r["k"], r["warps"], r["stages"])
         totals.setdefault(key, {})[r["tokens"]] = r["us"]
     full = {key: sum(t.values()) for key, t in totals.items() if len(t) == len(tokens)}
     pairs = []
-    for loop in (True, False):  # both kernels take one form (they share the plan's blocks)
-        up = [key for key in full if key[:2] == (loop, "up")]
-        down = [key for key in full if key[:2] == (loop, "down")]
+    # both kernels take one form (they share the plan's blocks; Mxfp4Tiles.tma is both kernels' too)
+    for form in ((True, False), (True, True), (False, False)):
+        up = [key for key in full if key[:3] == (*form, "up")]
+        down = [key for key in full if key[:3] == (*form, "down")]
         if up and down:
             u, d = min(up, key=full.__getitem__), min(down, key=full.__getitem__)
             pairs.append((full[u] + full[d], u, d))
     h, i = moe_shape[:2]
     for total, u, d in sorted(pairs):
-        form = "row-loop" if u[0] else "tl.dot (moe_experts_config's 16-row tier)"
-        print(f"best MXFP4 {form}: {total:.1f} us over T={tokens} (up {full[u]:.1f} + down {full[d]:.1f}):\n"
-              f"    ({h}, {i}): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps={u[4]}, num_stages={u[5]}), {u[2]}, "
-              f"{u[3]}, LaunchConfig(num_warps={d[4]}, num_stages={d[5]}), {d[2]}, {d[3]}), row_loop={u[0]}),")
+        name = ("row-loop, TMA" if u[1] else "row-loop") if u[0] else "tl.dot (moe_experts_config's 16-row tier)"
+        tma = ", tma=True" if u[1] else ""
+        print(f"best MXFP4 {name}: {total:.1f} us over T={tokens} (up {full[u]:.1f} + down {full[d]:.1f}):\n"
+              f"    ({h}, {i}): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps={u[5]}, num_stages={u[6]}), {u[3]}, "
+              f"{u[4]}, LaunchConfig(num_warps={d[5]}, num_stages={d[6]}), {d[3]}, {d[4]}), row_loop={u[0]}{tma}),")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -415,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     fp8_cases = [] if args.skip == "fp8" else [Fp8Case(n, k, g, r) for n, k, g in shapes for r in rows_list]
     fp8_cands = {case: fp8_candidates(case, args.tiny, args.forms) for case in fp8_cases}
     tokens = [] if args.skip == "mxfp4" else ([1, 4] if args.tiny else [int(t) for t in args.tokens.split(",")])
-    moe_cands = moe_candidates(args.tiny) if tokens else []
+    moe_cands = moe_candidates(args.tiny, args.forms) if tokens else []
 
     failed: set = set()
     if not args.tiny:  # 1. compile every candidate in parallel (workers fill Triton's disk cache)

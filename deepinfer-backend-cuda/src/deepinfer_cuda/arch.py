@@ -229,6 +229,9 @@ class Mxfp4Tiles:
 
     tiles: MoeTiles
     row_loop: bool = False
+    #: row loop only: the weight byte tiles come by TMA (descriptors over the packed weights), each kernel's K loop
+    #: pipelined its ``num_stages`` deep, instead of pointer loads; the same math
+    tma: bool = False
 
 
 #: Measured MXFP4 decode tiles below one slot per expert, (hidden, inter) -> tiles; a shape not listed gets
