@@ -3,13 +3,15 @@
 
     python tools/sweep_quant_decode.py                  # V4.1-Flash: FP8 projections at 1 and 16 rows, MXFP4 experts
     python tools/sweep_quant_decode.py --shapes all --budget 300 --json sweep.json   # every AOT shape of the FP8 GEMM
+    python tools/sweep_quant_decode.py --forms tma      # the FP8 config's tiles against TMA weight tiles only
     TRITON_INTERPRET=1 python tools/sweep_quant_decode.py --tiny                     # CPU: tiny shapes (the test's)
 
 FP8 (``fp8_block_linear`` / ``_grouped``, 128x128 ue8m0 blocks): for each (N, K, groups) of
 ``fp8_block_linear.AOT_SHAPES`` (default: V4.1-Flash's) and each row tier (1 row; 16 rows for the 63-row tier),
 every candidate ``arch.Fp8DecodeTile`` (row loop or 16-row tl.dot tiles, column tile, reduction step, split-K,
-warps, stages; ``arch.fp8_linear_config``'s own first) runs the whole op (and the split-K sum) from a CUDA graph
-over enough copies of the weight that L2 holds none of them (each layer's weights are cold in a real step).
+warps, stages, pointer or TMA weight loads; ``arch.fp8_linear_config``'s own first, then the TMA tiles) runs the
+whole op (and the split-K sum) from a CUDA graph over enough copies of the weight that L2 holds none of them (each
+layer's weights are cold in a real step).
 MXFP4 experts (top-6 of 384, hidden 5120, intermediate 2304) at 1 and 16 tokens: each candidate of the up and of
 the down kernel is timed alone, over several routings.  Every row: µs per call, the bytes it must read (weights,
 scales, activations) and their share of the measured copy bandwidth; ``err``: max |ours - reference| / max
@@ -61,20 +63,29 @@ class Fp8Case:
         return f"fp8 {self.n}x{self.k}{f'x{self.groups}g' if self.groups > 1 else ''} m{self.rows}"
 
 
-def fp8_candidates(case: Fp8Case, tiny: bool) -> list:
-    """The config's tile first, then row loops (1 row) or tl.dot tiles (16 rows), pruned to sane program counts."""
+def fp8_candidates(case: Fp8Case, tiny: bool, forms: str = "all") -> list:
+    """The config's tile first; then TMA weight tiles (the config's tile at 2..4 stages, then a grid at 3 stages:
+    TMA needs stages to keep bytes in flight), then pointer-load row loops (1 row) or tl.dot tiles (16 rows); all
+    pruned to sane program counts.  ``forms``: "tma" or "pointer" keeps the config's tile and that form's only."""
     from deepinfer_cuda.arch import SM90A, Fp8DecodeTile, fp8_linear_config
 
     base = fp8_linear_config(SM90A, case.rows, case.n, case.k, case.groups, 128, 2)
     out = [Fp8DecodeTile(base.row_loop, base.block_n, base.block_k, base.split_k, base.config.num_warps,
-                         base.config.num_stages)]
+                         base.config.num_stages, base.tma)]
+    as_tma = [(base.row_loop, base.block_n, base.block_k, base.split_k, base.config.num_warps, st, True)
+              for st in (2, 3, 4)]
     if tiny:
-        grid = [(True, 4, 128, 2, 4, 1), (False, 16, 64, 3, 4, 1), (False, 32, 128, 1, 4, 2)]
+        grid = [(True, 4, 128, 2, 4, 2, True), (False, 16, 64, 3, 4, 2, True), (True, 4, 128, 2, 4, 1),
+                (False, 16, 64, 3, 4, 1), (False, 32, 128, 1, 4, 2)]
     elif case.rows == 1:  # 8 warps for the widest steps only
-        grid = [(True, bn, bk, s, 8 if bk == 2048 else 4, 1)
-                for bk, s, bn in itertools.product((1024, 512, 2048), (1, 2, 4), (4, 8, 2, 16))]
+        grid = as_tma + [(True, bn, bk, s, 8 if bk == 2048 else 4, 3, True)
+                         for bk, s, bn in itertools.product((1024, 512, 2048), (1, 2), (4, 8, 16))]
+        grid += [(True, bn, bk, s, 8 if bk == 2048 else 4, 1)
+                 for bk, s, bn in itertools.product((1024, 512, 2048), (1, 2, 4), (4, 8, 2, 16))]
     else:
-        grid = [(False, bn, bk, s, 4, 1) for bk, s, bn in itertools.product((512, 256, 1024), (1, 2, 4), (16, 32, 64))]
+        grid = as_tma + [(False, bn, bk, s, 4, 3, True)
+                         for bk, s, bn in itertools.product((256, 512), (1, 2, 4), (16, 32, 64))]
+        grid += [(False, bn, bk, s, 4, 1) for bk, s, bn in itertools.product((512, 256, 1024), (1, 2, 4), (16, 32, 64))]
     cols = case.n * case.groups
     for c in grid:
         tile = Fp8DecodeTile(*c)
@@ -82,7 +93,8 @@ def fp8_candidates(case: Fp8Case, tiny: bool) -> list:
         programs = -(-cols // tile.block_n) * min(tile.split_k, steps)
         waste = steps * tile.block_k / case.k - 1  # masked columns of the last step
         regs = tile.block_n * tile.block_k / (32 * tile.num_warps)  # weight values a thread holds
-        if tile not in out and (tiny or (132 <= programs <= 16384 and waste <= 0.25 and regs <= 128)):
+        wanted = forms == "all" or tile.tma == (forms == "tma")
+        if tile not in out and wanted and (tiny or (132 <= programs <= 16384 and waste <= 0.25 and regs <= 128)):
             out.append(tile)
     return out
 
@@ -95,30 +107,40 @@ class MoeCandidate:
     warps: int
     stages: int
     row_loop: bool = True
+    tma: bool = False  #: row loop only: weight tiles by TMA, ``stages`` deep
 
     def label(self) -> str:
         return f"{self.kernel:4s} n{self.n:<3d} k{self.k:<4d} w{self.warps} s{self.stages} " + (
-            "row-loop" if self.row_loop else "tl.dot")
+            "row-loop" if self.row_loop else "tl.dot") + (" tma" if self.tma else "")
 
 
-def moe_candidates(tiny: bool) -> list[MoeCandidate]:
-    """The config's row-loop tiles and moe_experts' 16-row tl.dot tier first, then row-loop variants."""
+def moe_candidates(tiny: bool, forms: str = "all") -> list[MoeCandidate]:
+    """The config's row-loop tiles and moe_experts' 16-row tl.dot tier first; then TMA row loops (the config's
+    tiles at 2..4 stages, then a grid at 3 stages), then pointer-load row-loop variants (``forms``: as for FP8)."""
     from deepinfer_cuda.arch import SM90A, moe_experts_config, moe_mxfp4_config
 
     h, i = (TINY_MOE if tiny else MOE)[:2]
     out = []
     for tiles in (moe_mxfp4_config(SM90A, 0, h, i), None):
         t = tiles.tiles if tiles else moe_experts_config(SM90A, 0, h, i)
-        loop = tiles.row_loop if tiles else False
-        out += [MoeCandidate("up", t.up_block_n, t.up_block_k, t.up.num_warps, t.up.num_stages, loop),
-                MoeCandidate("down", t.down_block_n, t.down_block_k, t.down.num_warps, t.down.num_stages, loop)]
+        loop, tma = (tiles.row_loop, tiles.tma) if tiles else (False, False)
+        out += [MoeCandidate("up", t.up_block_n, t.up_block_k, t.up.num_warps, t.up.num_stages, loop, tma),
+                MoeCandidate("down", t.down_block_n, t.down_block_k, t.down.num_warps, t.down.num_stages, loop, tma)]
     if tiny:
-        return out + [MoeCandidate("up", 16, 32, 4, 1), MoeCandidate("down", 16, 32, 4, 1)]
-    for kernel, ns in (("up", (8, 16, 32)), ("down", (16, 32, 64))):
-        for n, k, w in itertools.product(ns, (256, 512, 1024), (4, 8)):
-            c = MoeCandidate(kernel, n, k, w, 1)
-            if c not in out and n * k // 2 * (2 if kernel == "up" else 1) <= 32 * 32 * w * 16:
-                out.append(c)
+        grid = [MoeCandidate("up", 16, 32, 4, 2, tma=True), MoeCandidate("down", 16, 64, 4, 2, tma=True),
+                MoeCandidate("up", 16, 32, 4, 1), MoeCandidate("down", 16, 32, 4, 1)]
+    else:
+        grid = [MoeCandidate(c.kernel, c.n, c.k, c.warps, st, tma=True) for c in out[:2] for st in (2, 3, 4)]
+        for kernel, ns in (("up", (8, 16, 32)), ("down", (16, 32, 64))):
+            grid += [MoeCandidate(kernel, n, k, w, 3, tma=True)
+                     for n, k, w in itertools.product(ns, (256, 512, 1024), (4,))]
+        for kernel, ns in (("up", (8, 16, 32)), ("down", (16, 32, 64))):
+            grid += [MoeCandidate(kernel, n, k, w, 1) for n, k, w in itertools.product(ns, (256, 512, 1024), (4, 8))]
+    for c in grid:
+        wanted = forms == "all" or c.tma == (forms == "tma")
+        fits = c.n * c.k // 2 * (2 if c.kernel == "up" else 1) <= 32 * 32 * c.warps * 16  # bytes a step, registers
+        if c not in out and wanted and (tiny or fits):
+            out.append(c)
     return out
 
 
@@ -136,7 +158,7 @@ def moe_tiles(c: MoeCandidate, tiny: bool):
         t = dataclasses.replace(t, up=cfg, up_block_n=c.n, up_block_k=c.k)
     else:
         t = dataclasses.replace(t, down=cfg, down_block_n=c.n, down_block_k=c.k)
-    return Mxfp4Tiles(t, row_loop=c.row_loop)
+    return Mxfp4Tiles(t, row_loop=c.row_loop, tma=c.tma)  # (tma: both kernels; only ``c.kernel`` is timed)
 
 
 # --- problems ---------------------------------------------------------------------------------------------------
@@ -276,7 +298,7 @@ def sweep_fp8(cases: list[Fp8Case], cands: dict, failed: set, tiny: bool, deadli
 
 def cand_label(t) -> str:
     return (f"{'row-loop' if t.row_loop else 'tl.dot  '} n{t.block_n:<3d} k{t.block_k:<5d} split{t.split_k} "
-            f"w{t.num_warps} s{t.num_stages}")
+            f"w{t.num_warps} s{t.num_stages}{' tma' if t.tma else ''}")
 
 
 def sweep_moe(tokens_list: list[int], cands: list[MoeCandidate], failed: set, tiny: bool, deadline, rows_out: list,
@@ -349,29 +371,32 @@ def summary(rows: list[dict], moe_shape: tuple[int, ...]) -> None:
         best = min(good, key=lambda r: r["us"])
         default = next((r for r in mine if r["default"]), best)
         roof = f", {100 * best['bytes'] / bw / (best['us'] * 1e-6):.0f}% of copy" if bw else ""
+        tma = ", tma=True" if best.get("tma") else ""
         print(f"    ({n}, {k}, {g}, {tier}): Fp8DecodeTile({best['row_loop']}, {best['block_n']}, {best['block_k']}, "
-              f"{best['split_k']}, {best['num_warps']}, {best['num_stages']}),  # m{m}: {best['us']:.2f} us{roof} "
+              f"{best['split_k']}, {best['num_warps']}, {best['num_stages']}{tma}),  # m{m}: {best['us']:.2f} us{roof} "
               f"(default {default['us']:.2f})")
     moe = [r for r in rows if r["op"] == "mxfp4" and r["err"] <= BAD]
     tokens = sorted({r["tokens"] for r in moe})
     totals: dict[tuple, dict[int, float]] = {}
     for r in moe:
-        key = (r["row_loop"], r["kernel"], r["n"], r["k"], r["warps"], r["stages"])
+        key = (r["row_loop"], r.get("tma", False), r["kernel"], r["n"], r["k"], r["warps"], r["stages"])
         totals.setdefault(key, {})[r["tokens"]] = r["us"]
     full = {key: sum(t.values()) for key, t in totals.items() if len(t) == len(tokens)}
     pairs = []
-    for loop in (True, False):  # both kernels take one form (they share the plan's blocks)
-        up = [key for key in full if key[:2] == (loop, "up")]
-        down = [key for key in full if key[:2] == (loop, "down")]
+    # both kernels take one form (they share the plan's blocks; Mxfp4Tiles.tma is both kernels' too)
+    for form in ((True, False), (True, True), (False, False)):
+        up = [key for key in full if key[:3] == (*form, "up")]
+        down = [key for key in full if key[:3] == (*form, "down")]
         if up and down:
             u, d = min(up, key=full.__getitem__), min(down, key=full.__getitem__)
             pairs.append((full[u] + full[d], u, d))
     h, i = moe_shape[:2]
     for total, u, d in sorted(pairs):
-        form = "row-loop" if u[0] else "tl.dot (moe_experts_config's 16-row tier)"
-        print(f"best MXFP4 {form}: {total:.1f} us over T={tokens} (up {full[u]:.1f} + down {full[d]:.1f}):\n"
-              f"    ({h}, {i}): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps={u[4]}, num_stages={u[5]}), {u[2]}, "
-              f"{u[3]}, LaunchConfig(num_warps={d[4]}, num_stages={d[5]}), {d[2]}, {d[3]}), row_loop={u[0]}),")
+        name = ("row-loop, TMA" if u[1] else "row-loop") if u[0] else "tl.dot (moe_experts_config's 16-row tier)"
+        tma = ", tma=True" if u[1] else ""
+        print(f"best MXFP4 {name}: {total:.1f} us over T={tokens} (up {full[u]:.1f} + down {full[d]:.1f}):\n"
+              f"    ({h}, {i}): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps={u[5]}, num_stages={u[6]}), {u[3]}, "
+              f"{u[4]}, LaunchConfig(num_warps={d[5]}, num_stages={d[6]}), {d[3]}, {d[4]}), row_loop={u[0]}{tma}),")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,16", help="FP8 row counts")
     parser.add_argument("--tokens", default="1,16", help="MXFP4 token counts")
     parser.add_argument("--skip", choices=("fp8", "mxfp4"), help="leave one op out")
+    parser.add_argument("--forms", choices=("all", "tma", "pointer"), default="all",
+                        help="weight loads of the candidates besides the config's own: TMA tiles, pointer loads, both")
     parser.add_argument("--workers", type=int, default=14, help="parallel compile processes")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds of timing; later candidates skipped")
     parser.add_argument("--json", help="also write the rows here")
@@ -398,9 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = TINY_FP8 if args.tiny else FLASH41 if args.shapes == "flash41" else fp8_block_linear.AOT_SHAPES
     rows_list = [1, 3] if args.tiny else [int(r) for r in args.rows.split(",")]
     fp8_cases = [] if args.skip == "fp8" else [Fp8Case(n, k, g, r) for n, k, g in shapes for r in rows_list]
-    fp8_cands = {case: fp8_candidates(case, args.tiny) for case in fp8_cases}
+    fp8_cands = {case: fp8_candidates(case, args.tiny, args.forms) for case in fp8_cases}
     tokens = [] if args.skip == "mxfp4" else ([1, 4] if args.tiny else [int(t) for t in args.tokens.split(",")])
-    moe_cands = moe_candidates(args.tiny) if tokens else []
+    moe_cands = moe_candidates(args.tiny, args.forms) if tokens else []
 
     failed: set = set()
     if not args.tiny:  # 1. compile every candidate in parallel (workers fill Triton's disk cache)

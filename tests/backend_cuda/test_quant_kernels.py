@@ -116,6 +116,110 @@ def test_every_flash_call_finds_its_cubin():
     assert not missing, missing
 
 
+def test_tma_decode_tiles_find_their_cubins(monkeypatch):
+    """A table entry asking for TMA weight tiles (FP8 decode, MXFP4 decode) lists its descriptor variant, and only
+    then: the tuned pointer entries keep theirs."""
+    import dataclasses
+
+    from deepinfer_cuda import arch
+    from deepinfer_cuda.kernels import fp8_block_linear as m
+
+    def descriptor_variants() -> int:
+        return sum(v.signature["w_ptr"].startswith("tensordesc<") for v in m.KERNEL.aot_variants(arch.SM90A))
+
+    assert descriptor_variants() == 0
+    for (n, k, groups, tier), tile in list(arch.FP8_DECODE_TILES.items()):
+        monkeypatch.setitem(arch.FP8_DECODE_TILES, (n, k, groups, tier),
+                            dataclasses.replace(tile, tma=True, num_stages=3))
+    assert descriptor_variants() > 0
+    test_every_flash_call_finds_its_cubin()
+    w, s = _fp8_weight(1792, 5120, (128, 128), "cpu", False)
+    launch = m.prepare(torch.empty(1, 5120, dtype=BF16), w, s, 128, 128, arch=arch.SM90A).steps[0][1]
+    tile = arch.FP8_DECODE_TILES[(1792, 5120, 1, 1)]
+    assert type(launch.args["w_ptr"]).__name__ == "TensorDescriptor" and launch.args["TMA_STAGES"] == 3
+    assert launch.args["w_ptr"].block_shape == [tile.block_n, tile.block_k]
+    mxfp4 = arch.MXFP4_DECODE_TILES[(HIDDEN, INTER)]
+    monkeypatch.setitem(arch.MXFP4_DECODE_TILES, (HIDDEN, INTER), dataclasses.replace(mxfp4, tma=True))
+    from deepinfer_cuda.kernels import moe_experts_mxfp4
+
+    assert any(v.signature["w13_ptr"].startswith("tensordesc<") for v in moe_experts_mxfp4.UP_KERNEL.aot_variants(
+        arch.SM90A))
+    test_every_flash_call_finds_its_cubin()
+
+
+TMA_SCRIPT = textwrap.dedent(
+    """
+    import dataclasses
+    import torch
+    from deepinfer_cuda.arch import SM90A, Fp8DecodeTile, fp8_decode_tiles
+    import deepinfer_cuda.kernels.fp8_block_linear as m
+
+    torch.manual_seed(0)
+    # (N per group, K, groups, rows, scale block, e8m0 scales): a K tail, a group's N not a multiple of the column
+    # tile (the descriptor reads the next group's rows there), 32-wide blocks, fp32 scales (the unfactored path)
+    for n, k, groups, rows, block, e8m0 in ((96, 256, 1, 1, 128, True), (40, 192, 2, 3, 128, True),
+                                            (48, 160, 1, 5, 32, True), (40, 128, 1, 2, 128, False)):
+        x = (torch.randn(rows, groups, k) if groups > 1 else torch.randn(rows, k)).bfloat16()
+        w = (torch.randn(groups * n, k) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        grid = (-(-groups * n // block), -(-k // block))
+        exps = torch.randint(-16, -12, grid)
+        s = (exps + 127).to(torch.uint8).view(torch.float8_e8m0fnu) if e8m0 else torch.exp2(exps.float()) * 1.5
+        for tile in (Fp8DecodeTile(True, 4, 128, 2, 4, 2), Fp8DecodeTile(False, 16, 64, 3, 4, 2),
+                     Fp8DecodeTile(False, 32, 128, 1, 4, 3)):
+            outs = []
+            for tma in (False, True):
+                plan = m.plan_gemm(x, w, s, block, block, groups, arch=SM90A, interpreted=True,
+                                   tiles=fp8_decode_tiles(dataclasses.replace(tile, tma=tma), 2))
+                gemm = next(launch for kernel, launch in plan.steps if kernel is m.KERNEL)
+                assert (gemm.args["TMA_STAGES"] > 0) == tma
+                for kernel, launch in plan.steps:
+                    kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps,
+                                               num_stages=launch.config.num_stages)
+                outs.append(plan.finish())
+            assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (n, k, groups, tile)
+        print("OK", n, k, groups, block, e8m0)
+
+    import deepinfer_cuda.kernels.moe_experts_mxfp4 as moe
+    from deepinfer_cuda.arch import LaunchConfig, MoeTiles, Mxfp4Tiles
+
+    moe.INTERPRETED = True
+    # MXFP4 row loops: column tiles past an expert's rows (down: 64 of 96), tiles wider than a step's K tail
+    for h, i, e, k, tokens in ((96, 64, 16, 6, 3), (64, 32, 8, 2, 2)):
+        w13 = torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8)
+        s13 = torch.randint(118, 121, (e, 2 * i, h // 32), dtype=torch.uint8)
+        w2 = torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8)
+        s2 = torch.randint(118, 121, (e, h, i // 32), dtype=torch.uint8)
+        x = torch.randn(tokens, h).bfloat16()
+        ids = torch.stack([torch.randperm(e)[:k] for _ in range(tokens)])
+        rw = torch.rand(tokens, k)
+        cfg = LaunchConfig(num_warps=4, num_stages=2)
+        for up_n, up_k, down_n, down_k in ((16, 64, 64, 32), (32, 32, 16, 64)):
+            outs = []
+            for tma in (False, True):
+                tiles = Mxfp4Tiles(MoeTiles(16, cfg, up_n, up_k, cfg, down_n, down_k), row_loop=True, tma=tma)
+                plan = moe.prepare(x, ids, rw, w13, s13, w2, s2, 10.0, arch=SM90A, tiles=tiles)
+                for kernel, launch in plan.steps:
+                    assert kernel not in (moe.UP_KERNEL, moe.DOWN_KERNEL) or (launch.args["TMA_STAGES"] > 0) == tma
+                    if all(g > 0 for g in launch.grid):
+                        kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps,
+                                                   num_stages=launch.config.num_stages)
+                outs.append(plan.finish())
+            assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), (h, i, up_n, down_n)
+        print("OK mxfp4", h, i)
+    """
+)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a GPU is present: test_tma_decode_tiles_equal_pointer_loads_bitwise checks it")
+def test_tma_decode_tiles_equal_pointer_loads_under_the_interpreter():
+    """The TMA weight tiles feed the same math as the pointer loads, FP8 GEMM and MXFP4 row loop: equal bits
+    (interpreter; ~25 s)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", TMA_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("OK ") == 6, proc.stdout
+
+
 @pytest.mark.slow
 def test_quant_kernel_set_builds_for_sm90a(tmp_path):
     """Every AOT variant compiles for sm_90a on the CPU (~45 s on 2 cores); the prefill GEMM issues FP8 wgmmas."""
@@ -269,6 +373,48 @@ def test_prefill_regime_is_its_scheme_and_quantizes_activations_like_torch():
         assert torch.equal(xq.view_as(want_q), want_q)
         want = _emulated_prefill(x, w, s, block)
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)  # accumulation order only
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_tma_decode_tiles_equal_pointer_loads_bitwise():
+    """Each tuned FP8 decode tile, and the MXFP4 decode row loop, read through TMA (3 stages) against the same
+    tiles' pointer loads at V4.1-Flash's dims: only the load path differs.  (The tl.dot form's MMA order should not
+    change; a row loop's fp32 sums follow the register layout Triton gives the tile, which a descriptor load could
+    change: a row-loop failure here means that, not a wrong weight.)"""
+    import dataclasses
+
+    from deepinfer_cuda.arch import FP8_DECODE_TILES, SM90A, fp8_decode_tiles
+    from deepinfer_cuda.kernels import fp8_block_linear as m
+
+    differ = []
+    for (n, k, groups, tier), tile in FP8_DECODE_TILES.items():
+        w, s = _fp8_weight(n * groups, k, (128, 128), "cuda", True)
+        rows = 1 if tier == 1 else 16
+        x = torch.randn(rows, groups, k, device="cuda", dtype=BF16) if groups > 1 else torch.randn(
+            rows, k, device="cuda", dtype=BF16)
+        outs = [m.plan_gemm(x, w, s, 128, 128, groups, arch=SM90A, interpreted=False,
+                            tiles=fp8_decode_tiles(dataclasses.replace(tile, tma=tma, num_stages=3), 2)
+                            ).run(torch.cuda.current_device()) for tma in (False, True)]
+        if not torch.equal(outs[0], outs[1]):
+            differ.append((n, k, groups, tier, tile.row_loop, float((outs[0] - outs[1]).abs().max())))
+    from deepinfer_cuda.arch import LaunchConfig, moe_mxfp4_config
+    from deepinfer_cuda.kernels import moe_experts_mxfp4
+
+    base = moe_mxfp4_config(SM90A, 0, HIDDEN, INTER)  # the decode row loop, both kernels at 3 stages
+    staged = dataclasses.replace(base.tiles, up=LaunchConfig(num_warps=base.tiles.up.num_warps, num_stages=3),
+                                 down=LaunchConfig(num_warps=base.tiles.down.num_warps, num_stages=3))
+    gen = torch.Generator().manual_seed(0)
+    w13, s13, w2, s2 = _mxfp4_experts(EXPERTS, "cuda", True)
+    for t in (1, 16):
+        ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(t)]).cuda()
+        x, rw = torch.randn(t, HIDDEN, device="cuda", dtype=BF16), torch.rand(t, TOP_K, device="cuda")
+        outs = [moe_experts_mxfp4.prepare(x, ids, rw, w13, s13, w2, s2, 10.0, arch=SM90A,
+                                          tiles=dataclasses.replace(base, tiles=staged, tma=tma)
+                                          ).run(torch.cuda.current_device()) for tma in (False, True)]
+        if not torch.equal(outs[0], outs[1]):
+            differ.append(("mxfp4", t, float((outs[0] - outs[1]).abs().max())))
+    assert not differ, differ
 
 
 @pytest.fixture(scope="module")

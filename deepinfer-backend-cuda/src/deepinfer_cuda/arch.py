@@ -229,6 +229,9 @@ class Mxfp4Tiles:
 
     tiles: MoeTiles
     row_loop: bool = False
+    #: row loop only: the weight byte tiles come by TMA (descriptors over the packed weights), each kernel's K loop
+    #: pipelined its ``num_stages`` deep, instead of pointer loads; the same math
+    tma: bool = False
 
 
 #: Measured MXFP4 decode tiles below one slot per expert, (hidden, inter) -> tiles; a shape not listed gets
@@ -463,6 +466,9 @@ class Fp8LinearTiles:
     split_k: int = 1
     #: weight-only, no ``tl.dot``: FMAs over the program's columns for one row at a time (decode's single row)
     row_loop: bool = False
+    #: weight-only: the weight tiles come by TMA (a descriptor over the codes, ``config.num_stages`` deep) instead of
+    #: pointer loads; the same math (``K`` a multiple of 16 and a 16-byte aligned weight, else pointer loads)
+    tma: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -475,6 +481,7 @@ class Fp8DecodeTile:
     split_k: int  #: programs along K per column tile (1: no second kernel)
     num_warps: int
     num_stages: int
+    tma: bool = False  #: weight tiles by TMA, ``num_stages`` deep (:attr:`Fp8LinearTiles.tma`)
 
 
 #: Rows from which a bf16 FP8 GEMM quantizes its activation (DeepGEMM's scheme): below, a step reads weights and
@@ -548,7 +555,7 @@ def fp8_decode_tiles(tile: Fp8DecodeTile, element_bytes: int) -> Fp8LinearTiles:
     wide = 2 if element_bytes > 2 and not tile.row_loop else 1
     return Fp8LinearTiles(LaunchConfig(num_warps=tile.num_warps, num_stages=max(1, tile.num_stages // wide)),
                           1 if tile.row_loop else 16, tile.block_n, max(16, tile.block_k // wide), False,
-                          tile.split_k, tile.row_loop)
+                          tile.split_k, tile.row_loop, tile.tma)
 
 
 def fp8_act_quant_config(arch: CudaArch, group: int) -> LaunchConfig:

@@ -15,7 +15,12 @@ grouped form (``fp8_block_grouped_linear.py``) is the same kernel with a group a
   decode's single row, where a 16-row ``tl.dot`` would waste 15 rows), or 16-row ``tl.dot`` tiles of one scale
   block each (``SUB``); either optionally split along K (``split_k``) into fp32 partials that
   ``split_k_sum.py`` adds in split order (deterministic), so narrow projections (1536..5120 columns) still give
-  every SM several programs.
+  every SM several programs.  Either form can read its weight tiles by TMA (``tma``, opt-in per table entry:
+  ``arch.Fp8DecodeTile.tma``): a host-side descriptor over the codes viewed as [GROUPS * N, K], read in [block_n,
+  block_k] tiles by the row loop and [block_n, SUB] tiles by tl.dot, the K loop pipelined ``num_stages`` deep
+  (``tl.range``'s ``num_stages``: without it Triton pipelines no load of the dot-less row loop).  The same values
+  reach the same math: where the pointer loads mask, columns past a group's N read the next group's rows (never
+  stored) and K's tail reads zeros, so only the load path changes.
 - **FP8 tensor cores** (bf16, 64 rows and more; DeepGEMM's scheme, written anew): ``_act_quant_kernel`` first
   quantizes x per token and ``block_k`` channels (scale ``amax / 448`` in fp32, amax floored at 1e-4, codes
   rounded to nearest even), then each program multiplies FP8 tiles one weight scale block deep
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer_cuda.arch import (
     FP8_DECODE_ROW_TIERS,
@@ -145,24 +151,28 @@ def _act_fp8_tiles(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, g, rows, cols, col_ok
 
 
 @triton.jit
-def _weight_only_tiles(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, rows, k_lo, k_hi, cols, col_ok, w_rows,
+def _weight_only_tiles(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, rows, k_lo, k_hi, cols, col_ok, w_rows, w_row0,
                        N: tl.constexpr, K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr,
                        BK_Q: tl.constexpr, KB: tl.constexpr, SCALE_E8M0: tl.constexpr, FACTOR: tl.constexpr,
                        FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr, TMA_STAGES: tl.constexpr):
     """Decode tl.dot tiles: [BLOCK_M, BLOCK_N] of K in [k_lo, k_hi), one SUB-deep product per scale block (SUB
-    divides BK_Q), factored (scaled after the product) or the reference's dequantized weight."""
+    divides BK_Q), factored (scaled after the product) or the reference's dequantized weight.  ``TMA_STAGES`` > 0:
+    ``w_ptr`` is a descriptor of [BLOCK_N, SUB] tiles, ``w_row0`` the tile's first weight row."""
     row_ok = rows < M
     x_row = rows.to(tl.int64) * (GROUPS * K) + g * K
     dtype = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=TMA_STAGES if TMA_STAGES > 0 else None):
         for j in tl.static_range(BLOCK_K // SUB):
             kj = k0 + j * SUB
             ks = kj + tl.arange(0, SUB)
             k_ok = ks < K
             a = tl.load(x_ptr + x_row[:, None] + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-            wc = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
+            if TMA_STAGES > 0:
+                wc = w_ptr.load([w_row0, kj])
+            else:
+                wc = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
             # (past K, a block's codes are masked: its scale index is clamped into the row)
             s = _weight_scale(ws_ptr, (w_rows // BN_Q) * KB + tl.minimum(kj // BK_Q, KB - 1), col_ok, SCALE_E8M0)
             if FACTOR:  # codes exactly in the dot's dtype, the block's power-of-two scale after the product
@@ -183,25 +193,31 @@ def _weight_only_tiles(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, rows, k_lo, k_hi, co
 
 
 @triton.jit
-def _row_loop(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0, k_lo, k_hi, cols, col_ok, w_rows,
+def _row_loop(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0, k_lo, k_hi, cols, col_ok, w_rows, w_row0,
               N: tl.constexpr, K: tl.constexpr, GROUPS: tl.constexpr, BN_Q: tl.constexpr, BK_Q: tl.constexpr,
               KB: tl.constexpr, SCALE_E8M0: tl.constexpr, FACTOR: tl.constexpr, INTERPRETED: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+              TMA_STAGES: tl.constexpr):
     """Decode rows one at a time, FMAs (no tl.dot): each step a [BLOCK_N, BLOCK_K / SUB, SUB] tile of codes times
-    x's [BLOCK_K / SUB, SUB], summed per scale block, scaled per (column, block)."""
+    x's [BLOCK_K / SUB, SUB], summed per scale block, scaled per (column, block).  ``TMA_STAGES`` > 0: ``w_ptr``
+    is a descriptor of [BLOCK_N, BLOCK_K] tiles, ``w_row0`` the tile's first weight row."""
     kq = tl.arange(0, BLOCK_K // SUB)
     offs = kq[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [KQ, SUB]
-    w_base = w_ptr + w_rows[:, None, None] * K
+    if TMA_STAGES == 0:
+        w_base = w_ptr + w_rows[:, None, None] * K
     s_rows = (w_rows // BN_Q)[:, None] * KB
     dtype = x_ptr.dtype.element_ty
     for r in range(row0, tl.minimum(row0 + BLOCK_M, M)):  # row0 int64: so is r (the interpreter's: a Python int)
         x_row = x_ptr + r * (GROUPS * K) + g * K
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=TMA_STAGES if TMA_STAGES > 0 else None):
             ks = k0 + offs
             k_ok = ks < K
             a = tl.load(x_row + ks, mask=k_ok, other=0.0).to(tl.float32)
-            wc = tl.load(w_base + ks[None, :, :], mask=col_ok[:, None, None] & k_ok[None, :, :], other=0)
+            if TMA_STAGES > 0:
+                wc = tl.reshape(w_ptr.load([w_row0, k0]), [BLOCK_N, BLOCK_K // SUB, SUB])
+            else:
+                wc = tl.load(w_base + ks[None, :, :], mask=col_ok[:, None, None] & k_ok[None, :, :], other=0)
             kb = (k0 + kq * SUB) // BK_Q
             s = _weight_scale(ws_ptr, s_rows + kb[None, :], col_ok[:, None] & (kb < KB)[None, :], SCALE_E8M0)
             if FACTOR:
@@ -219,17 +235,20 @@ def _fp8_linear_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M,
                        BK_Q: tl.constexpr, KB: tl.constexpr, SCALE_E8M0: tl.constexpr, FACTOR: tl.constexpr,
                        ACT_FP8: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-                       SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, ROW_LOOP: tl.constexpr):
+                       SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, ROW_LOOP: tl.constexpr,
+                       TMA_STAGES: tl.constexpr):
     """y[m, g, n] = sum_k x[m, g, k] * W[g * N + n, k] for a [BLOCK_M, BLOCK_N] tile of group ``program_id(2)``
     and split ``program_id(0) % SPLIT_K`` (K in [split * K_SPLIT, +K_SPLIT)); x [M, GROUPS * K] (codes uint8 when
     ACT_FP8, with scales xs [M, GROUPS * K / BK_Q]), W [GROUPS * N, K] uint8 codes with scales ws
     [cdiv(GROUPS * N, BN_Q), KB = cdiv(K, BK_Q)], y [M, GROUPS * N] (SPLIT_K > 1: fp32 partials [SPLIT_K, M,
-    GROUPS * N])."""
+    GROUPS * N]).  ``TMA_STAGES`` > 0 (weight-only): ``w_ptr`` is a descriptor over W instead, the K loop
+    pipelined that deep (see the module docstring)."""
     g = tl.program_id(2)
     row0 = (tl.program_id(0) // SPLIT_K).to(tl.int64) * BLOCK_M
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w_rows = (g * N + cols).to(tl.int64)
+    w_row0 = g * N + tl.program_id(1) * BLOCK_N
     if ACT_FP8:
         _act_fp8_tiles(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, g, row0 + tl.arange(0, BLOCK_M), cols, col_ok, w_rows,
                        N, K, GROUPS, BN_Q, BK_Q, KB, SCALE_E8M0, INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -244,12 +263,13 @@ def _fp8_linear_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M,
             k_hi = tl.minimum(k_lo + K_SPLIT, K)
             out_ptr = y_ptr + split.to(tl.int64) * M * (GROUPS * N)
         if ROW_LOOP:
-            _row_loop(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0, k_lo, k_hi, cols, col_ok, w_rows, N, K, GROUPS,
-                      BN_Q, BK_Q, KB, SCALE_E8M0, FACTOR, INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K, SUB)
+            _row_loop(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0, k_lo, k_hi, cols, col_ok, w_rows, w_row0, N, K,
+                      GROUPS, BN_Q, BK_Q, KB, SCALE_E8M0, FACTOR, INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K, SUB,
+                      TMA_STAGES)
         else:
             _weight_only_tiles(x_ptr, w_ptr, ws_ptr, out_ptr, M, g, row0 + tl.arange(0, BLOCK_M), k_lo, k_hi, cols,
-                               col_ok, w_rows, N, K, GROUPS, BN_Q, BK_Q, KB, SCALE_E8M0, FACTOR, FP32_DOT,
-                               INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K, SUB)
+                               col_ok, w_rows, w_row0, N, K, GROUPS, BN_Q, BK_Q, KB, SCALE_E8M0, FACTOR, FP32_DOT,
+                               INTERPRETED, BLOCK_M, BLOCK_N, BLOCK_K, SUB, TMA_STAGES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,19 +286,22 @@ class _Shape:
     fp16: bool = False
 
 
-def _resolve(tiles: Fp8LinearTiles, bk: int) -> tuple[Fp8LinearTiles, int]:
+def _resolve(tiles: Fp8LinearTiles, k: int, bk: int) -> tuple[Fp8LinearTiles, int]:
     """(tiles, SUB): the sub-block a scale covers whole (a power of two dividing ``bk``, at most ``block_k``); a
-    scale block too narrow for a 16-deep tl.dot takes the row loop."""
+    scale block too narrow for a 16-deep tl.dot takes the row loop; TMA only where a descriptor can read the tiles
+    (weight-only, rows of ``K`` bytes 16-byte aligned, tile rows of 16 bytes or more)."""
     sub = min(tiles.block_k, bk & -bk)
     if not tiles.act_fp8 and not tiles.row_loop and sub < 16:
         tiles = dataclasses.replace(tiles, block_m=1, row_loop=True)
+    if tiles.tma and (tiles.act_fp8 or k % 16 or (tiles.block_k if tiles.row_loop else sub) < 16):
+        tiles = dataclasses.replace(tiles, tma=False)
     return tiles, sub
 
 
 @functools.cache
 def _constexprs(shape: _Shape, tiles: Fp8LinearTiles, interpreted: bool) -> tuple[dict[str, object], int]:
     """(the kernel's constexprs, the effective split count)."""
-    tiles, sub = _resolve(tiles, shape.bk)
+    tiles, sub = _resolve(tiles, shape.k, shape.bk)
     steps = -(-shape.k // tiles.block_k)
     per_split = -(-steps // tiles.split_k) * tiles.block_k
     split = -(-shape.k // per_split) if tiles.split_k > 1 else 1
@@ -286,7 +309,8 @@ def _constexprs(shape: _Shape, tiles: Fp8LinearTiles, interpreted: bool) -> tupl
              "KB": -(-shape.k // shape.bk), "SCALE_E8M0": shape.e8m0, "FACTOR": shape.e8m0 and not shape.fp16,
              "ACT_FP8": tiles.act_fp8, "FP32_DOT": shape.fp32 or interpreted, "INTERPRETED": interpreted,
              "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "SUB": sub,
-             "SPLIT_K": split, "K_SPLIT": per_split if split > 1 else shape.k, "ROW_LOOP": tiles.row_loop}
+             "SPLIT_K": split, "K_SPLIT": per_split if split > 1 else shape.k, "ROW_LOOP": tiles.row_loop,
+             "TMA_STAGES": tiles.config.num_stages if tiles.tma else 0}
     return const, split
 
 
@@ -303,6 +327,14 @@ def _aot_tiles(arch: CudaArch) -> list[tuple[_Shape, Fp8LinearTiles]]:
     return out
 
 
+def _weight_block(const: dict[str, object]) -> list[int]:
+    """The [rows, columns] weight tile a TMA launch reads a step: the row loop's whole step, tl.dot's scale
+    sub-block."""
+    rows, cols = const["BLOCK_N"], const["BLOCK_K" if const["ROW_LOOP"] else "SUB"]
+    assert isinstance(rows, int) and isinstance(cols, int)
+    return [rows, cols]
+
+
 def aot_split_counts(arch: CudaArch) -> set[int]:
     """The split counts of the AOT decode tiles (``split_k_sum.py`` compiles one variant each)."""
     return {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)}
@@ -313,7 +345,8 @@ def _gemm_variants(arch: CudaArch) -> list[Variant]:
     for shape, tiles in _aot_tiles(arch):
         const, split = _constexprs(shape, tiles, False)
         x = "*u8:D" if tiles.act_fp8 else "*bf16:D"
-        sig = {"x_ptr": x, "xs_ptr": "*fp32:D" if tiles.act_fp8 else x, "w_ptr": "*u8:D", "ws_ptr": "*u8:D",
+        w = "tensordesc<u8[{}, {}]>".format(*_weight_block(const)) if const["TMA_STAGES"] else "*u8:D"
+        sig = {"x_ptr": x, "xs_ptr": "*fp32:D" if tiles.act_fp8 else x, "w_ptr": w, "ws_ptr": "*u8:D",
                "y_ptr": "*fp32:D" if split > 1 else "*bf16:D", "M": "i32"}
         key = (tuple(sig.items()), tuple(sorted(const.items())), tiles.config.num_warps, tiles.config.num_stages)
         variants[key] = Variant(sig, dict(const), tiles.config.num_warps, tiles.config.num_stages)
@@ -366,9 +399,14 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
         # the activation path needs whole groups: the weight-only tiles of any batch
         tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=True)
     w = weight.contiguous().view(torch.uint8)
+    if tiles.tma and w.data_ptr() % 16:  # a descriptor's base must be 16-byte aligned
+        tiles = dataclasses.replace(tiles, tma=False)
     ws, e8m0 = _scale_bytes(scale)
     shape = _Shape(n, k, groups, block_n, block_k, e8m0, x.dtype == torch.float32, x.dtype == torch.float16)
     const, split = _constexprs(shape, tiles, interpreted)
+    w_arg: torch.Tensor | TensorDescriptor = w
+    if const["TMA_STAGES"]:
+        w_arg = TensorDescriptor.from_tensor(w, _weight_block(const))
     grid = (triton.cdiv(m, const["BLOCK_M"]) * split, triton.cdiv(n, tiles.block_n), groups)
     steps = []
     a, xs = x2, x2
@@ -382,8 +420,8 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
                             INTERPRETED=interpreted), None)
         steps.append((ACT_QUANT_KERNEL, quant))
     out = y if split == 1 else torch.empty(split, m, groups * n, dtype=torch.float32, device=x.device)
-    gemm = Launch(grid if m else (0,), tiles.config, dict(x_ptr=a, xs_ptr=xs, w_ptr=w, ws_ptr=ws, y_ptr=out, M=m,
-                                                           **const), result)
+    gemm = Launch(grid if m else (0,), tiles.config,
+                  dict(x_ptr=a, xs_ptr=xs, w_ptr=w_arg, ws_ptr=ws, y_ptr=out, M=m, **const), result)
     steps.append((KERNEL, gemm))
     if split > 1:
         steps.append((split_k_sum.KERNEL, split_k_sum.plan(out, y, arch=arch, interpreted=interpreted)))

@@ -19,14 +19,20 @@ column: x is split into its even and odd columns instead of interleaving the wei
 Either way the weights are the reference's dequantized ones (an e2m1 value times a power of two is exact in bf16)
 with fp32 accumulation, and the epilogues are ``moe_experts``' (the same roundings): the op conforms as
 ``moe_experts`` does.  The step reads a quarter of bf16's weight bytes (plus 1/32 for the scales).  Pointer loads,
-not TMA (a byte tile would need its own descriptor shape; untuned).
+or in the row loop (opt-in: ``arch.Mxfp4Tiles.tma``) TMA: descriptors over the packed weights viewed as [E * rows,
+K / 2] bytes, read in [BLOCK_N, BLOCK_K / 2] tiles, the K loop pipelined ``num_stages`` deep (``tl.range``'s: Triton
+pipelines no load of a loop without tl.dot otherwise).  The same bytes reach the same math: where the pointer loads
+mask, a tile reads the next rows (never stored) or zeros past K.  The scales stay pointer loads (1/16 of the bytes).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer_cuda.arch import (
     CudaArch,
@@ -90,12 +96,16 @@ def _mxfp4_halves(w_ptr, s_ptr, rows, row_ok, k0, K: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _mxfp4_row_dot(w_ptr, s_ptr, rows, row_ok, k0, xe, xo, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+                   BLOCK_K: tl.constexpr, row0, TMA_STAGES: tl.constexpr):
     """[BLOCK_N] fp32: weight rows ``rows`` over columns [k0, k0 + BLOCK_K) times one row of x, given as its even
-    and odd columns ``xe``, ``xo`` [BLOCK_K / 2] fp32; each 32-column group summed, then scaled once."""
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    b = tl.load(w_ptr + rows[:, None] * (K // 2) + kb[None, :], mask=row_ok[:, None] & (kb < K // 2)[None, :],
-                other=0)
+    and odd columns ``xe``, ``xo`` [BLOCK_K / 2] fp32; each 32-column group summed, then scaled once.
+    ``TMA_STAGES`` > 0: ``w_ptr`` is a descriptor of [BLOCK_N, BLOCK_K / 2] byte tiles, ``row0`` = ``rows[0]``."""
+    if TMA_STAGES > 0:
+        b = w_ptr.load([row0, k0 // 2])
+    else:
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        b = tl.load(w_ptr + rows[:, None] * (K // 2) + kb[None, :], mask=row_ok[:, None] & (kb < K // 2)[None, :],
+                    other=0)
     lo, hi = _e2m1_halves(b)
     part = tl.sum(tl.reshape(lo * xe[None, :] + hi * xo[None, :], [BLOCK_N, BLOCK_K // 32, 16]), axis=2)
     return tl.sum(part * _group_scales(s_ptr, rows, row_ok, k0, K, BLOCK_K), axis=1)
@@ -128,24 +138,27 @@ def _dot(a, w, acc, FP32_DOT: tl.constexpr):
 def _up_kernel(x_ptr, w13_ptr, s13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks, limit,
                H: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
                FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr, ROW_LOOP: tl.constexpr):
+               BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr, ROW_LOOP: tl.constexpr, TMA_STAGES: tl.constexpr):
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return
     cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < INTER
     gate_rows = expert.to(tl.int64) * (2 * INTER) + cols
+    gate_row0 = expert * (2 * INTER) + col_tile * BLOCK_N
     dtype = act_ptr.dtype.element_ty
     if ROW_LOOP:
         for r in range(start.to(tl.int64), end):  # one slot at a time (r: int64; a Python int interpreted)
             x_row = x_ptr + (tl.load(order_ptr + r) // TOPK).to(tl.int64) * H
             acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
             acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, H, BLOCK_K):
+            for k0 in tl.range(0, H, BLOCK_K, num_stages=TMA_STAGES if TMA_STAGES > 0 else None):
                 xe, xo = _pairs(x_row, k0, H, BLOCK_K)
                 xe, xo = xe.to(tl.float32), xo.to(tl.float32)
-                acc_g += _mxfp4_row_dot(w13_ptr, s13_ptr, gate_rows, col_ok, k0, xe, xo, H, BLOCK_N, BLOCK_K)
-                acc_u += _mxfp4_row_dot(w13_ptr, s13_ptr, gate_rows + INTER, col_ok, k0, xe, xo, H, BLOCK_N, BLOCK_K)
+                acc_g += _mxfp4_row_dot(w13_ptr, s13_ptr, gate_rows, col_ok, k0, xe, xo, H, BLOCK_N, BLOCK_K,
+                                        gate_row0, TMA_STAGES)
+                acc_u += _mxfp4_row_dot(w13_ptr, s13_ptr, gate_rows + INTER, col_ok, k0, xe, xo, H, BLOCK_N, BLOCK_K,
+                                        gate_row0 + INTER, TMA_STAGES)
             act = _swiglu(acc_g, acc_u, limit, dtype, HAS_LIMIT, INTERPRETED)
             tl.store(act_ptr + r * INTER + cols, act, mask=col_ok)
     else:
@@ -169,22 +182,24 @@ def _up_kernel(x_ptr, w13_ptr, s13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks
 def _down_kernel(act_ptr, w2_ptr, s2_ptr, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
                  H: tl.constexpr, INTER: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr,
-                 ROW_LOOP: tl.constexpr):
+                 ROW_LOOP: tl.constexpr, TMA_STAGES: tl.constexpr):
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return
     cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     w_rows = expert.to(tl.int64) * H + cols
+    w_row0 = expert * H + col_tile * BLOCK_N
     dtype = slot_out_ptr.dtype.element_ty
     if ROW_LOOP:
         for r in range(start.to(tl.int64), end):
             slot = tl.load(order_ptr + r).to(tl.int64)
             acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, INTER, BLOCK_K):
+            for k0 in tl.range(0, INTER, BLOCK_K, num_stages=TMA_STAGES if TMA_STAGES > 0 else None):
                 xe, xo = _pairs(act_ptr + r * INTER, k0, INTER, BLOCK_K)
                 xe, xo = xe.to(tl.float32), xo.to(tl.float32)
-                acc += _mxfp4_row_dot(w2_ptr, s2_ptr, w_rows, col_ok, k0, xe, xo, INTER, BLOCK_N, BLOCK_K)
+                acc += _mxfp4_row_dot(w2_ptr, s2_ptr, w_rows, col_ok, k0, xe, xo, INTER, BLOCK_N, BLOCK_K, w_row0,
+                                      TMA_STAGES)
             scale = tl.load(weights_ptr + slot)  # _scaled_slots' epilogue, for one slot
             y = _rounded(_rounded(acc, dtype, INTERPRETED) * scale, dtype, INTERPRETED).to(dtype)
             tl.store(slot_out_ptr + slot * H + cols, y, mask=col_ok)
@@ -207,9 +222,30 @@ def _constexprs(tiles: Mxfp4Tiles, hidden: int, inter: int, top_k: int, has_limi
     common: dict[str, object] = {"H": hidden, "INTER": inter, "FP32_DOT": fp32 or interpreted,
                                  "INTERPRETED": interpreted, "BLOCK_M": t.block_m, "COLS_INNER": t.cols_inner,
                                  "ROW_LOOP": tiles.row_loop}
-    up = {**common, "TOPK": top_k, "HAS_LIMIT": has_limit, "BLOCK_N": t.up_block_n, "BLOCK_K": t.up_block_k}
-    down = {**common, "BLOCK_N": t.down_block_n, "BLOCK_K": t.down_block_k}
+    tma = tiles.tma and tiles.row_loop  # (K / 2 bytes a row: a multiple of 16, as prepare requires K % 32 == 0)
+    up = {**common, "TOPK": top_k, "HAS_LIMIT": has_limit, "BLOCK_N": t.up_block_n, "BLOCK_K": t.up_block_k,
+          "TMA_STAGES": t.up.num_stages if tma and t.up_block_k >= 32 else 0}
+    down = {**common, "BLOCK_N": t.down_block_n, "BLOCK_K": t.down_block_k,
+            "TMA_STAGES": t.down.num_stages if tma and t.down_block_k >= 32 else 0}
     return up, down
+
+
+def _weight_block(const: dict[str, object]) -> list[int]:
+    """The [rows, bytes] weight tile a TMA launch reads a step."""
+    rows, cols = const["BLOCK_N"], const["BLOCK_K"]
+    assert isinstance(rows, int) and isinstance(cols, int)
+    return [rows, cols // 2]
+
+
+def _weight_type(const: dict[str, object]) -> str:
+    """The AOT signature of a kernel's packed weight: bytes, or a descriptor of [BLOCK_N, BLOCK_K / 2] tiles."""
+    return "tensordesc<u8[{}, {}]>".format(*_weight_block(const)) if const["TMA_STAGES"] else "*u8:D"
+
+
+def _weight_arg(w: torch.Tensor, const: dict[str, object]) -> torch.Tensor | TensorDescriptor:
+    """A kernel's packed weight [E, rows, K / 2] as bytes, or (TMA) a descriptor over [E * rows, K / 2]."""
+    b = _bytes(w)
+    return TensorDescriptor.from_tensor(b.view(-1, b.shape[-1]), _weight_block(const)) if const["TMA_STAGES"] else b
 
 
 def _aot_variants(arch: CudaArch, which: int) -> list[Variant]:
@@ -220,12 +256,13 @@ def _aot_variants(arch: CudaArch, which: int) -> list[Variant]:
         for tiles in [moe_mxfp4_config(arch, per_expert, hidden, inter, 2) for per_expert in AOT_SLOTS_PER_EXPERT]:
             consts = _constexprs(tiles, hidden, inter, top_k, True, False, False)
             if which == 0:
-                sig = {"x_ptr": "*bf16:D", "w13_ptr": "*u8:D", "s13_ptr": "*u8:D", "act_ptr": "*bf16:D",
+                sig = {"x_ptr": "*bf16:D", "w13_ptr": _weight_type(consts[0]), "s13_ptr": "*u8:D", "act_ptr": "*bf16:D",
                        "order_ptr": "*i32:D", "blocks_ptr": "*i32:D", "n_blocks": "i32", "limit": "fp32"}
                 variants.append(Variant(sig, consts[0], tiles.tiles.up.num_warps, tiles.tiles.up.num_stages))
             else:
-                sig = {"act_ptr": "*bf16:D", "w2_ptr": "*u8:D", "s2_ptr": "*u8:D", "weights_ptr": "*fp32:D",
-                       "slot_out_ptr": "*bf16:D", "order_ptr": "*i32:D", "blocks_ptr": "*i32:D", "n_blocks": "i32"}
+                sig = {"act_ptr": "*bf16:D", "w2_ptr": _weight_type(consts[1]), "s2_ptr": "*u8:D",
+                       "weights_ptr": "*fp32:D", "slot_out_ptr": "*bf16:D",
+                       "order_ptr": "*i32:D", "blocks_ptr": "*i32:D", "n_blocks": "i32"}
                 variants.append(Variant(sig, consts[1], tiles.tiles.down.num_warps, tiles.tiles.down.num_stages))
     return variants
 
@@ -256,6 +293,8 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     if tiles is None:
         tiles = moe_mxfp4_config(arch, slots // max(1, num_experts), hidden, inter, x.element_size())
     x, ids = x.contiguous(), ids.contiguous()
+    if tiles.tma and (_bytes(w13).data_ptr() % 16 or _bytes(w2).data_ptr() % 16):  # a descriptor's base: 16-aligned
+        tiles = dataclasses.replace(tiles, tma=False)
     order, blocks, plan_steps = plan(ids, num_experts, tiles.tiles.block_m, arch=arch)
     n_blocks = blocks.shape[1]
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
@@ -271,10 +310,10 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
         return (cols, n_blocks) if t.cols_inner else (n_blocks, cols)
 
     up = Launch(grid(triton.cdiv(inter, t.up_block_n)), t.up,
-                dict(x_ptr=x, w13_ptr=_bytes(w13), s13_ptr=_bytes(w13_scale), act_ptr=act, order_ptr=order,
+                dict(x_ptr=x, w13_ptr=_weight_arg(w13, up_c), s13_ptr=_bytes(w13_scale), act_ptr=act, order_ptr=order,
                      blocks_ptr=blocks, n_blocks=n_blocks, limit=float(swiglu_limit or 0.0), **up_c), act)
     down = Launch(grid(triton.cdiv(hidden, t.down_block_n)), t.down,
-                  dict(act_ptr=act, w2_ptr=_bytes(w2), s2_ptr=_bytes(w2_scale), weights_ptr=scale,
+                  dict(act_ptr=act, w2_ptr=_weight_arg(w2, down_c), s2_ptr=_bytes(w2_scale), weights_ptr=scale,
                        slot_out_ptr=slot_out, order_ptr=order, blocks_ptr=blocks, n_blocks=n_blocks, **down_c),
                   slot_out)
     config, block_h = moe_combine_config(arch, hidden)
