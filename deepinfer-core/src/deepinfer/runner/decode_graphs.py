@@ -62,22 +62,55 @@ class _Graph:
         self.flat.copy_(staging, non_blocking=True)
 
 
-class DecodeGraphs:
-    """Captures and replays decode steps of ``model`` on ``backend``'s device."""
+class CapturedSteps:
+    """What the runner's captured steps share (decode steps here, draft passes in ``draft_graphs.py``): the
+    backend's graph service, pinned staging buffers, and the eager fallback once a capture fails."""
 
-    #: Length buckets start here (index tensors for at least this many tokens per sequence).
-    MIN_TOKENS = 256
+    #: What a step is, for the fallback's warning.
+    WHAT = "step"
 
-    def __init__(self, model: DecodableModel, backend: Backend, device: torch.device, max_seqs: int,
-                 max_tokens: int):
-        self.model, self.backend, self.device = model, backend, device
-        self.max_seqs, self.max_tokens = max_seqs, max_tokens
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+    def __init__(self, backend: Backend, device: torch.device):
+        self.backend, self.device = backend, device
         #: Set when a capture failed (an op of the table synchronises with the host, say): every step then runs
         #: eagerly on the same static buffers, which is exact, only slower.
         self.eager_reason: str | None = None
         self._exit = contextlib.ExitStack()
         self._capture = self._exit.enter_context(backend.graph_capture(device))
+
+    def _staging(self, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two host int64 buffers (pinned where the backend pins), used in turn so that a copy still queued from
+        the previous step is never overwritten."""
+        return self.backend.host_buffer(numel, torch.int64), self.backend.host_buffer(numel, torch.int64)
+
+    def _replayable(self, step: Callable[[], None]) -> Callable[[], object]:
+        """``step`` captured, or ``step`` itself once a capture has failed (then every later one runs eagerly)."""
+        if self.eager_reason is not None:
+            return step
+        try:
+            return self._capture(step)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager steps
+            self.eager_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            logger.warning("capturing a %s failed (%s); %ss run eagerly from now on", self.WHAT,
+                           self.eager_reason, self.WHAT)
+            return step
+
+    def close(self) -> None:
+        self._exit.close()
+
+
+class DecodeGraphs(CapturedSteps):
+    """Captures and replays decode steps of ``model`` on ``backend``'s device."""
+
+    #: Length buckets start here (index tensors for at least this many tokens per sequence).
+    MIN_TOKENS = 256
+    WHAT = "decode step"
+
+    def __init__(self, model: DecodableModel, backend: Backend, device: torch.device, max_seqs: int,
+                 max_tokens: int):
+        super().__init__(backend, device)
+        self.model = model
+        self.max_seqs, self.max_tokens = max_seqs, max_tokens
+        self._graphs: dict[tuple[int, int], _Graph] = {}
 
     def buckets(self, states: list[SequenceState]) -> tuple[int, int]:
         """(rows, tokens) a step of ``states`` is padded to."""
@@ -119,19 +152,9 @@ class DecodeGraphs:
         def step() -> None:
             out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
 
-        staging = (self.backend.host_buffer(flat.numel(), torch.int64),
-                   self.backend.host_buffer(flat.numel(), torch.int64))
-        replay: Callable[[], object] = step
-        if self.eager_reason is None:
-            try:
-                replay = self._capture(step)
-            except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager steps
-                self.eager_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                logger.warning("capturing a decode step failed (%s); decode steps run eagerly from now on",
-                               self.eager_reason)
-                replay = step
-        return _Graph(flat, staging, static["input_ids"], shapes, pads, replay, out)
+        return _Graph(flat, self._staging(flat.numel()), static["input_ids"], shapes, pads, self._replayable(step),
+                      out)
 
     def close(self) -> None:
         self._graphs.clear()
-        self._exit.close()
+        super().close()

@@ -11,18 +11,14 @@ Requests that sample (temperature > 0, with their own generators) are drafted ea
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from deepinfer.backends import Backend
-from deepinfer.runner.decode_graphs import bucket_size
+from deepinfer.runner.decode_graphs import CapturedSteps, bucket_size
 from deepinfer.spec.drafter import DraftRequest, Drafts, GraphDrafter
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -42,16 +38,15 @@ class _DraftGraph:
         self.inputs.copy_(staging.view(self.inputs.shape), non_blocking=True)
 
 
-class DraftGraphs:
+class DraftGraphs(CapturedSteps):
     """Captures and replays ``drafter``'s greedy draft passes on ``backend``'s ``device``."""
 
+    WHAT = "draft pass"
+
     def __init__(self, drafter: GraphDrafter, backend: Backend, device: torch.device, max_seqs: int):
-        self.drafter, self.backend, self.device, self.max_seqs = drafter, backend, device, max_seqs
+        super().__init__(backend, device)
+        self.drafter, self.max_seqs = drafter, max_seqs
         self._graphs: dict[tuple[int, int], _DraftGraph] = {}
-        #: Set when a capture failed: every greedy draft then runs eagerly on the same static buffers (exact).
-        self.eager_reason: str | None = None
-        self._exit = contextlib.ExitStack()
-        self._capture = self._exit.enter_context(backend.graph_capture(device))
 
     def bucket(self, n: int) -> int:
         """Rows a draft of ``n`` requests is padded to (``n`` itself beyond ``max_seqs``)."""
@@ -79,19 +74,8 @@ class DraftGraphs:
         def step() -> None:
             out[:] = list(self.drafter.draft_forward(inputs, k))
 
-        staging = (self.backend.host_buffer(host.numel(), torch.int64),
-                   self.backend.host_buffer(host.numel(), torch.int64))
-        replay: Callable[[], object] = step
-        if self.eager_reason is None:
-            try:
-                replay = self._capture(step)
-            except Exception as exc:  # noqa: BLE001 - any capture failure: fall back to eager drafts
-                self.eager_reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                logger.warning("capturing a draft pass failed (%s); greedy drafts run eagerly from now on",
-                               self.eager_reason)
-                replay = step
-        return _DraftGraph(inputs, staging, replay, out)
+        return _DraftGraph(inputs, self._staging(host.numel()), self._replayable(step), out)
 
     def close(self) -> None:
         self._graphs.clear()
-        self._exit.close()
+        super().close()
