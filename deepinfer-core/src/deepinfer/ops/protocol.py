@@ -331,6 +331,12 @@ class Ops(Protocol):
         """MXFP4 weights (ops.quant)."""
         raise TypeError
 
+    def embedding_fp8(
+        self, ids: torch.Tensor, table: torch.Tensor, scale: torch.Tensor, block: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Rows of an FP8 table with per-``block`` scales, dequantized as they are gathered (ops.quant)."""
+        raise TypeError
+
     # --- GEMMs on stored weight formats (deepinfer.ops.quant_gemm) ---------------------------------------------
     def fp8_block_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deepinfer.models.deepseek_v41 import ConfigError, DeepseekV41Config
-from deepinfer.models.deepseek_v41.engram import EngramWeights, engram
+from deepinfer.models.deepseek_v41.engram import EngramWeights, engram, engram_embed, local_rows
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after, is_prime
 from deepinfer.models.deepseek_v41.token_map import CompressedTokenMap
 from deepinfer.ops import OpTable
@@ -171,3 +171,18 @@ def test_engram_module_equals_the_formula():
         assert torch.equal(engram(OPS, EngramWeights(fp8, s, wkv, q_w, k_w), streams, hash_ids, 1e-20), out)
     with pytest.raises(ValueError, match="FP8 Engram table needs its embed.scale"):
         engram(OPS, EngramWeights(fp8, None, wkv, q_w, k_w), streams, hash_ids, 1e-20)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_table_lookup_in_one_op_equals_gather_then_dequantize(dtype):
+    """The local lookup (``ops.embedding_fp8``) and the stored-rows path a shard exchange takes (gather codes and
+    scales, then ``dequant_fp8_block``) give the same bits, for e8m0 and fp32 scales."""
+    gen = torch.Generator().manual_seed(1)
+    fp8, scale, _ = _quantized_table(40, 64, gen)
+    ids = torch.randint(0, 40, (6, 3), generator=gen)
+    wkv = torch.zeros(1, 1, dtype=dtype)
+    for s in (scale, scale.view(torch.float8_e8m0fnu), torch.rand(scale.shape, generator=gen)):
+        weights = EngramWeights(fp8, s, wkv, wkv, wkv)
+        one_op = engram_embed(OPS, weights, ids)
+        assert one_op.dtype == dtype and one_op.shape == (6, 3 * 64)
+        assert torch.equal(one_op.view(torch.uint8), engram_embed(OPS, weights, ids, local_rows).view(torch.uint8))

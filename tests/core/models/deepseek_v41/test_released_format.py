@@ -47,6 +47,29 @@ def test_released_format_matches_its_dequantized_twin(released):
     assert float((got - original).abs().max()) > 1e-3  # the quantization really happened
 
 
+def test_fp8_engram_lookup_in_one_op_gives_the_three_op_logits_bit_for_bit(released, monkeypatch):
+    """``ops.embedding_fp8`` (the default local lookup) against the gather-codes, gather-scales, dequantize
+    composition it replaced (still the path of a shard exchange): the same logits, every bit."""
+    from deepinfer.models.deepseek_v41.engram import local_rows
+
+    ops, calls = OpTable(), []
+    one_op = ops.embedding_fp8
+
+    def counted(*args):
+        calls.append(args[1].shape)
+        return one_op(*args)
+
+    monkeypatch.setattr(ops, "embedding_fp8", counted)
+    model = load_model(released[0], ops=ops, dtype=torch.float32, device=torch.device("cpu"))
+    tokens = references("tiny_b")[0].tokens[:24]
+    fused = run_chunked(model, tokens, 11)
+    assert calls, "the FP8 table's lookups went through ops.embedding_fp8"
+    for layer in model.layers:
+        if layer.engram is not None:
+            layer.engram.gather = local_rows
+    assert torch.equal(run_chunked(model, tokens, 11), fused)
+
+
 def _rewrite(source, target, change):
     import shutil
 

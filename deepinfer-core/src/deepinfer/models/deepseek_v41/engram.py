@@ -31,37 +31,48 @@ class EngramWeights:
     k_weight: torch.Tensor  # [S, D]
 
 
-#: ``gather(ops, weights, flat ids) -> (table rows, their scale rows or None)``: where the rows come from.
+#: ``gather(ops, weights, flat ids) -> (table rows as stored, their scale rows or None)``: rows held elsewhere.
 Gather = Callable[[Any, EngramWeights, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def local_rows(ops: Any, weights: EngramWeights, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The rows of ``flat`` from the table held here (an FP8 table's scale rows too).  FP8 rows and e8m0 scales are
-    gathered as bytes: every device indexes uint8 rows (not every one has fp8 / e8m0 indexing kernels)."""
-    if weights.table.dtype != torch.float8_e4m3fn:
-        return ops.embedding(flat, weights.table), None
+def _table_scale(weights: EngramWeights) -> torch.Tensor:
     if weights.table_scale is None:
         raise ValueError("an FP8 Engram table needs its embed.scale tensor")
+    return weights.table_scale
+
+
+def local_rows(ops: Any, weights: EngramWeights, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows of ``flat`` from the table held here as stored (an FP8 table's scale rows too), for a shard
+    exchange to move.  FP8 rows and e8m0 scales are gathered as bytes: every device indexes uint8 rows (not every
+    one has fp8 / e8m0 indexing kernels)."""
+    if weights.table.dtype != torch.float8_e4m3fn:
+        return ops.embedding(flat, weights.table), None
+    scale = _table_scale(weights)  # e8m0 (float8_e8m0fnu or its bytes) gathers as bytes; fp32 scales as they are
     rows = ops.embedding(flat, weights.table.view(torch.uint8)).view(torch.float8_e4m3fn)
-    scale = weights.table_scale  # e8m0 (float8_e8m0fnu or its bytes) gathers as bytes; fp32 scales as they are
     return rows, ops.embedding(flat, scale.view(torch.uint8) if scale.element_size() == 1 else scale)
 
 
-def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor, gather: Gather = local_rows
+def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor, gather: Gather | None = None
                  ) -> torch.Tensor:
     """[T, C * head_dim] in ``wkv``'s dtype: the table rows of ``hash_ids`` [T, C], concatenated.
 
-    An FP8 table is dequantized after the gather with its per-32-column scales (``fp8 * scale`` in fp32); a
-    float table's ``scale`` tensor is ignored, as the reference does.  ``gather``: where rows come from (an
-    expert-parallel rank's shard and the other ranks', :mod:`deepinfer.parallel.engram_shard`)."""
-    rows, scales = gather(ops, weights, hash_ids.reshape(-1))
-    if scales is not None:
-        rows = ops.dequant_fp8_block(rows, scales, 1, TABLE_SCALE_BLOCK, weights.wkv.dtype)
-    return rows.to(weights.wkv.dtype).view(hash_ids.shape[0], -1)
+    An FP8 table is dequantized with its per-32-column scales (``fp8 * scale`` in fp32); a float table's
+    ``scale`` tensor is ignored, as the reference does.  ``gather``: None for the table held here, whose FP8
+    rows are gathered and scaled in one op (``ops.embedding_fp8``); else where the stored rows come from (an
+    expert-parallel rank's shard and the other ranks', :mod:`deepinfer.parallel.engram_shard`), dequantized once
+    they arrived (``ops.dequant_fp8_block``: the same values)."""
+    flat, dtype = hash_ids.reshape(-1), weights.wkv.dtype
+    if gather is None and weights.table.dtype == torch.float8_e4m3fn:
+        rows = ops.embedding_fp8(flat, weights.table, _table_scale(weights), TABLE_SCALE_BLOCK, dtype)
+    else:
+        rows, scales = (gather or local_rows)(ops, weights, flat)
+        if scales is not None:
+            rows = ops.dequant_fp8_block(rows, scales, 1, TABLE_SCALE_BLOCK, dtype)
+    return rows.to(dtype).view(hash_ids.shape[0], -1)
 
 
 def engram(ops: Any, weights: EngramWeights, streams: torch.Tensor, hash_ids: torch.Tensor, eps: float,
-           gather: Gather = local_rows) -> torch.Tensor:
+           gather: Gather | None = None) -> torch.Tensor:
     """The streams after the Engram module.
 
     streams: [T, S, D] (model dtype); hash_ids: [T, C] int64 table rows of this layer; eps: ``rms_norm_eps``.
@@ -85,8 +96,8 @@ class Engram:
         self.weights = EngramWeights(rows, scale, get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight"))
         self.ops, self.eps = ops, eps
         self.hash = layout.hash_tensors(index, self.weights.wkv.device)
-        #: Where table rows come from: this table (default) or a shard exchange (expert parallelism).
-        self.gather: Gather = local_rows
+        #: Where table rows come from: this table (None) or a shard exchange (expert parallelism).
+        self.gather: Gather | None = None
         self.idle: Callable[[], None] = lambda: None  # join a step with no tokens (a shard exchange does)
 
     def __call__(self, streams: torch.Tensor, lookback: torch.Tensor) -> torch.Tensor:
