@@ -1,11 +1,12 @@
 """V4.1's CUDA kernels (single-pass mHC, the final collapse, the QAT fake-quantizers, the candidate indexer,
-Engram's hash and gate) at V4.1-Flash's dims.
+Engram's hash, gate and FP8 table lookup) at V4.1-Flash's dims.
 
 CPU (CI): every V4.1-Flash call of these ops finds its cubin in the kernel set (``prepare`` plans without a GPU);
 Triton's interpreter (a subprocess: ``TRITON_INTERPRET=1`` must precede Triton's decorators) runs the fake-quant
 kernels on the reference's own vectors (bit for bit), Engram's hash at V4.1-Flash's defaults (bit for bit) and the
 in-blocks indexer across several entry chunks.  ``test_kernels_interpreted.py`` runs core's conformance samples.
-GPU host: each op against core's reference at V4.1-Flash's dims (fake quants and the hash bit for bit), AOT cubin
+GPU host: each op against core's reference at V4.1-Flash's dims (fake quants, the hash and the table lookup
+exactly; ``test_embedding_fp8_kernel.py`` checks the lookup's bits), AOT cubin
 == JIT bitwise, no host synchronisation, and CUDA-graph capture.
 """
 
@@ -32,13 +33,15 @@ requires_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="needs an NVIDIA GPU (SM90/SM100); run on the GPU host: pytest tests/backend_cuda")
 BF16 = torch.bfloat16
 #: V4.1-Flash: hidden 5120, 4 mHC streams, 64 heads x 512 (rope 64), index 32 heads x 128 top-512,
-#: candidate blocks of 8 (top 2048), Engram n-grams up to 4 x 8 heads over 99092 compressed ids.
+#: candidate blocks of 8 (top 2048), Engram n-grams up to 4 x 8 heads over 99092 compressed ids, FP8 Engram tables.
 HIDDEN, STREAMS, HEAD_DIM, INDEX_HEADS, INDEX_DIM, TOPK = 5120, 4, 512, 32, 128, 512
 BLOCK_SIZE, TOPK_BLOCKS, NGRAM, ENGRAM_HEADS, ENGRAM_VOCAB = 8, 2048, 4, 8, 99092
+#: Engram tables: FP8 rows of 256 columns, one ue8m0 scale per 32 (a few thousand rows stand in for millions).
+ENGRAM_DIM, ENGRAM_ROWS = 256, 5003
 #: The kernel module of each op (the module is named after the op).
 V41_OPS = ("fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", "hc_pre_single_pass", "hc_collapse", "indexer_candidates",
            "indexer_topk_in_blocks", "engram_hash", "engram_gate", "rms_norm_rope_fp8_e4m3_fake_quant",
-           "rope_fp4_e2m1_fake_quant")
+           "rope_fp4_e2m1_fake_quant", "embedding_fp8")
 #: The fused rotation + quantizer ops: (fused op, the rotation op it starts with, the quantizer it ends with).
 FUSED = {"rms_norm_rope_fp8_e4m3_fake_quant": ("rms_norm_rope", "fp8_e4m3_fake_quant"),
          "rope_fp4_e2m1_fake_quant": ("rope", "fp4_e2m1_fake_quant")}
@@ -77,6 +80,7 @@ def v41_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64)) -> Iterator[tu
         yield "engram_gate", (streams, kv[:, : STREAMS * HIDDEN].view(t, STREAMS, HIDDEN), kv[:, STREAMS * HIDDEN :],
                               weights[0], weights[1], 1e-20)
         yield "engram_hash", _hash_args(t, gen, device)
+        yield "embedding_fp8", _engram_table_args(t, gen, device)
     for t, seqs, entries in [(1, 1, 20000), (16, 2, 6000), (64, 4, 3000)]:
         args = _indexer_args(t, seqs, entries, gen, device)
         yield "indexer_candidates", (*args, BLOCK_SIZE, TOPK_BLOCKS)
@@ -118,6 +122,17 @@ def _hash_args(tokens: int, gen: torch.Generator, device: str) -> tuple:
     primes = torch.tensor([16000057 + 2 * i for i in range((NGRAM - 1) * ENGRAM_HEADS)])  # odd moduli will do
     offsets = torch.cumsum(primes, 0) - primes
     return tuple(a.to(device) for a in (lookback, multipliers, primes, offsets))
+
+
+def _engram_table_args(tokens: int, gen: torch.Generator, device: str) -> tuple:
+    """An FP8 Engram table's lookup: ``(N - 1) * heads`` rows a token, bf16 out (the model's dtype)."""
+    codes = torch.randint(0, 256, (ENGRAM_ROWS, ENGRAM_DIM), generator=gen, dtype=torch.uint8)
+    codes[codes == 0x7F] = 0  # no NaN codes (S.1111.111) in a table
+    codes[codes == 0xFF] = 0x80
+    scale = torch.randint(110, 135, (ENGRAM_ROWS, ENGRAM_DIM // 32), generator=gen, dtype=torch.uint8)
+    ids = torch.randint(0, ENGRAM_ROWS, (tokens * (NGRAM - 1) * ENGRAM_HEADS,), generator=gen)
+    return (ids.to(device), codes.view(torch.float8_e4m3fn).to(device), scale.view(torch.float8_e8m0fnu).to(device),
+            32, BF16)
 
 
 def _steps(op: str, plan) -> list:

@@ -443,6 +443,16 @@ def engram_gate_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
     return LaunchConfig(num_warps=8 if block_d >= 2048 else 4), block_d
 
 
+def embedding_fp8_config(arch: CudaArch, dim: int) -> tuple[LaunchConfig, int]:
+    """FP8 table rows gathered and scaled: a [block_rows, block_d] tile of looked-up rows per program, ~4096
+    values (4 KiB of codes) in, so that a prefill's many ids fill the SMs and a decode step's few still split;
+    returns (config, block_d).  (V4.1-Flash: 256 columns, 16 rows a program.)"""
+    if arch.triton_arch not in (90, 100):
+        raise ValueError(f"no embedding_fp8 configuration for {arch.name}")
+    block_d = max(16, 1 << (max(dim, 1) - 1).bit_length())
+    return LaunchConfig(num_warps=4, block_rows=max(1, 4096 // block_d)), block_d
+
+
 def engram_hash_config(arch: CudaArch) -> LaunchConfig:
     """Engram's n-gram hash: int64 arithmetic on a [block_rows, columns] tile of tokens x hash heads."""
     if arch.triton_arch not in (90, 100):

@@ -12,6 +12,7 @@ from typing import Any
 
 from deepinfer_cuda.kernels.compress_entries import compress_entries
 from deepinfer_cuda.kernels.compress_pool import compress_pool
+from deepinfer_cuda.kernels.embedding_fp8 import embedding_fp8
 from deepinfer_cuda.kernels.engram_gate import engram_gate
 from deepinfer_cuda.kernels.engram_hash import engram_hash
 from deepinfer_cuda.kernels.fp4_e2m1_fake_quant import fp4_e2m1_fake_quant
@@ -84,6 +85,7 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "fp8_e4m3_unpack": fp8_e4m3_unpack,
     "fp4_e2m1_pack": fp4_e2m1_pack,
     "fp4_e2m1_unpack": fp4_e2m1_unpack,
+    "embedding_fp8": embedding_fp8,
 }
 
 #: What ``DEEPINFER_BATCH_INVARIANT=1`` replaces: kernels whose tiles are fixed for every batch size.

@@ -9,6 +9,7 @@ from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 from deepinfer_cuda.kernels import (
                                     compress_entries,
                                     compress_pool,
+                                    embedding_fp8,
                                     engram_gate,
                                     engram_hash,
                                     fp4_e2m1_fake_quant,
@@ -54,5 +55,5 @@ ALL: tuple[TritonKernel, ...] = (
     fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, moe_experts_mxfp4.UP_KERNEL,
     moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
     fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL, sparse_attention_packed.KERNEL, indexer_topk_packed.KERNEL,
-    indexer_topk_in_blocks_packed.KERNEL,
+    indexer_topk_in_blocks_packed.KERNEL, embedding_fp8.KERNEL,
 )
