@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.aot_jit import assert_aot_equals_jit
+from tests.support.aot_jit import assert_aot_equals_jit, assert_graph_replays_without_syncs
 
 pytest.importorskip("triton")
 
@@ -439,25 +439,7 @@ def test_quant_aot_cubins_equal_jit_bitwise_and_nothing_jits(quant_kernel_set):
 @requires_cuda
 @pytest.mark.cuda
 def test_quant_kernels_do_not_synchronise_and_replay_from_cuda_graphs():
-    from deepinfer_cuda.plugin import CudaBackend
-
-    backend = CudaBackend()
-    for op, args in quant_cases("cuda", tokens=(1, 16)):
-        if args[0].shape[0] > 64:
-            continue
-        eager = _call(op, args)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            _call(op, args)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        out: list = []
-        with backend.graph_capture(backend.device()) as capture:
-            replay = capture(lambda op=op, args=args, out=out: out.append(_call(op, args)))
-        replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out[-1], eager), f"{op}: graph replay differs from eager"
+    assert_graph_replays_without_syncs(list(quant_cases("cuda", tokens=(1, 16))), _call)
 
 
 def test_gpu_tests_skip_with_a_reason_on_cpu():

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.aot_jit import assert_aot_equals_jit
+from tests.support.aot_jit import assert_aot_equals_jit, assert_graph_replays_without_syncs
 
 pytest.importorskip("triton")
 
@@ -348,27 +348,7 @@ def test_v41_aot_cubins_equal_jit_bitwise_and_nothing_jits(v41_kernel_set):
 @pytest.mark.cuda
 def test_v41_kernels_do_not_synchronise_and_replay_from_cuda_graphs():
     """Decode steps are captured: no host sync in any of these ops, and a replay gives the eager bits."""
-    from deepinfer_cuda.plugin import CudaBackend
-
-    backend = CudaBackend()
-    for op, args in v41_cases("cuda", tokens=(1, 16)):
-        if args[0].shape[0] > 64:
-            continue
-        eager = _call(op, args)  # compiles (JIT) outside the checks
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            _call(op, args)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        out: list = []
-        with backend.graph_capture(backend.device()) as capture:
-            replay = capture(lambda op=op, args=args, out=out: out.append(_call(op, args)))
-        replay()
-        torch.cuda.synchronize()
-        got = out[-1]
-        pairs = zip(got, eager, strict=True) if isinstance(eager, tuple) else [(got, eager)]
-        assert all(torch.equal(x, y) for x, y in pairs), f"{op}: graph replay differs from eager"
+    assert_graph_replays_without_syncs(list(v41_cases("cuda", tokens=(1, 16))), _call)
 
 
 def test_gpu_tests_skip_with_a_reason_on_cpu():

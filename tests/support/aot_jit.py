@@ -1,6 +1,7 @@
-"""The GPU check that a kernel set's AOT cubins compute what Triton's JIT does, bit for bit, and that calls at the
-model's shapes find a cubin (nothing JITs).  Shared by tests/backend_cuda's kernel tests (V4, quantized, V4.1);
-imports the CUDA backend only when called, so their modules import on the CPU."""
+"""GPU checks shared by tests/backend_cuda's kernel tests (V4, quantized, V4.1): a kernel set's AOT cubins compute
+what Triton's JIT does, bit for bit, and calls at the model's shapes find a cubin (nothing JITs); decode-sized
+calls make no host synchronisation and replay from a CUDA graph to the eager bits.  Imports the CUDA backend only
+when called, so their modules import on the CPU."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ Case = tuple[Any, tuple]
 
 def _shapes(args: tuple) -> list[Any]:
     return [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    """Outputs (a tensor or a tuple of tensors) equal bit for bit."""
+    pairs = zip(a, b, strict=True) if isinstance(a, tuple) else [(a, b)]
+    return all(torch.equal(x, y) for x, y in pairs)
 
 
 def assert_aot_equals_jit(kernel_set: Path, kernels: Iterable[Any], cases: Sequence[Case],
@@ -49,5 +56,30 @@ def assert_aot_equals_jit(kernel_set: Path, kernels: Iterable[Any], cases: Seque
     finally:
         use_kernel_set(restore)
     for (op, args), a, j in zip(cases, aot, jit, strict=True):
-        pairs = zip(a, j, strict=True) if isinstance(a, tuple) else [(a, j)]
-        assert all(torch.equal(x, y) for x, y in pairs), f"{name(op)}: AOT and JIT differ for {_shapes(args)}"
+        assert _bitwise_equal(a, j), f"{name(op)}: AOT and JIT differ for {_shapes(args)}"
+
+
+def assert_graph_replays_without_syncs(cases: Sequence[Case], call: Callable[[Any, tuple], Any], *,
+                                       max_rows: int = 64) -> None:
+    """Decode steps are captured: each case whose first argument has at most ``max_rows`` rows runs once eagerly
+    (compiling outside the checks), once under ``torch.cuda.set_sync_debug_mode("error")`` (no host sync), and
+    once captured through the CUDA backend's graph service, whose replay must give the eager bits."""
+    from deepinfer_cuda.plugin import CudaBackend
+
+    backend = CudaBackend()
+    for op, args in cases:
+        if args[0].shape[0] > max_rows:
+            continue
+        eager = call(op, args)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call(op, args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out: list = []
+        with backend.graph_capture(backend.device()) as capture:
+            replay = capture(lambda op=op, args=args, out=out: out.append(call(op, args)))
+        replay()
+        torch.cuda.synchronize()
+        assert _bitwise_equal(out[-1], eager), f"{op}: graph replay differs from eager for {_shapes(args)}"
