@@ -16,9 +16,9 @@ from deepinfer.engine.chat import ChatError, render_chat
 from deepinfer.entrypoints.openai.protocol import ChatCompletionRequest
 from deepinfer.entrypoints.openai.serving import (
     APIError,
-    Choice,
     Usage,
     created,
+    gather_choices,
     new_id,
     replay,
     sse,
@@ -69,16 +69,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request, stat
 async def _respond(body: ChatCompletionRequest, state: ServerState, request_id: str, n: int,
                    first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
                    ) -> Response:
-    choices = [Choice() for _ in range(n)]
-    usage = Usage()
-    async for _, out in replay(first, rest):
-        if out.error is not None:
-            raise APIError(out.error, "messages")
-        for c in out.outputs:
-            choices[c.index].add(c)
-            usage.completion_tokens += len(c.token_ids)
-        if out.finished:
-            usage.prompt_tokens = len(out.prompt_token_ids)
+    choices, usage = await gather_choices(first, rest, n, 1, "messages")
     k = body.top_logprobs or 0
     return JSONResponse({
         "id": request_id, "object": "chat.completion", "created": created(), "model": state.model_name,

@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse, Response
 from deepinfer.entrypoints.openai.protocol import CompletionRequest
 from deepinfer.entrypoints.openai.serving import (
     APIError,
-    Choice,
     Usage,
     created,
+    gather_choices,
     new_id,
     replay,
     sse,
@@ -64,16 +64,7 @@ async def create_completion(body: CompletionRequest, raw: Request, state: Server
 async def _respond(body: CompletionRequest, state: ServerState, request_id: str, n: int, num_prompts: int,
                    first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tuple[int, RequestOutput], None]
                    ) -> Response:
-    choices = [Choice() for _ in range(num_prompts * n)]
-    usage = Usage()
-    async for i, out in replay(first, rest):
-        if out.error is not None:
-            raise APIError(out.error, "prompt")
-        for c in out.outputs:
-            choices[i * n + c.index].add(c)
-            usage.completion_tokens += len(c.token_ids)
-        if out.finished:
-            usage.prompt_tokens += len(out.prompt_token_ids)
+    choices, usage = await gather_choices(first, rest, n, num_prompts, "prompt")
     k = body.logprobs or 0
     return JSONResponse({
         "id": request_id, "object": "text_completion", "created": created(), "model": state.model_name,

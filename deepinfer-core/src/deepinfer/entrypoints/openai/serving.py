@@ -133,6 +133,24 @@ async def replay(first: list[tuple[int, RequestOutput]], rest: AsyncGenerator[tu
         yield item
 
 
+async def gather_choices(first: list[tuple[int, RequestOutput]],
+                         rest: AsyncGenerator[tuple[int, RequestOutput], None], n: int, num_prompts: int,
+                         param: str) -> tuple[list[Choice], Usage]:
+    """A non-streaming response's choices (``prompt_position * n + completion_index``) and usage, from every
+    output of the requests; a failed request raises :class:`APIError` naming ``param``."""
+    choices = [Choice() for _ in range(num_prompts * n)]
+    usage = Usage()
+    async for i, out in replay(first, rest):
+        if out.error is not None:
+            raise APIError(out.error, param)
+        for c in out.outputs:
+            choices[i * n + c.index].add(c)
+            usage.completion_tokens += len(c.token_ids)
+        if out.finished:
+            usage.prompt_tokens += len(out.prompt_token_ids)
+    return choices, usage
+
+
 async def until_disconnect(request: Request) -> None:
     """Returns when the client goes away (the body has been read, so only ``http.disconnect`` is left)."""
     while (await request.receive())["type"] != "http.disconnect":
