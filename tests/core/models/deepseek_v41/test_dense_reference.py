@@ -17,19 +17,12 @@ import pytest
 import torch
 
 from tests.support import v41_dense as vd
+from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 
 FIXTURES = Path(__file__).parents[3] / "fixtures" / "deepseek_v41"
 TOL = 1e-4  # tiny_b: HF's own 1e-6 weight perturbation moves it by at most 4.2e-5
 # tiny_a README: a 1e-7 relative weight perturbation of HF's own run moves the teacher-forced logprobs by
 PERTURBED_FRAC_ABOVE_1E3, PERTURBED_MEDIAN, PERTURBED_P99, PERTURBED_MAX = 0.5858, 5.51e-3, 5.96e-1, 9.65e-1
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _case(name: str) -> tuple[list[list[int]], list[dict]]:

@@ -18,19 +18,12 @@ from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp
 from deepinfer.ops import OpTable
 from deepinfer.spec.drafter import DraftRequest
 from tests.support import dspark_dense as dd
+from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES
 
 TOL = 1e-5
 SPEC = dd.DSparkSpec(num_layers=2, block_size=4, noise_token_id=383, target_layer_ids=[3, 6, 8], markov_rank=16,
                      n_routed_experts=4, num_experts_per_tok=2)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
