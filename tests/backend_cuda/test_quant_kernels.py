@@ -118,32 +118,34 @@ def test_every_flash_call_finds_its_cubin():
 
 def test_tma_decode_tiles_find_their_cubins(monkeypatch):
     """A table entry asking for TMA weight tiles (FP8 decode, MXFP4 decode) lists its descriptor variant, and only
-    then: the tuned pointer entries keep theirs."""
+    then: with every entry's TMA off, no descriptor variant is listed and every call still finds its cubin."""
     import dataclasses
 
     from deepinfer_cuda import arch
     from deepinfer_cuda.kernels import fp8_block_linear as m
+    from deepinfer_cuda.kernels import moe_experts_mxfp4
 
     def descriptor_variants() -> int:
         return sum(v.signature["w_ptr"].startswith("tensordesc<") for v in m.KERNEL.aot_variants(arch.SM90A))
 
-    assert descriptor_variants() == 0
-    for (n, k, groups, tier), tile in list(arch.FP8_DECODE_TILES.items()):
-        monkeypatch.setitem(arch.FP8_DECODE_TILES, (n, k, groups, tier),
-                            dataclasses.replace(tile, tma=True, num_stages=3))
-    assert descriptor_variants() > 0
+    def mxfp4_descriptor_variants() -> bool:
+        return any(v.signature["w13_ptr"].startswith("tensordesc<")
+                   for v in moe_experts_mxfp4.UP_KERNEL.aot_variants(arch.SM90A))
+
+    assert descriptor_variants() >= sum(t.tma for t in arch.FP8_DECODE_TILES.values()) > 0
+    assert mxfp4_descriptor_variants()
     test_every_flash_call_finds_its_cubin()
     w, s = _fp8_weight(1792, 5120, (128, 128), "cpu", False)
     launch = m.prepare(torch.empty(1, 5120, dtype=BF16), w, s, 128, 128, arch=arch.SM90A).steps[0][1]
     tile = arch.FP8_DECODE_TILES[(1792, 5120, 1, 1)]
-    assert type(launch.args["w_ptr"]).__name__ == "TensorDescriptor" and launch.args["TMA_STAGES"] == 3
-    assert launch.args["w_ptr"].block_shape == [tile.block_n, tile.block_k]
+    assert type(launch.args["w_ptr"]).__name__ == "TensorDescriptor"
+    assert launch.args["TMA_STAGES"] == tile.num_stages and launch.args["w_ptr"].block_shape == [tile.block_n,
+                                                                                                 tile.block_k]
+    for key, tile in list(arch.FP8_DECODE_TILES.items()):
+        monkeypatch.setitem(arch.FP8_DECODE_TILES, key, dataclasses.replace(tile, tma=False))
     mxfp4 = arch.MXFP4_DECODE_TILES[(HIDDEN, INTER)]
-    monkeypatch.setitem(arch.MXFP4_DECODE_TILES, (HIDDEN, INTER), dataclasses.replace(mxfp4, tma=True))
-    from deepinfer_cuda.kernels import moe_experts_mxfp4
-
-    assert any(v.signature["w13_ptr"].startswith("tensordesc<") for v in moe_experts_mxfp4.UP_KERNEL.aot_variants(
-        arch.SM90A))
+    monkeypatch.setitem(arch.MXFP4_DECODE_TILES, (HIDDEN, INTER), dataclasses.replace(mxfp4, tma=False))
+    assert descriptor_variants() == 0 and not mxfp4_descriptor_variants()
     test_every_flash_call_finds_its_cubin()
 
 
@@ -379,9 +381,10 @@ def test_prefill_regime_is_its_scheme_and_quantizes_activations_like_torch():
 @pytest.mark.cuda
 def test_tma_decode_tiles_equal_pointer_loads_bitwise():
     """Each tuned FP8 decode tile, and the MXFP4 decode row loop, read through TMA (3 stages) against the same
-    tiles' pointer loads at V4.1-Flash's dims: only the load path differs.  (The tl.dot form's MMA order should not
-    change; a row loop's fp32 sums follow the register layout Triton gives the tile, which a descriptor load could
-    change: a row-loop failure here means that, not a wrong weight.)"""
+    tiles' pointer loads at V4.1-Flash's dims: only the load path differs.  The tl.dot forms agree bit for bit (the
+    MMA order does not change); a row loop's fp32 sums follow the register layout Triton gives the tile, which a
+    descriptor load can change (the H200 showed it once: (32768, 1280) at one row), so row loops agree to one
+    rounding of the output dtype."""
     import dataclasses
 
     from deepinfer_cuda.arch import FP8_DECODE_TILES, SM90A, fp8_decode_tiles
@@ -396,7 +399,7 @@ def test_tma_decode_tiles_equal_pointer_loads_bitwise():
         outs = [m.plan_gemm(x, w, s, 128, 128, groups, arch=SM90A, interpreted=False,
                             tiles=fp8_decode_tiles(dataclasses.replace(tile, tma=tma, num_stages=3), 2)
                             ).run(torch.cuda.current_device()) for tma in (False, True)]
-        if not torch.equal(outs[0], outs[1]):
+        if not _same_up_to_rounding(outs[0], outs[1], exact=not tile.row_loop):
             differ.append((n, k, groups, tier, tile.row_loop, float((outs[0] - outs[1]).abs().max())))
     from deepinfer_cuda.arch import LaunchConfig, moe_mxfp4_config
     from deepinfer_cuda.kernels import moe_experts_mxfp4
@@ -412,9 +415,19 @@ def test_tma_decode_tiles_equal_pointer_loads_bitwise():
         outs = [moe_experts_mxfp4.prepare(x, ids, rw, w13, s13, w2, s2, 10.0, arch=SM90A,
                                           tiles=dataclasses.replace(base, tiles=staged, tma=tma)
                                           ).run(torch.cuda.current_device()) for tma in (False, True)]
-        if not torch.equal(outs[0], outs[1]):
+        if not _same_up_to_rounding(outs[0], outs[1], exact=False):
             differ.append(("mxfp4", t, float((outs[0] - outs[1]).abs().max())))
     assert not differ, differ
+
+
+def _same_up_to_rounding(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    """``a == b``, or (``exact=False``) every element within one rounding of ``a``'s dtype (fp32 sums of the same
+    terms in another order, rounded once)."""
+    if torch.equal(a, b):
+        return True
+    ulp = torch.finfo(a.dtype).eps
+    x, y = a.float(), b.float()
+    return not exact and bool(((x - y).abs() <= torch.maximum(x.abs(), y.abs()) * ulp).all())
 
 
 @pytest.fixture(scope="module")

@@ -237,9 +237,9 @@ class Mxfp4Tiles:
 #: Measured MXFP4 decode tiles below one slot per expert, (hidden, inter) -> tiles; a shape not listed gets
 #: :func:`mxfp4_decode_default`.  Paste ``tools/sweep_quant_decode.py``'s "best" line here (H200, bf16).
 MXFP4_DECODE_TILES: dict[tuple[int, int], Mxfp4Tiles] = {
-    (5120, 2304): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps=4, num_stages=1), 16, 1024,
-                                      LaunchConfig(num_warps=4, num_stages=1), 32, 256), row_loop=True),
-}  # the H200 sweep of 2026-12-02 (docs/performance.md)
+    (5120, 2304): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps=4, num_stages=3), 16, 1024,
+                                      LaunchConfig(num_warps=4, num_stages=3), 64, 256), row_loop=True, tma=True),
+}  # the H200 sweeps of 2026-12-02 (docs/performance.md): TMA weight tiles, 3 stages
 
 
 def mxfp4_decode_default(hidden: int, inter: int) -> Mxfp4Tiles:
@@ -501,18 +501,18 @@ FP8_ACT_MIN_ROWS = 64
 FP8_DECODE_ROW_TIERS = (1, FP8_ACT_MIN_ROWS - 1)
 #: Measured decode tiles, (N per group, K, groups, row tier) -> tile; a shape not listed gets
 #: :func:`fp8_decode_default`.  Paste ``tools/sweep_quant_decode.py``'s "best" lines here (H200, bf16 activations).
-FP8_DECODE_TILES: dict[tuple[int, int, int, int], Fp8DecodeTile] = {  # the H200 sweep of 2026-12-02
-    (1024, 4096, 8, 1): Fp8DecodeTile(True, 16, 2048, 1, 8, 1),
-    (1024, 4096, 8, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 1),
-    (1792, 5120, 1, 1): Fp8DecodeTile(True, 2, 1024, 1, 4, 1),
-    (1792, 5120, 1, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 1),
-    (4608, 5120, 1, 1): Fp8DecodeTile(True, 4, 1024, 1, 4, 1),
-    (4608, 5120, 1, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 1),
-    (5120, 2304, 1, 1): Fp8DecodeTile(True, 4, 512, 1, 4, 1),
-    (5120, 2304, 1, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 1),
-    (5120, 8192, 1, 1): Fp8DecodeTile(True, 8, 2048, 4, 8, 1),
-    (5120, 8192, 1, 63): Fp8DecodeTile(False, 32, 512, 4, 4, 1),
-    (32768, 1280, 1, 1): Fp8DecodeTile(True, 16, 512, 1, 4, 2),
+FP8_DECODE_TILES: dict[tuple[int, int, int, int], Fp8DecodeTile] = {  # the H200 sweeps of 2026-12-02
+    (1024, 4096, 8, 1): Fp8DecodeTile(True, 16, 2048, 1, 8, 2, tma=True),
+    (1024, 4096, 8, 63): Fp8DecodeTile(False, 32, 512, 1, 4, 3, tma=True),
+    (1792, 5120, 1, 1): Fp8DecodeTile(True, 8, 1024, 1, 4, 3, tma=True),
+    (1792, 5120, 1, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 3, tma=True),
+    (4608, 5120, 1, 1): Fp8DecodeTile(True, 8, 1024, 1, 4, 3, tma=True),
+    (4608, 5120, 1, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 3, tma=True),
+    (5120, 2304, 1, 1): Fp8DecodeTile(True, 16, 512, 1, 4, 3, tma=True),
+    (5120, 2304, 1, 63): Fp8DecodeTile(False, 32, 256, 4, 4, 2, tma=True),
+    (5120, 8192, 1, 1): Fp8DecodeTile(True, 8, 1024, 1, 4, 3, tma=True),
+    (5120, 8192, 1, 63): Fp8DecodeTile(False, 32, 512, 4, 4, 2, tma=True),
+    (32768, 1280, 1, 1): Fp8DecodeTile(True, 16, 512, 1, 4, 2, tma=True),
     (32768, 1280, 1, 63): Fp8DecodeTile(False, 64, 256, 1, 4, 3),
 }
 
