@@ -208,8 +208,8 @@ def test_state_and_drafter_context_after_speculative_steps_equal_plain_steps():
                 from deepinfer.models import ForwardBatch
 
                 model.forward(ForwardBatch(torch.tensor(ids), torch.arange(len(ids)), [len(ids)], [fresh]))
-            window = model.pool.spec.window
-            held = torch.tensor([p % window for p in range(max(0, len(ids) - window), len(ids))])
+            window, ring = model.pool.spec.window, model.pool.spec.ring
+            held = torch.tensor([p % ring for p in range(max(0, len(ids) - window), len(ids))])
             for layer in range(len(model.pool.views)):
                 a, b = layer_view(state, layer), layer_view(fresh, layer)
                 # (ring rows of positions not fed yet hold whatever the slot held before: never read)

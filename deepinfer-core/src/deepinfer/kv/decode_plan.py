@@ -85,23 +85,25 @@ class RatioPlan:
 class DecodePlan:
     """Index tensors shared by every layer of a decode step."""
 
-    ring_rows: torch.Tensor  # [B] the token's SWA ring row: slot * window + pos % window
+    ring_rows: torch.Tensor  # [B] the token's SWA ring row: slot * ring + pos % ring
     window_cols: torch.Tensor  # [B, window] ring rows of the window ending at the token, -1 before position 0
     seq_ids: torch.Tensor  # [B] 0 .. B-1
     ratios: dict[int, RatioPlan]
 
     @classmethod
     def build(cls, step: DecodeStep, window: int, page_size: int, entry_base: dict[int, int], index_topk: int,
-              kinds: dict[int, RatioKinds]) -> DecodePlan:
-        """``entry_base``: per ratio, the row of page 0 in its layers' KV pools (after the SWA rings);
+              kinds: dict[int, RatioKinds], ring: int | None = None) -> DecodePlan:
+        """``ring``: rows of a slot's ring (``StateSpec.ring``; None: ``window``); ``entry_base``: per ratio, the
+        row of page 0 in its layers' KV pools (after the SWA rings);
         ``index_topk``: the indexers'; ``kinds``: what each ratio's layers read.  Each op here is one kernel node
         of a step's graph: built once, read by every layer."""
         pos, slots, batch = step.positions, step.slots, step.positions.shape[0]
         widths = [t.shape[1] * page_size for t in step.page_tables.values()]
         ints = _Ints(min(1 - window, -1), max(batch, page_size, index_topk, *widths), pos.device)
         key_pos = pos[:, None] + ints(1 - window, 1)
-        ring = torch.add(key_pos % window, slots[:, None], alpha=window)  # slot * window + key_pos % window
-        window_cols = torch.where(key_pos >= 0, ring, -1)
+        ring = ring or window
+        ring_at = torch.add(key_pos % ring, slots[:, None], alpha=ring)  # slot * ring + key_pos % ring
+        window_cols = torch.where(key_pos >= 0, ring_at, -1)
         seq_ids, after = ints(0, batch), pos + 1
         ratios = {}
         for r, table in step.page_tables.items():
@@ -126,7 +128,7 @@ class DecodePlan:
             ratios[r] = RatioPlan(torch.add(within, slots, alpha=r), closing, pos - within, write, rows,
                                   has_previous, overlap_slots, causal_cols, causal, picks, pick_cols)
         # the token's own ring row is the window's last column (contiguous: every layer's ring write reads it)
-        return cls(ring[:, -1].contiguous(), window_cols, seq_ids, ratios)
+        return cls(ring_at[:, -1].contiguous(), window_cols, seq_ids, ratios)
 
 
 class _Ints:

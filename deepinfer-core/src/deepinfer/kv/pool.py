@@ -111,7 +111,7 @@ class StatePool:
         entries = self.pages.get(b.ratio, 0) * self.spec.page_size if b.ratio else 0
         if isinstance(b, PageBuffer):
             return {b.name: self._rows(entries, b.format, b)}
-        rings = b.rings * self.slots * self.spec.window
+        rings = b.rings * self.slots * self.spec.ring
         if b.split:
             return {b.name: self._rows(rings, b.ring_format, b), entries_name(b.name): self._rows(entries,
                                                                                                 b.entry_format, b)}
@@ -130,11 +130,11 @@ class StatePool:
 
     def entry_base(self, ratio: int) -> int:
         """Row of page 0 in every KV buffer of ``ratio`` (its rings come first)."""
-        return self._rings.get(ratio, 1) * self.slots * self.spec.window
+        return self._rings.get(ratio, 1) * self.slots * self.spec.ring
 
     def ring_base(self, member: int) -> int:
         """Row of ring ``member``'s slot 0 in a KV buffer."""
-        return member * self.slots * self.spec.window
+        return member * self.slots * self.spec.ring
 
     # --- sequences ----------------------------------------------------------------------------------
     def new_state(self) -> PooledState:
@@ -233,7 +233,7 @@ class StatePool:
 
     # --- addressing ---------------------------------------------------------------------------------
     def ring_rows(self, slot: int, member: int = 0) -> torch.Tensor:
-        w = self.spec.window
+        w = self.spec.ring
         start = self.ring_base(member) + slot * w
         return torch.arange(start, start + w, device=self.device)
 
@@ -276,7 +276,7 @@ class StatePool:
         self.slots = slots or self.slots
         self.pages = pages or self.pages
         self.tensors = self._allocate()
-        window, page = self.spec.window, self.spec.page_size
+        ring, page = self.spec.ring, self.spec.page_size
         for b in self.spec.buffers:
             a, t = old[b.name], self.tensors[b.name]
             if isinstance(b, SlotBuffer):
@@ -284,7 +284,7 @@ class StatePool:
                 continue
             if isinstance(b, KVBuffer):
                 for m in range(b.rings):
-                    rows = old_slots * window
+                    rows = old_slots * ring
                     t[self.ring_base(m) : self.ring_base(m) + rows] = a[m * rows : (m + 1) * rows]
             if b.ratio:
                 n = old_pages[b.ratio] * page

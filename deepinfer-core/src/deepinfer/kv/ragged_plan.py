@@ -61,22 +61,24 @@ class PrefillPlan:
     @classmethod
     def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
               entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor],
-              floors: list[int] | None = None, cached: list[int] | None = None) -> PrefillPlan:
+              floors: list[int] | None = None, cached: list[int] | None = None, ring: int | None = None
+              ) -> PrefillPlan:
         """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
         page 0 in every layer's kv tensor; ``floors``: each sequence's first position the plan's layers hold a
         window row for (V4.1's decoder runs only from there in a truncated prefill; None: 0), no key before it;
         ``cached``: each sequence's ``PooledState.cached_tokens`` (None: 0) -- the windows a replay closes that end
         at or before it are computed (their carry-over matters) but written to the null page, never over the
-        prefix cache's shared entries.
+        prefix cache's shared entries; ``ring``: rows of a slot's ring (``StateSpec.ring``; None: ``window``).
         The host work is a few vectorised CPU ops and one upload."""
         starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
         offsets, slot = torch.tensor(layout.offsets), torch.tensor(slots)
         floor = torch.tensor(floors) if floors is not None else torch.zeros_like(starts)
         seqs = len(layout.lens)
         held = (starts - floor).clamp(0, window)  # history rows before each chunk
-        hist = slot.repeat_interleave(held) * window + _ranges(starts - held, held) % window
+        ring = ring or window
+        hist = slot.repeat_interleave(held) * ring + _ranges(starts - held, held) % ring
         keep = lens.clamp(max=window)  # the newest latents each ring takes
-        ring_rows = slot.repeat_interleave(keep) * window + _ranges(starts + lens - keep, keep) % window
+        ring_rows = slot.repeat_interleave(keep) * ring + _ranges(starts + lens - keep, keep) % ring
         ring_src = _ranges(offsets + lens - keep, keep)
         counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
         # [seqs, entries] page rows of each sequence's entries (none for the sliding-only plan)

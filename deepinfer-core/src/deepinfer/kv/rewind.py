@@ -2,7 +2,7 @@
 
 A forward that advances a state from ``n`` to ``n + m`` tokens writes, in the pool:
 
-- every ring row of positions ``n .. n + m - 1`` (row ``position % window`` of each ring of the slot), which held
+- every ring row of positions ``n .. n + m - 1`` (row ``position % ring`` of each ring of the slot), which held
   positions ``window`` earlier that the state at ``n`` tokens still attends;
 - the slot's carry-over (:class:`~.spec.SlotBuffer`: a compressor's unfinished window and overlap, Engram's token
   history), which it replaces by the carry-over after ``n + m`` tokens;
@@ -71,8 +71,8 @@ class PoolCheckpoint:
 
 def _ring_rows(pool: StatePool, slot: int, rings: int, start: int, count: int) -> torch.Tensor:
     """Rows of positions ``start .. start + count - 1`` in every ring of ``slot`` (ring-major)."""
-    window = pool.spec.window
-    offsets = torch.arange(start, start + count) % window + slot * window
+    ring = pool.spec.ring
+    offsets = torch.arange(start, start + count) % ring + slot * ring
     return torch.cat([offsets + pool.ring_base(m) for m in range(rings)])
 
 
@@ -87,7 +87,7 @@ def checkpoint(states: list[PooledState], advances: list[int], upload: Upload | 
     ring_counts = sorted({b.rings for b in pool.spec.of(KVBuffer) if isinstance(b, KVBuffer) and b.rings})
     ring_rows, ring_offsets, device_rows = {}, {}, {}
     for rings in ring_counts:
-        parts = [_ring_rows(pool, s.slot or 0, rings, s.num_tokens, min(m, pool.spec.window))
+        parts = [_ring_rows(pool, s.slot or 0, rings, s.num_tokens, min(m, pool.spec.ring))
                  for s, m in zip(states, advances, strict=True)]
         offsets = [0]
         for part in parts:

@@ -62,8 +62,8 @@ def entries_name(name: str) -> str:
 
 @dataclass(slots=True, frozen=True)
 class KVBuffer:
-    """``[rings * slots * window + pages * page_size, width]``: rings first (ring ``m`` of slot ``s`` at rows
-    ``(m * slots + s) * window ...``), then the entry pages of ``ratio`` (0: rings only)."""
+    """``[rings * slots * ring + pages * page_size, width]``: rings first (ring ``m`` of slot ``s`` at rows
+    ``(m * slots + s) * ring ...``, ``ring = StateSpec.ring``), then the entry pages of ``ratio`` (0: rings only)."""
 
     name: str
     rings: int
@@ -107,10 +107,10 @@ def row_bytes(fmt: RowFormat | None, width: int, element_size: int) -> int:
     return fmt.row_bytes(width) if fmt is not None else width * element_size
 
 
-def _bytes(buffer: Buffer, window: int, element_size: int) -> tuple[int, int]:
+def _bytes(buffer: Buffer, ring_rows: int, element_size: int) -> tuple[int, int]:
     """(bytes per slot, bytes per entry) of ``buffer``, its elements ``element_size`` bytes where not packed."""
     if isinstance(buffer, KVBuffer):
-        ring = buffer.rings * window * row_bytes(buffer.ring_format, buffer.width, element_size)
+        ring = buffer.rings * ring_rows * row_bytes(buffer.ring_format, buffer.width, element_size)
         return ring, row_bytes(buffer.entry_format, buffer.width, element_size) if buffer.ratio else 0
     if isinstance(buffer, SlotBuffer):
         n = element_size
@@ -131,6 +131,9 @@ class StateSpec:
     window: int
     buffers: tuple[Buffer, ...]
     page_size: int = PAGE_SIZE
+    #: Ring rows beyond the window: a step of up to ``ring_spare + 1`` tokens per sequence (a speculative verify
+    #: step: anchor and drafts) writes its rows without overwriting any row a query of the step still reads.
+    ring_spare: int = 0
     #: Per element size: (slot bytes, {ratio: page bytes}); filled on first use (the scheduler asks every step).
     _sizes: dict[int, tuple[int, dict[int, int]]] = field(default_factory=dict, init=False, repr=False,
                                                          compare=False)
@@ -144,6 +147,11 @@ class StateSpec:
     def paged_ratios(self) -> tuple[int, ...]:
         """Compression ratios that have pages, ascending."""
         return tuple(sorted({_ratio(b) for b in self.buffers if _ratio(b)}))
+
+    @property
+    def ring(self) -> int:
+        """Rows of one ring of a slot: position ``p`` is row ``p % ring``."""
+        return self.window + self.ring_spare
 
     def of(self, kind: type) -> list[Buffer]:
         return [b for b in self.buffers if isinstance(b, kind)]
@@ -160,7 +168,7 @@ class StateSpec:
             slot, pages = 0, {r: 0 for r in self.paged_ratios}
             for b in self.buffers:
                 size = element_size if b.dtype is None else torch.empty(0, dtype=b.dtype).element_size()
-                per_slot, per_entry = _bytes(b, self.window, size)
+                per_slot, per_entry = _bytes(b, self.ring, size)
                 slot += per_slot
                 if per_entry:
                     pages[_ratio(b)] += self.page_size * per_entry
@@ -171,7 +179,7 @@ class StateSpec:
         """The same buffers with every row in the model's dtype (what packing is measured against)."""
         plain = [replace(b, ring_format=None, entry_format=None) if isinstance(b, KVBuffer)
                  else replace(b, format=None) if isinstance(b, PageBuffer) else b for b in self.buffers]
-        return StateSpec(self.window, tuple(plain), self.page_size)
+        return StateSpec(self.window, tuple(plain), self.page_size, self.ring_spare)
 
     def state_bytes(self, num_tokens: int, element_size: int) -> int:
         """Bytes a sequence of ``num_tokens`` tokens holds: its slot and its pages (0 before its first token)."""

@@ -169,7 +169,7 @@ def ragged_layout(batch: ForwardBatch, states: list[PooledState], starts: list[i
     layout.entry_rows = BuiltOnUse(entries)
     layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, batch.positions, pool.spec.window, r,  # type: ignore[arg-type]
                                                           pool.entry_base(r) if r else 0, batch.upload,
-                                                          cached=cached))
+                                                          cached=cached, ring=pool.spec.ring))
     return layout
 
 

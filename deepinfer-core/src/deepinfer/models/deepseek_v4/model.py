@@ -111,7 +111,7 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
         spec = pool.spec
         plan = DecodePlan.build(step, spec.window, spec.page_size, {r: pool.entry_base(r) for r in pool.ratios},
-                                self.config.index_topk, self.ratio_kinds)
+                                self.config.index_topk, self.ratio_kinds, spec.ring)
         return self._run(step.input_ids, lambda attn, x: attn.decode(x, step, plan, pool, pool.views[attn.layer]))
 
     def _run(self, input_ids: torch.Tensor, attend: Callable[[Attention, torch.Tensor], torch.Tensor]):

@@ -91,7 +91,7 @@ def layer_caches(pool: StatePool) -> list[LayerCache]:
 class LayerView:
     """One layer of one sequence's state as tensors (copies, in position order): for tests and debugging."""
 
-    swa_ring: torch.Tensor  # [window, head_dim] rows by position % window
+    swa_ring: torch.Tensor  # [ring, head_dim] rows by position % ring (StateSpec.ring)
     entries: torch.Tensor | None  # [num_entries, head_dim]
     pending_kv: torch.Tensor | None  # [num_tokens % ratio, width]
     index_keys: torch.Tensor | None  # [num_entries, index_head_dim] (CSA)

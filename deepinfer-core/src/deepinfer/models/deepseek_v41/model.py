@@ -269,7 +269,8 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
         spec, views = pool.spec, pool.views
         bases = {r: pool.entry_base(r) for r in pool.ratios}
-        plan = DecodePlan.build(step, spec.window, spec.page_size, bases, self.config.index_topk, self.ratio_kinds)
+        plan = DecodePlan.build(step, spec.window, spec.page_size, bases, self.config.index_topk, self.ratio_kinds,
+                                spec.ring)
         window_cols = BuiltOnUse(lambda base: torch.where(plan.window_cols >= 0, plan.window_cols + base, -1))
         window_cols[0] = plan.window_cols
         graph = GraphStep(step, plan, window_cols, Published())

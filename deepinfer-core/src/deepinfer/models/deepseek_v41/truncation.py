@@ -91,5 +91,5 @@ def decoder_rows(batch: ForwardBatch, layout: RaggedLayout, states: list[PooledS
     sub_cached = [states[i].cached_tokens for i in kept]
     sub.plans = BuiltOnUse(lambda r: PrefillPlan.build(sub, slots, positions, pool.spec.window, r,  # type: ignore[arg-type]
                                                        pool.entry_base(r) if r else 0, batch.upload, sub_floors,
-                                                       sub_cached))
+                                                       sub_cached, pool.spec.ring))
     return DecoderRows(device_rows, sub, [states[i] for i in kept], positions)
