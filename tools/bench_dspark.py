@@ -16,8 +16,8 @@ real (meaningful with trained weights; its measured acceptance length is reporte
 ``--slice``: no checkpoint; the V4.1-Flash slice of ``tools/bench_v41_slice.py`` (8 layers at V4.1-Flash's dims,
 bf16 random weights) on the GPU with a DSpark drafter of random weights at the same dims (``tools/
 v41_slice_engine.py``); ``--slice --tiny``: both at toy dims on the CPU (tests the script).  The output says which
-drafter ran, and how many steps of each mode replayed captured decode graphs: plain decoding does on a backend
-that captures (CUDA), speculative steps (draft, then one ragged verify forward) run eagerly.
+drafter ran, and how many steps of each mode replayed captured graphs: plain decoding's decode steps, speculative
+decoding's verify steps (draft, then one fixed-shape forward of anchor and drafts: ``runner/verify_graphs.py``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def _decode_time(llm, prompts, new_tokens: int, repeats: int) -> tuple[float, li
 
 
 class StepCounter:
-    """Counts the runner's steps, and those replayed from captured decode graphs (wraps the two methods)."""
+    """Counts the runner's steps, and those replayed from captured decode or verify graphs (wraps the methods;
+    the verify graphs once the engine has made them, at the first speculative step)."""
 
     def __init__(self, runner) -> None:
         self.steps = self.graph_steps = 0
@@ -86,18 +87,23 @@ class StepCounter:
 
         def counted_launch(*args, **kwargs):
             self.steps += 1
+            if runner.verify_graphs is not None and not hasattr(runner.verify_graphs.run, "counted"):
+                self._count(runner.verify_graphs)
             return launch(*args, **kwargs)
 
         runner.launch = counted_launch
-        graphs = runner.decode_graphs
-        if graphs is not None:
-            run = graphs.run
+        if runner.decode_graphs is not None:
+            self._count(runner.decode_graphs)
 
-            def counted_run(*args, **kwargs):
-                self.graph_steps += 1
-                return run(*args, **kwargs)
+    def _count(self, graphs) -> None:
+        run = graphs.run
 
-            graphs.run = counted_run
+        def counted_run(*args, **kwargs):
+            self.graph_steps += 1
+            return run(*args, **kwargs)
+
+        counted_run.counted = True
+        graphs.run = counted_run
 
     def take(self) -> tuple[int, int]:
         """(steps, of which graph replays) since the last call."""
@@ -190,9 +196,13 @@ def graphs_line(llm, rows: list[dict[str, object]]) -> str:
     how = "captured (CUDA graphs)" if captures else "re-executed (this backend does not capture)"
     line = (f"decode graphs {how} on backend {type(backend).__name__}: plain decoding replayed "
             f"{total('plain', 'graph_steps')} of its {total('plain', 'steps')} steps (the rest: prefills); "
-            f"speculative decoding {total('spec', 'graph_steps')} of {total('spec', 'steps')} (verify runs eagerly)")
+            f"speculative decoding {total('spec', 'graph_steps')} of {total('spec', 'steps')} as captured verify "
+            "steps (the rest: prefills, eagerly)")
     if graphs.eager_reason:
         line += f"; a capture failed, decode steps ran eagerly: {graphs.eager_reason}"
+    verify = engine.runner.verify_graphs
+    if verify is not None and verify.eager_reason:
+        line += f"; a verify capture failed, verify steps ran eagerly: {verify.eager_reason}"
     drafts = getattr(engine, "_draft_graphs", None)
     if drafts is None:
         line += "; draft passes eager (the drafter is not a GraphDrafter)"

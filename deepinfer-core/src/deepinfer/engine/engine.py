@@ -26,12 +26,13 @@ from deepinfer.engine.speculation import apply_results, policy_from_env
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
-from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, SequenceState
+from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, SequenceState, VerifyDecodable
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.draft_graphs import DraftGraphs
 from deepinfer.runner.model_runner import ModelRunner, StepHandle
+from deepinfer.runner.verify_graphs import VerifyGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
 from deepinfer.spec.budget import SpecPolicy
@@ -126,6 +127,10 @@ class Engine:
         kept while speculation is off, so turning the same drafter on again does not capture again."""
         runner, kept = self.runner, self._draft_graphs
         runner.draft_graphs = None
+        if drafter is not None and runner.decode_graphs is not None and isinstance(self.model, VerifyDecodable):
+            if runner.verify_graphs is None:  # captured verify steps of pure-decode batches
+                runner.verify_graphs = VerifyGraphs(self.model, runner.backend, self.model.device,
+                                                    self.config.max_num_seqs, self.config.max_model_len)
         if drafter is None or runner.decode_graphs is None or not isinstance(drafter, GraphDrafter):
             return
         if kept is None or kept.drafter is not drafter:

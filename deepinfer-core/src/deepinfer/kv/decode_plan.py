@@ -1,4 +1,11 @@
-"""A decode step's inputs as device tensors of fixed shape: what a captured CUDA graph replays against."""
+"""A decode step's inputs as device tensors of fixed shape: what a captured CUDA graph replays against.
+
+A plain decode step has one token per sequence.  A verify step (speculative decoding: each sequence's anchor and
+its drafts, ``starts`` set) has ``q`` consecutive rows per sequence, each planned as its own query: every row
+writes its ring row, entry and keys before any row reads (a ring holds ``q - 1`` spare rows, so no row a query
+reads is overwritten), and a compressor takes a row's window from the step's rows and the slot's carry-over
+(:class:`BlockWindows`).
+"""
 
 from __future__ import annotations
 
@@ -11,21 +18,25 @@ from deepinfer.kv.pool import entry_rows
 
 @dataclass(slots=True)
 class DecodeStep:
-    """One token for each of ``B`` sequences (padding rows use slot 0, position 0 and page 0)."""
+    """One token for each of ``B`` rows (padding rows use slot 0, position 0 and page 0): one sequence a row, or
+    (a verify step) ``q`` consecutive rows a sequence at consecutive positions from ``starts``."""
 
     input_ids: torch.Tensor  # [B] int64
     positions: torch.Tensor  # [B] int64
     slots: torch.Tensor  # [B] int64 state slot of each row
     page_tables: dict[int, torch.Tensor]  # compression ratio -> [B, pages] int64 page ids (0 = none)
+    starts: torch.Tensor | None = None  # [B] int64: the position of the row's sequence's first row (verify steps)
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> DecodeStep:
         """From the flat name -> tensor form the engine's graph runner keeps in static buffers."""
         tables = {int(name[6:]): t for name, t in tensors.items() if name.startswith("pages_")}
-        return cls(tensors["input_ids"], tensors["positions"], tensors["slots"], tables)
+        return cls(tensors["input_ids"], tensors["positions"], tensors["slots"], tables, tensors.get("starts"))
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"input_ids": self.input_ids, "positions": self.positions, "slots": self.slots}
+        if self.starts is not None:
+            out["starts"] = self.starts
         out.update({f"pages_{r}": t for r, t in self.page_tables.items()})
         return out
 
@@ -56,6 +67,28 @@ class CausalPicks:
 
 
 @dataclass(slots=True)
+class BlockWindows:
+    """Where a verify step's compressor finds each row's window (``ratio`` tokens ending at the row's window
+    end): token ``i`` is the step's row ``step_rows[:, i]`` where ``from_step``, else the slot's carry-over row
+    ``pending_rows[:, i]`` (flattened ``[slots * ratio]``).  Tokens after the row are its own row: only a closing
+    row's window (the row is its last token) becomes an entry."""
+
+    step_rows: torch.Tensor  # [T, ratio]
+    pending_rows: torch.Tensor  # [T, ratio]
+    from_step: torch.Tensor  # [T, ratio] bool
+
+    @classmethod
+    def build(cls, positions: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
+              counting: torch.Tensor) -> BlockWindows:
+        """``rows``: ``0 .. T - 1``; ``counting``: ``0 .. ratio - 1`` (on the device)."""
+        ratio = counting.shape[0]
+        back = (positions % ratio)[:, None] - counting  # token i is this many positions before the row
+        offset = (positions - starts)[:, None]  # the row's index in its sequence's block
+        step_rows = (rows[:, None] - back.clamp(min=0)).clamp(min=0)
+        return cls(step_rows, torch.add(counting, slots[:, None], alpha=ratio), back <= offset)
+
+
+@dataclass(slots=True)
 class RatioPlan:
     """Rows every layer of one compression ratio reads and writes in a decode step (computed once per step)."""
 
@@ -79,6 +112,8 @@ class RatioPlan:
     #: column of each pick (a pick of -1 reads the last column)
     picks: CausalPicks | None
     pick_cols: torch.Tensor | None
+    #: A verify step's compressor windows (ratio > 1), else None
+    block: BlockWindows | None = None
 
 
 @dataclass(slots=True)
@@ -125,8 +160,11 @@ class DecodePlan:
             if kind.attends_all or not picking:
                 causal = torch.where(ints(0, cols.shape[1]) < complete[:, None], cols, -1)
                 causal_cols = torch.cat([window_cols, causal], dim=1)
+            block = None
+            if step.starts is not None and r > 1:
+                block = BlockWindows.build(pos, step.starts, slots, seq_ids, ints(0, r))
             ratios[r] = RatioPlan(torch.add(within, slots, alpha=r), closing, pos - within, write, rows,
-                                  has_previous, overlap_slots, causal_cols, causal, picks, pick_cols)
+                                  has_previous, overlap_slots, causal_cols, causal, picks, pick_cols, block)
         # the token's own ring row is the window's last column (contiguous: every layer's ring write reads it)
         return cls(ring_at[:, -1].contiguous(), window_cols, seq_ids, ratios)
 

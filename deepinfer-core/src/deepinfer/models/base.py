@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -131,6 +131,37 @@ class GraphDecodable(Protocol):
 
     def decode_forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """Hidden states ``[bucket, hidden]`` of the step from ``decode_inputs``'s tensors on the device."""
+        ...
+
+
+@runtime_checkable
+class VerifyDecodable(Protocol):
+    """A model whose speculative verify steps of pure-decode batches (each sequence's anchor and ``q - 1``
+    drafts) have fixed shapes and keep every accepted token without feeding it again, so the runner captures
+    them like decode steps (``runner/verify_graphs.py``).
+
+    ``verify_inputs`` reserves the states' memory and builds host index tensors padded to ``bucket`` sequences;
+    ``verify_forward`` runs on the device from those tensors alone (the runner writes the drafts into the
+    ``"input_ids"`` rows ``i * q + 1 ..`` first); ``commit_verify`` then keeps each sequence's first rows, writes
+    what they leave in the state and advances it."""
+
+    @property
+    def max_verify_rows(self) -> int:
+        """The most rows a sequence (``q``) a verify step may take."""
+        ...
+
+    def verify_inputs(self, states: list[SequenceState], anchors: list[int], bucket: int, q: int,
+                      max_tokens: int) -> dict[str, torch.Tensor]:
+        ...
+
+    def verify_forward(self, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """(hidden ``[bucket * q, hidden]``, the drafter's target features of every row, a record for
+        ``commit_verify``: device tensors a replay rewrites in place)."""
+        ...
+
+    def commit_verify(self, record: Any, states: list[SequenceState], kept: list[int], q: int,
+                      upload: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Keep the first ``kept[i]`` (1 .. q) rows of sequence ``i``."""
         ...
 
 

@@ -173,6 +173,30 @@ def ragged_layout(batch: ForwardBatch, states: list[PooledState], starts: list[i
     return layout
 
 
+def verify_step(states: list[PooledState], pool: StatePool, anchors: list[int], rows: int, q: int,
+                max_tokens: int) -> DecodeStep:
+    """Host-side verify step (:class:`DecodeStep` with ``starts``): ``q`` rows a sequence (its anchor, then
+    ``q - 1`` rows whose ids the runner writes on the device), padded to ``rows`` sequences; page tables wide
+    enough for ``max_tokens`` tokens.  Reserves each state's pages for ``q`` more tokens; advancing the states is
+    the commit's (only the verifier knows how many rows a sequence keeps)."""
+    if any(s.pool is not pool for s in states):
+        raise ValueError("verify_step: a state is not from the model's configured pool")
+    for state in states:
+        pool.reserve(state, state.num_tokens + q)
+    pad = rows - len(states)
+    starts = [s.num_tokens for s in states] + [0] * pad
+    slots = [s.slot or 0 for s in states] + [0] * pad
+    ids = [[a] + [0] * (q - 1) for a in anchors] + [[0] * q] * pad
+    flat = [torch.tensor(ids).flatten(), (torch.tensor(starts)[:, None] + torch.arange(q)).flatten(),
+            torch.tensor(slots).repeat_interleave(q), torch.tensor(starts).repeat_interleave(q)]
+    tables = {}
+    for r in pool.ratios:
+        width = max(1, pool.spec.pages_for(max_tokens, r))
+        table = torch.tensor(padded_pages(states, r, width) + [0] * (width * pad), dtype=torch.int64)
+        tables[r] = table.view(rows, width).repeat_interleave(q, dim=0)
+    return DecodeStep(flat[0], flat[1], flat[2], tables, flat[3])
+
+
 def decode_step(states: list[PooledState], pool: StatePool, max_tokens: int | None, rows: int,
                 input_ids: list[int] | None = None) -> DecodeStep:
     """Host-side :class:`DecodeStep` for ``states`` padded to ``rows`` (page tables wide enough for

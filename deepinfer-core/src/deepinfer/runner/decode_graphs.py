@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -49,7 +49,8 @@ class _Graph:
     shapes: list[tuple[str, tuple[int, ...]]]
     pads: list[torch.Tensor]  # zeros after each input in ``flat`` (host side), so every input starts aligned
     replay: Callable[[], object]
-    outputs: list[torch.Tensor]  # the last is the step's logits (a captured graph rewrites them in place)
+    #: What the captured body returned (a decode step: its logits; a captured graph rewrites them in place).
+    outputs: list[Any]
     turn: int = 0
 
     def stage(self, host: dict[str, torch.Tensor]) -> None:
@@ -94,6 +95,27 @@ class CapturedSteps:
                            self.eager_reason, self.WHAT)
             return step
 
+    def _capture_static(self, host: dict[str, torch.Tensor],
+                        body: Callable[[dict[str, torch.Tensor]], list[Any]]) -> _Graph:
+        """A graph of ``body`` over static device buffers shaped as ``host`` (one packed int64 tensor): every
+        input starts at an even int64 offset, 16-byte aligned like the buffer itself (kernels are compiled ahead
+        of time for 16-byte aligned pointers, so a misaligned view would run through the JIT instead)."""
+        shapes = [(name, tuple(t.shape)) for name, t in host.items()]
+        sizes = [int(torch.Size(shape).numel()) for _, shape in shapes]
+        pads = [torch.zeros(-n % _ALIGN, dtype=torch.int64) for n in sizes]
+        flat = torch.zeros(sum(sizes) + sum(p.numel() for p in pads), dtype=torch.int64, device=self.device)
+        static, offset = {}, 0
+        for (name, shape), n, pad in zip(shapes, sizes, pads, strict=True):
+            static[name] = flat[offset : offset + n].view(shape)
+            offset += n + pad.numel()
+        out: list[Any] = []
+
+        def step() -> None:
+            out[:] = body(static)
+
+        return _Graph(flat, self._staging(flat.numel()), static["input_ids"], shapes, pads, self._replayable(step),
+                      out)
+
     def close(self) -> None:
         self._exit.close()
 
@@ -137,23 +159,7 @@ class DecodeGraphs(CapturedSteps):
         return graph.outputs[-1][: len(states)]
 
     def _capture_graph(self, host: dict[str, torch.Tensor]) -> _Graph:
-        shapes = [(name, tuple(t.shape)) for name, t in host.items()]
-        # Every input starts at an even int64 offset, 16-byte aligned like the buffer itself: kernels are compiled
-        # ahead of time for 16-byte aligned pointers, so a misaligned view would run through the JIT instead.
-        sizes = [int(torch.Size(shape).numel()) for _, shape in shapes]
-        pads = [torch.zeros(-n % _ALIGN, dtype=torch.int64) for n in sizes]
-        flat = torch.zeros(sum(sizes) + sum(p.numel() for p in pads), dtype=torch.int64, device=self.device)
-        static, offset = {}, 0
-        for (name, shape), n, pad in zip(shapes, sizes, pads, strict=True):
-            static[name] = flat[offset : offset + n].view(shape)
-            offset += n + pad.numel()
-        out: list[torch.Tensor] = []
-
-        def step() -> None:
-            out[:] = [self.model.compute_logits(self.model.decode_forward(static))]
-
-        return _Graph(flat, self._staging(flat.numel()), static["input_ids"], shapes, pads, self._replayable(step),
-                      out)
+        return self._capture_static(host, lambda static: [self.model.compute_logits(self.model.decode_forward(static))])
 
     def close(self) -> None:
         self._graphs.clear()

@@ -18,6 +18,7 @@ from deepinfer.models.base import CausalLM, ForwardBatch, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.draft_graphs import DraftGraphs
+from deepinfer.runner.verify_graphs import VerifyGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.spec.drafter import Drafter
 from deepinfer.step import PLACEHOLDER, PromptScoring, RunnerOutput, ScheduledSample, StepInput, TokenLogprobs
@@ -71,6 +72,9 @@ class ModelRunner:
         #: Replays the drafter's greedy draft passes from captured graphs (set with the drafter when the engine
         #: captures decode steps and the drafter is a ``GraphDrafter``); None = drafts run eagerly.
         self.draft_graphs: DraftGraphs | None = None
+        #: Replays pure-decode speculative steps as captured verify steps (set by the engine where the model is
+        #: ``VerifyDecodable`` and decode steps are captured); None = every speculative step runs eagerly.
+        self.verify_graphs: VerifyGraphs | None = None
         #: Benchmarks only (``tools/bench_dspark.py``): a mean acceptance length L (tokens per verify step); each
         #: step then accepts L - 1 drafts (alternating floor and ceil) whatever the target says.  Lossy.
         self.forced_acceptance: float | None = None

@@ -12,12 +12,17 @@
    leaves the same state), or at once when that chunk was itself a re-feed (:func:`_undo`: bounded chunks).  The
    drafter's context is extended with the accepted positions' target features.
 
+A pure-decode step (every chunk its anchor alone) on a model with captured verify steps
+(:class:`~deepinfer.runner.verify_graphs.VerifyGraphs`) replaces 2 and 4: one replayed fixed-shape forward of
+anchor and drafts, then the model keeps each sequence's accepted rows (``commit_verify``); nothing is undone.
+
 The step is read back before it returns (acceptance decides what the next step feeds), so the engine does not
 overlap speculative steps with the next schedule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -28,8 +33,12 @@ from deepinfer.spec.drafter import DraftRequest, Drafts
 from deepinfer.spec.verify import forced, grammar_rows, verify, verify_rows
 from deepinfer.step import RunnerOutput, ScheduledSample, SpecResult, StepInput, TokenLogprobs
 
+#: ``logits_of(rows)``: fp32 logits of those rows of the step's forward.
+LogitsOf = Callable[[list[int]], torch.Tensor]
+
 if TYPE_CHECKING:
     from deepinfer.runner.model_runner import ModelRunner, StepHandle
+    from deepinfer.runner.verify_graphs import VerifyGraphs
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -99,7 +108,6 @@ def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledS
 
 def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
     """Run ``step`` with drafts (see the module docstring); the returned handle's results are already read."""
-    from deepinfer.runner.model_runner import StepHandle
 
     model = runner.model
     for chunk, state in zip(step.chunks, step.states, strict=True):
@@ -108,6 +116,10 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
                                f"chunk starts at {chunk.start}")
     per_chunk = _chunk_samples(step)
     specs, drafts = _draft(runner, step, per_chunk)
+    graphs = runner.verify_graphs
+    if graphs is not None and specs and _decode_only(step, per_chunk) and \
+            1 + max(s.count for s in specs) <= graphs.model.max_verify_rows:
+        return _launch_verify_step(runner, graphs, step, per_chunk, specs, drafts)
     counts = {s.chunk: s.count for s in specs}
     chunks = [replace(c, token_ids=c.token_ids + [0] * counts.get(i, 0)) for i, c in enumerate(step.chunks)]
     plan = runner._plan(replace(step, chunks=chunks))
@@ -142,12 +154,61 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
         read = runner._logprobs(logits, targets, [sc.num_logprobs for sc, _, _ in plan.prompt_targets])
         for (scoring, pos, _), tl in zip(plan.prompt_targets, read(), strict=True):
             out.prompt_logprobs.append((scoring.seq_id, pos, tl))
-    plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, hidden)
-    verified = _verify(runner, specs, drafts, hidden)
-    confidence = drafts.confidence[:, : drafts.tokens.shape[1]].tolist() if drafts is not None else []
+    def logits_of(rows: list[int]) -> torch.Tensor:
+        return model.compute_logits(hidden[runner._upload(rows)])
+
+    plain = _sample_plain(runner, step, per_chunk, plan.sample_rows, logits_of)
+    verified = _verify(runner, specs, drafts, logits_of)
     accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
     _undo(runner, step, specs, accepted, checkpoint)
-    _extend(runner, step, offsets, accepted, batch, plan.positions)
+    _extend(runner, step, offsets, accepted, batch.captured, plan.positions)
+    return _handle(step, per_chunk, specs, drafts, verified, out, plain)
+
+
+def _decode_only(step: StepInput, per_chunk: list[list[ScheduledSample]]) -> bool:
+    """Every chunk is its sequence's anchor alone and samples one token (no fork, no prompt logprobs)."""
+    return (all(len(c.token_ids) == 1 for c in step.chunks) and all(len(s) == 1 for s in per_chunk)
+            and not any(step.prompt_scoring or ()))
+
+
+def _launch_verify_step(runner: ModelRunner, graphs: VerifyGraphs, step: StepInput,
+                        per_chunk: list[list[ScheduledSample]], specs: list[_Spec], drafts: Drafts | None
+                        ) -> StepHandle:
+    """A pure-decode step with drafts as a replayed verify step (``runner/verify_graphs.py``): sequence ``i``'s
+    rows ``i * q ..`` are its anchor and drafts; the model keeps the accepted rows (the target's own token is the
+    next step's anchor), so nothing is undone or fed again."""
+    assert drafts is not None
+    model = runner.model
+    q = 1 + max(s.count for s in specs)
+    width = drafts.tokens.shape[1]
+    for s in specs:
+        s.rows = [s.chunk * q + j for j in range(s.count + 1)]
+    dst = [s.chunk * q + 1 + j for s in specs for j in range(s.count)]
+    src = [s.index * width + j for s in specs for j in range(s.count)]
+    tokens = drafts.tokens.flatten()[runner._upload(src)] if src else drafts.tokens.new_zeros(0)
+    result = graphs.run(step.states, [c.token_ids[0] for c in step.chunks], q, tokens, runner._upload(dst))
+
+    def logits_of(rows: list[int]) -> torch.Tensor:
+        return result.logits[runner._upload(rows)]
+
+    plain = _sample_plain(runner, step, per_chunk, [i * q for i in range(len(step.chunks))], logits_of)
+    verified = _verify(runner, specs, drafts, logits_of)
+    accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
+    device = model.device
+    graphs.model.commit_verify(result.record, step.states, [1 + accepted.get(i, 0) for i in range(len(step.chunks))],
+                               q, lambda t: runner.backend.to_device(t, device))
+    positions = [c.start + j for c in step.chunks for j in range(q)]
+    _extend(runner, step, [i * q for i in range(len(step.chunks))], accepted, result.features, positions)
+    return _handle(step, per_chunk, specs, drafts, verified, RunnerOutput(), plain)
+
+
+def _handle(step: StepInput, per_chunk: list[list[ScheduledSample]], specs: list[_Spec], drafts: Drafts | None,
+            verified: list[tuple[int, list[TokenLogprobs]]], out: RunnerOutput, plain: list[TokenLogprobs]
+            ) -> StepHandle:
+    """The step's results (already read) in sample order, with each speculating chunk's SpecResult."""
+    from deepinfer.runner.model_runner import StepHandle
+
+    confidence = drafts.confidence[:, : drafts.tokens.shape[1]].tolist() if drafts is not None else []
     by_chunk = {s.chunk: (s, got) for s, got in zip(specs, verified, strict=True)}
     for i, samples in enumerate(per_chunk):
         if i in by_chunk:
@@ -184,7 +245,7 @@ def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: di
 
 
 def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledSample]],
-                  sample_rows: list[int], hidden: torch.Tensor) -> list[TokenLogprobs]:
+                  sample_rows: list[int], logits_of: LogitsOf) -> list[TokenLogprobs]:
     """Tokens of the sampling chunks without drafts (prefill ends, forks), as the plain runner draws them."""
     rows, samples, flat = [], [], iter(sample_rows)
     for chunk, chunk_samples in zip(step.chunks, per_chunk, strict=True):
@@ -195,7 +256,7 @@ def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[Sch
                 samples.append(sample)
     if not rows:
         return []
-    logits = runner.model.compute_logits(hidden[runner._upload(rows)])
+    logits = logits_of(rows)
     sampling = [s.row for s in samples]
     masks = runner.token_masks
     bitmask = masks.token_bitmask(sampling, logits.shape[-1], logits.device) if masks is not None else None
@@ -204,13 +265,12 @@ def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[Sch
 
 
 def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
-            hidden: torch.Tensor) -> list[tuple[int, list[TokenLogprobs]]]:
+            logits_of: LogitsOf) -> list[tuple[int, list[TokenLogprobs]]]:
     """Per speculating chunk: (drafts accepted, the logprobs of every token it gets); sets ``_Spec.emitted``."""
     if not specs:
         return []
     assert drafts is not None
-    rows = [r for s in specs for r in s.rows]
-    logits = runner.model.compute_logits(hidden[runner._upload(rows)])
+    logits = logits_of([r for s in specs for r in s.rows])
     sampling = [verify_rows(s.sample.row, s.drafts if s.drafts is not None else s.count) for s in specs]
     bitmask = None
     if any(s.mask is not None for s in specs):
@@ -251,8 +311,9 @@ def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
 
 
 def _extend(runner: ModelRunner, step: StepInput, offsets: list[int], accepted: dict[int, int],
-            batch: ForwardBatch, positions: list[int]) -> None:
-    """Give the drafter the target features of every position the step fed and the target kept."""
+            captured: torch.Tensor | None, positions: list[int]) -> None:
+    """Give the drafter the target features (``captured``: of every row of the step) of every position the step
+    fed and the target kept."""
     drafter = runner.drafter
     if drafter is None:
         return
@@ -263,8 +324,8 @@ def _extend(runner: ModelRunner, step: StepInput, offsets: list[int], accepted: 
         slot = getattr(step.states[i], "slot", None) or 0
         rows += range(offsets[i], offsets[i] + kept)
         slots += [slot] * kept
-    if batch.captured is not None:
-        features = batch.captured[runner._upload(rows)]
+    if captured is not None:
+        features = captured[runner._upload(rows)]
     else:
         features = torch.zeros(len(rows), 0, device=runner.model.device)
     drafter.extend(slots, runner._upload([positions[r] for r in rows]), features)

@@ -29,6 +29,7 @@ from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.indexer import Indexer, IndexerSpec, Published
 from deepinfer.models.deepseek_v41.roles import FULL, REUSE, LayerRole
 from deepinfer.models.deepseek_v41.state import LayerCache
+from deepinfer.models.deepseek_v41.verify_step import VerifyRecord
 from deepinfer.ops import Ops
 from deepinfer.ops.fake_quant import ScaleFormat
 
@@ -59,6 +60,7 @@ class GraphStep:
     plan: DecodePlan
     window_cols: dict[int, torch.Tensor]
     published: Published
+    record: VerifyRecord | None = None  # a verify step's (``step.starts`` set): what its commit needs
 
 
 def _keys(store: RowStore, rows: torch.Tensor) -> torch.Tensor | PagedRows:
@@ -229,8 +231,9 @@ class Attention:
 
     # --- one token per sequence (decode): fixed shapes, no host data -------------------------------
     def decode(self, x: torch.Tensor, graph: GraphStep, cache: LayerCache, entry_base: int) -> torch.Tensor:
-        """The token's latent goes to its ring first (which then holds exactly the window ending at it); the
-        window and the group's entry pages are read in place through row indices (``graph.plan``)."""
+        """The token's latent goes to its ring first (which then holds exactly the window ending at it; in a verify
+        step every row's, the ring's spare rows keep what the earlier rows read); the window and the group's entry
+        pages are read in place through row indices (``graph.plan``)."""
         step, plan = graph.step, graph.plan
         q_residual, q, _, stored, weights = self._project(x, step.positions, cache.kv_rows.rings, values=False)
         cache.kv_rows.write_rings(plan.ring_rows + cache.ring_base, stored)
@@ -238,7 +241,7 @@ class Attention:
         if self.ratio:
             ratio = plan.ratios[self.ratio]
             if self.compressor is not None:
-                latents = self.compressor.decode(x, step.slots, ratio, cache.pending)
+                latents = self.compressor.decode(x, step.slots, ratio, cache.pending, graph.record)
                 entries = self._entries(latents, ratio.entry_positions, cache.kv_rows.entries)
                 cache.kv_rows.write_entries(ratio.entry_write, entries)
                 assert self.indexer is not None and cache.key_rows is not None

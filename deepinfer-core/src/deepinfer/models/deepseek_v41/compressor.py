@@ -17,6 +17,7 @@ from deepinfer.kv.decode_plan import RatioPlan
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
 from deepinfer.layers.compressor import CompressorWindows
+from deepinfer.models.deepseek_v41.verify_step import VerifyRecord
 from deepinfer.ops import Ops
 
 
@@ -47,11 +48,21 @@ class Compressor:
         closed = self.windows.ragged(self.ops.linear(x.float(), self.w), layout, states, pending, None)
         return None if closed is None else self._latents(closed[0], x.dtype)
 
-    def decode(self, x: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, pending: torch.Tensor | None
-               ) -> torch.Tensor:
-        """Every row's latent [B, dim] (only closing rows' are entries: ``plan.closing``)."""
+    def decode(self, x: torch.Tensor, slots: torch.Tensor, plan: RatioPlan, pending: torch.Tensor | None,
+               record: VerifyRecord | None = None) -> torch.Tensor:
+        """Every row's latent [B, dim] (only closing rows' are entries: ``plan.closing``).  A verify step
+        (``record``) takes each row's window from the step's rows and the carry-over (``plan.block``) and leaves
+        the carry-over to :func:`~.verify_step.commit` (its projections go to ``record``)."""
         if self.ratio == 1:
             return self.ops.rms_norm(self.ops.linear(x, self.wkv), self.norm, self.eps)
         assert pending is not None
-        window, _ = self.windows.decode(self.ops.linear(x.float(), self.w), slots, plan, pending, None)
+        proj = self.ops.linear(x.float(), self.w)
+        if record is None:
+            window, _ = self.windows.decode(proj, slots, plan, pending, None)
+        else:
+            block = plan.block
+            assert block is not None, "a verify step's plan has block windows"
+            record.pending.append((pending, proj))
+            carry = pending.view(-1, proj.shape[1])
+            window = torch.where(block.from_step[..., None], proj[block.step_rows], carry[block.pending_rows])
         return self._latents(window, x.dtype)

@@ -36,7 +36,8 @@ from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookb
 from deepinfer.models.deepseek_v41.indexer import Published
 from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
-from deepinfer.models.pooled import PooledCausalLM
+from deepinfer.models.deepseek_v41.verify_step import VerifyRecord, commit
+from deepinfer.models.pooled import PooledCausalLM, verify_step
 from deepinfer.ops import Ops
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.parallel.engram_shard import shard_engrams
@@ -266,19 +267,65 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             self._take(i, streams, rows)
         return hidden.index_copy_(0, rows, self._final(streams, pre))
 
-    def _decode(self, step: DecodeStep, pool: StatePool) -> torch.Tensor:
+    # --- verify steps (runner/verify_graphs.py): each sequence's anchor and drafts, fixed shapes ----------------
+    def verify_inputs(self, states: list[PooledState], anchors: list[int], bucket: int, q: int,
+                      max_tokens: int) -> dict[str, torch.Tensor]:
+        """Host tensors of a verify step of ``q`` rows a sequence (:func:`~deepinfer.models.pooled.verify_step`)
+        padded to ``bucket`` sequences, for :meth:`verify_forward` on static buffers."""
+        assert self.pool is not None, "verify_inputs: the model has no configured state pool"
+        if not 1 <= q <= self.max_verify_rows:
+            raise ValueError(f"verify_inputs: q = {q} rows a sequence, the state's rings take 1 .. "
+                             f"{self.max_verify_rows}")
+        return verify_step(states, self.pool, anchors, bucket, q, max_tokens).tensors()
+
+    def verify_forward(self, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, VerifyRecord]:
+        """(hidden [T, hidden], the drafter's target features [T, F], the record :meth:`commit_verify` reads) of
+        a verify step on the device: fixed shapes and no host data, so it can be captured and replayed."""
+        assert self.pool is not None, "verify_forward: the model has no configured state pool"
+        step = DecodeStep.from_tensors(tensors)
+        rows = step.input_ids.shape[0]
+        if self.capture_layer_ids:
+            self._capture = Capture.request(self.capture_layer_ids, torch.arange(rows, device=step.input_ids.device),
+                                            rows, self.config.hc_mult)
+        record = VerifyRecord()
+        try:
+            hidden = self._decode(step, self.pool, record)
+            features = self._capture.result() if self._capture is not None else hidden.new_zeros(rows, 0)
+        finally:
+            self._capture = None
+        return hidden, features, record
+
+    @property
+    def max_verify_rows(self) -> int:
+        """The most rows a sequence a verify step takes: its ring's spare rows and the anchor."""
+        return self.pool.spec.ring_spare + 1 if self.pool is not None else 1
+
+    def commit_verify(self, record: VerifyRecord, states: list[PooledState], kept: list[int], q: int,
+                      upload: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Keep the first ``kept[i]`` rows of sequence ``i`` of the verify step ``record`` came from
+        (:func:`~.verify_step.commit`): the states then hold exactly those tokens."""
+        assert self.pool is not None
+        commit(record, self.pool.views.history, states, kept, q, upload)
+
+    def _decode(self, step: DecodeStep, pool: StatePool, record: VerifyRecord | None = None) -> torch.Tensor:
+        """A decode step, or with ``record`` a verify step (``step.starts``), whose carry-over is left to the
+        commit."""
         spec, views = pool.spec, pool.views
         bases = {r: pool.entry_base(r) for r in pool.ratios}
         plan = DecodePlan.build(step, spec.window, spec.page_size, bases, self.config.index_topk, self.ratio_kinds,
                                 spec.ring)
         window_cols = BuiltOnUse(lambda base: torch.where(plan.window_cols >= 0, plan.window_cols + base, -1))
         window_cols[0] = plan.window_cols
-        graph = GraphStep(step, plan, window_cols, Published())
+        graph = GraphStep(step, plan, window_cols, Published(), record)
         lookback = None
         if views.history is not None:
-            lookback = engram_lookback(self.token_map[step.input_ids], step.positions, step.positions,
+            starts = step.starts if step.starts is not None else step.positions
+            lookback = engram_lookback(self.token_map[step.input_ids], step.positions, starts,
                                        views.history[step.slots], self.pad_id)
-            views.history.index_copy_(0, step.slots, history_after(lookback, plan.seq_ids))
+            if record is None:
+                views.history.index_copy_(0, step.slots, history_after(lookback, plan.seq_ids))
+            else:
+                record.lookback = lookback
 
         def attend(attn: Attention, x: torch.Tensor, i: int) -> torch.Tensor:
             return attn.decode(x, graph, views.layers[i], bases.get(attn.ratio, 0))

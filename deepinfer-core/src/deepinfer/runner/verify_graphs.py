@@ -1,0 +1,74 @@
+"""Speculative verify steps replayed from captured graphs, one per (batch bucket, rows a sequence, length bucket).
+
+A pure-decode step with drafts (every chunk its anchor alone) on a
+:class:`~deepinfer.models.base.VerifyDecodable` model has fixed shapes: ``q`` rows a sequence (anchor, then
+``q - 1`` drafts), sequences padded to a bucket, index tensors sized for a bucket of lengths.  As with
+:class:`~deepinfer.runner.decode_graphs.DecodeGraphs`, the first step of a bucket captures the forward, the logits of
+every row and the drafter's target features through the backend's graph service; later steps copy their host
+inputs into the static buffers, write the drafts (already on the device) over the draft rows, and replay.  The
+verifier then decides what each sequence keeps and the model's ``commit_verify`` writes what that leaves in the
+state: nothing is undone and nothing is fed again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from deepinfer.backends import Backend
+from deepinfer.models.base import CausalLM, SequenceState, VerifyDecodable
+from deepinfer.runner.decode_graphs import CapturedSteps, DecodeGraphs, bucket_size
+
+
+class VerifiableModel(CausalLM, VerifyDecodable, Protocol):
+    """A model whose verify steps the runner captures."""
+
+
+@dataclass(slots=True)
+class VerifyStep:
+    """One replayed verify step's results, views of the graph's outputs (valid until its bucket runs again)."""
+
+    logits: torch.Tensor  # [rows * q, vocab] fp32, sequence i's rows at i * q ..
+    features: torch.Tensor  # [rows * q, F] the drafter's target features of every row
+    record: Any  # what the model's commit_verify reads
+    q: int
+
+
+class VerifyGraphs(CapturedSteps):
+    """Captures and replays verify steps of ``model`` on ``backend``'s device."""
+
+    WHAT = "verify step"
+
+    def __init__(self, model: VerifiableModel, backend: Backend, device: torch.device, max_seqs: int,
+                 max_tokens: int):
+        super().__init__(backend, device)
+        self.model, self.max_seqs, self.max_tokens = model, max_seqs, max_tokens
+        self._graphs: dict[tuple[int, int, int], Any] = {}
+
+    def run(self, states: list[SequenceState], anchors: list[int], q: int, drafts: torch.Tensor,
+            dst: torch.Tensor) -> VerifyStep:
+        """Run a verify step of ``q`` rows a sequence: row ``i * q`` is ``anchors[i]``; ``drafts`` (device, flat)
+        go to rows ``dst`` of the step (on the device, before the replay)."""
+        rows = min(bucket_size(len(states)), self.max_seqs)
+        longest = max(s.num_tokens for s in states) + q
+        tokens = min(bucket_size(longest, DecodeGraphs.MIN_TOKENS), self.max_tokens + q)
+        host = self.model.verify_inputs(states, anchors, rows, q, tokens)
+        graph = self._graphs.get((rows, q, tokens))
+        if graph is None:
+            graph = self._graphs[rows, q, tokens] = self._capture_static(host, self._body)
+        graph.stage(host)
+        if dst.numel():
+            graph.input_ids[dst] = drafts
+        graph.replay()
+        logits, features, record = graph.outputs
+        return VerifyStep(logits, features, record, q)
+
+    def _body(self, static: dict[str, torch.Tensor]) -> list[Any]:
+        hidden, features, record = self.model.verify_forward(static)
+        return [self.model.compute_logits(hidden), features, record]
+
+    def close(self) -> None:
+        self._graphs.clear()
+        super().close()
