@@ -67,7 +67,7 @@ def test_captured_draft_passes_replay_the_eager_pass(drafter):
     graphs.close()
 
 
-def test_engine_greedy_output_with_captured_drafts_is_the_plain_output(monkeypatch):
+def test_engine_greedy_output_with_captured_drafts_and_verify_steps_is_the_plain_output(monkeypatch):
     from deepinfer import LLM, SamplingParams
     from deepinfer.spec.budget import SpecPolicy
 
@@ -84,6 +84,9 @@ def test_engine_greedy_output_with_captured_drafts_is_the_plain_output(monkeypat
     spec = llm.generate(prompts, params, use_tqdm=False)
     graphs = engine.runner.draft_graphs
     assert graphs is not None and graphs._graphs and graphs.eager_reason is None, graphs and graphs.eager_reason
+    verify = engine.runner.verify_graphs  # the verify steps were captured too (runner/verify_graphs.py)
+    assert verify is not None and verify._graphs and verify.eager_reason is None, verify and verify.eager_reason
     for a, b in zip(plain, spec, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert b.spec_decoding_stats is not None and b.spec_decoding_stats.num_drafts > 0
+        assert b.spec_decoding_stats.mean_acceptance_length > 2.5  # the trained drafter: 4.5 offline, 2.9-3.6 here

@@ -226,7 +226,8 @@ def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: di
     """Restore every sequence that rejected a draft.  One whose chunk was the anchor alone feeds its accepted
     tokens again with its next chunk; one whose chunk already re-fed tokens gets them (and its accepted drafts)
     committed now in one more forward, so a chunk never exceeds anchor + drafts + 1 tokens, however many steps in
-    a row reject."""
+    a row reject.  With captured verify steps every rejecting sequence commits now: its next chunk is its anchor
+    alone, so the next step can be a verify step (a re-fed chunk would keep the whole batch eager)."""
     rejected = [index for index, s in enumerate(specs) if accepted[s.chunk] < s.count]
     if rejected:
         assert checkpoint is not None
@@ -234,7 +235,7 @@ def _undo(runner: ModelRunner, step: StepInput, specs: list[_Spec], accepted: di
     commit = []
     for s in (specs[index] for index in rejected):
         chunk = step.chunks[s.chunk]
-        if len(chunk.token_ids) > 1:
+        if len(chunk.token_ids) > 1 or runner.verify_graphs is not None:
             commit.append((step.states[s.chunk], chunk.start, chunk.token_ids + s.emitted[: accepted[s.chunk]]))
     if not commit:
         return
