@@ -126,7 +126,9 @@ def mxfp8(a: torch.Tensor) -> torch.Tensor:
     """``a`` [..., K] through MXFP8 and back (fp32): per 32 columns, scale ``2^ceil(log2(amax / 448))``, e4m3 codes
     rounded to nearest even."""
     g = a.float().reshape(*a.shape[:-1], -1, 32)
-    e = torch.ceil(torch.log2((g.abs().amax(-1) / 448.0).clamp_min(2.0**-126))).clamp(-126, 127)
+    amax = g.abs().amax(-1)
+    t = amax / torch.full_like(amax, 448.0)  # IEEE division (torch's CUDA `t / 448.0` multiplies by 1/448)
+    e = torch.ceil(torch.log2(t.clamp_min(2.0**-126))).clamp(-126, 127)
     s = torch.exp2(e)[..., None]
     return ((g / s).to(torch.float8_e4m3fn).float() * s).reshape(a.shape)
 
