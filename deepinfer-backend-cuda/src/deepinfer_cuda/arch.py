@@ -232,6 +232,10 @@ class Mxfp4Tiles:
     #: row loop only: the weight byte tiles come by TMA (descriptors over the packed weights), each kernel's K loop
     #: pipelined its ``num_stages`` deep, instead of pointer loads; the same math
     tma: bool = False
+    #: row tiles only: "" decodes the weights in the tile (SM90: no FP4 tensor cores); else the activation operand of
+    #: ``tl.dot_scaled`` over the packed weights (``kernels/moe_experts_mxfp4_scaled.py``): "e4m3" (MXFP8, quantized
+    #: in the tile: SM100's block-scaled MMA) or "bf16" (the weights upcast by Triton: the reference's arithmetic)
+    dot_scaled: str = ""
 
 
 #: Measured MXFP4 decode tiles below one slot per expert, (hidden, inter) -> tiles; a shape not listed gets
@@ -260,12 +264,38 @@ def moe_mxfp4_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: 
     - below one (decode at V4.1-Flash's 384 experts up to b63): the row loop, :data:`MXFP4_DECODE_TILES` or
       :func:`mxfp4_decode_default`: an expert mostly gets one slot, so a 16-row tl.dot would multiply 15 rows of
       padding, and FMAs over each decoded weight once suffice; a block's further slots re-read its weights (L2);
-    - otherwise ``moe_experts_config``'s tiers (tl.dot tiles of 16 / 128 slots)."""
+    - otherwise ``moe_experts_config``'s tiers (tl.dot tiles of 16 / 128 slots);
+    - SM100, bf16, the prefill tier (32 slots and more an expert): :func:`mxfp4_block_scaled_tiles`."""
     if slots_per_expert < 1:
         if arch.triton_arch not in (90, 100):
             raise ValueError(f"no MoE configuration for {arch.name}")
         return MXFP4_DECODE_TILES.get((hidden, inter)) or mxfp4_decode_default(hidden, inter)
+    if arch.triton_arch == 100 and slots_per_expert >= 32 and element_bytes == 2:
+        return mxfp4_block_scaled_tiles(hidden, inter, MXFP4_SM100_ACTIVATION)
     return Mxfp4Tiles(moe_experts_config(arch, slots_per_expert, hidden, inter, element_bytes))
+
+
+#: SM100's MXFP4 prefill activation operand (:attr:`Mxfp4Tiles.dot_scaled`).  "bf16" keeps ``moe_experts_mxfp4``'s
+#: reference arithmetic (Triton upcasts the e2m1 tile: ``tcgen05.mma kind::f16``).  "e4m3" is Blackwell's
+#: block-scaled FP8 x FP4 MMA (``kind::mxf8f6f4.block_scale``) at twice the rate, but rounding both GEMMs'
+#: activations to MXFP8 around SwiGLU moves the output by ~5.7% RMS on core's 33-row sample, outside the op's
+#: declared tolerance (which, unlike the FP8 GEMMs', allows no activation rounding): switch once that is accepted.
+MXFP4_SM100_ACTIVATION = "bf16"
+
+
+def mxfp4_block_scaled_tiles(hidden: int, inter: int, activation: str) -> Mxfp4Tiles:
+    """SM100's prefill MXFP4 tiles: ``tl.dot_scaled`` over the packed weights (``activation``: see
+    :data:`MXFP4_SM100_ACTIVATION`), accumulators in tensor memory.  128 slots x (128 gate + 128 up) columns as one
+    256-wide product (up) / 256 columns (down), 128-deep reduction steps (64 bytes of each weight row, 4 e8m0
+    scales), 8 warps (an e4m3 activation tile is quantized in registers: 64 values a thread), 3 stages.  Compiled
+    for sm_100a, never run on a Blackwell GPU: untuned."""
+
+    def fit(block: int, dim: int) -> int:
+        return max(32, min(block, 1 << (max(dim, 1) - 1).bit_length()))
+
+    cfg = LaunchConfig(num_warps=8, num_stages=3)
+    return Mxfp4Tiles(MoeTiles(128, cfg, fit(128, inter), fit(128, hidden), cfg, fit(256, hidden), fit(128, inter),
+                               cols_inner=True), dot_scaled=activation)
 
 
 def moe_mxfp4_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> Mxfp4Tiles:
@@ -479,6 +509,10 @@ class Fp8LinearTiles:
     #: weight-only: the weight tiles come by TMA (a descriptor over the codes, ``config.num_stages`` deep) instead of
     #: pointer loads; the same math (``K`` a multiple of 16 and a 16-byte aligned weight, else pointer loads)
     tma: bool = False
+    #: activation regime, ue8m0 weight scales: one ``tl.dot_scaled`` a step over MXFP8 activations (quantized in
+    #: the tile, an e8m0 scale per 32) and the weight with its block scales as per-32 ones (SM100's block-scaled
+    #: MMA; ``kernels/fp8_block_linear_mx.py``) instead of a quantization launch and fp32-promoted FP8 dots
+    mx: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -533,7 +567,7 @@ def fp8_decode_default(tier: int, n: int, k: int, groups: int) -> Fp8DecodeTile:
 
 
 def fp8_linear_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, block_k: int, element_bytes: int,
-                      *, batch_invariant: bool = False) -> Fp8LinearTiles:
+                      *, batch_invariant: bool = False, scale_e8m0: bool = True) -> Fp8LinearTiles:
     """Tiles of ``rows`` x [groups x (N x K)]; ``block_k``: the weight's scale block along K.
     - decode (rows < 64, or fp32): the weight-only regime, each program streaming its columns' weights once:
       :data:`FP8_DECODE_TILES` per shape and row tier, else :func:`fp8_decode_default`.  fp32 activations (tests,
@@ -543,7 +577,11 @@ def fp8_linear_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, bl
     - prefill (bf16, rows >= 64): 128 x 128 tiles (64 rows below 128), one weight scale block deep per step
       (``block_k``: 128, or 32 for V4.1's 32x32 tensors), FP8 ``tl.dot`` (wgmma m64n128k32), the partial product
       of each step scaled by the activation's and the weight's scales in fp32 (DeepGEMM's promotion every scale
-      block), 8 warps = two warpgroups stacked in M, 3 stages.
+      block), 8 warps = two warpgroups stacked in M, 3 stages;
+    - SM100 prefill with ue8m0 weight scales (``scale_e8m0``, as released): :attr:`Fp8LinearTiles.mx`, 128 x 128
+      tiles at every row count from 64 (Triton 3.6 lowers a 64-row ``dot_scaled`` tile to bf16 MMAs), 128 deep a
+      step whatever the weight's block (the scales go per 32 to the tensor cores), 8 warps, 3 stages.  Compiled for
+      sm_100a, never run on a Blackwell GPU: untuned.
     Decode untuned until ``tools/sweep_quant_decode.py`` has filled the table (docs/performance.md)."""
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no FP8 GEMM configuration for {arch.name}")
@@ -556,6 +594,8 @@ def fp8_linear_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, bl
             tile = Fp8DecodeTile(False, tile.block_n, tile.block_k, 1, tile.num_warps, tile.num_stages)
         return fp8_decode_tiles(tile, element_bytes)
     block_m = 128 if rows >= 128 else 64
+    if arch.triton_arch == 100 and scale_e8m0:  # Triton 3.6 lowers 64-row dot_scaled tiles to bf16 MMAs
+        return Fp8LinearTiles(LaunchConfig(num_warps=8, num_stages=3), 128, 128, 128, True, mx=True)
     return Fp8LinearTiles(LaunchConfig(num_warps=8 if block_m == 128 else 4, num_stages=3), block_m, 128, block_k,
                           True)
 

@@ -53,8 +53,10 @@ from deepinfer_cuda.arch import (
 )
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
-from deepinfer_cuda.kernels import split_k_sum
-from deepinfer_cuda.kernels.fake_quant import _exponent, _pow2, _round_to_grid
+from deepinfer_cuda.kernels import fp8_block_linear_mx, split_k_sum
+from deepinfer_cuda.kernels.fake_quant import _round_to_grid
+from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_code as _e4m3_code
+from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_value as _e4m3_value
 from deepinfer_cuda.kernels.split_k_sum import to_dtype
 
 #: The interpreter test turns this on (fp32 products, integer decoding of the codes, rounding by hand).
@@ -65,28 +67,6 @@ AOT_SHAPES = ((1536, 4096, 1), (32768, 1024, 1), (1024, 4096, 8), (4096, 8192, 1
               (1792, 5120, 1), (32768, 1280, 1), (5120, 8192, 1), (4608, 5120, 1), (5120, 2304, 1))
 AOT_BLOCKS = ((128, 128), (32, 32))
 ACT_AMAX_FLOOR = 1e-4  # DeepGEMM's per_token_cast_to_fp8
-
-
-@triton.jit
-def _e4m3_value(c):
-    """fp32 value of e4m3 codes (int32 0..255; no NaN code in a weight): ``(8 + m) * 2^(e - 10)``, or ``m * 2^-9``
-    when e = 0, signed by bit 7."""
-    e = (c >> 3) & 15
-    m = c & 7
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (8 + m).to(tl.float32) * _pow2(e - 10))
-    # the sign bit set directly: compiled, ``-mag`` is ``0 - mag``, which turns code 0x80 (-0) into +0
-    sign = tl.where((c & 128) != 0, -2147483648, 0)
-    return (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3_code(q):
-    """e4m3 codes (int32) of fp32 values on the e4m3 grid (|q| <= 448), -0 kept."""
-    a = tl.abs(q)
-    ex = _exponent(a)
-    normal = ((ex + 7) << 3) | ((a * _pow2(-tl.maximum(ex, -126)) - 1.0) * 8.0).to(tl.int32)
-    code = tl.where(ex >= -6, normal, (a * 512.0).to(tl.int32))
-    return tl.where(q.to(tl.int32, bitcast=True) < 0, code | 128, code)
 
 
 @triton.jit
@@ -343,6 +323,8 @@ def aot_split_counts(arch: CudaArch) -> set[int]:
 def _gemm_variants(arch: CudaArch) -> list[Variant]:
     variants: dict[tuple, Variant] = {}
     for shape, tiles in _aot_tiles(arch):
+        if tiles.mx:
+            continue
         const, split = _constexprs(shape, tiles, False)
         x = "*u8:D" if tiles.act_fp8 else "*bf16:D"
         w = "tensordesc<u8[{}, {}]>".format(*_weight_block(const)) if const["TMA_STAGES"] else "*u8:D"
@@ -363,7 +345,20 @@ def _act_quant_variants(arch: CudaArch) -> list[Variant]:
     return variants
 
 
+def _mx_variants(arch: CudaArch) -> list[Variant]:
+    variants: dict[str, Variant] = {}
+    for shape, tiles in _aot_tiles(arch):
+        if tiles.mx:
+            const = fp8_block_linear_mx.constexprs(shape.n, shape.k, shape.groups, shape.bn, shape.bk, tiles.block_m,
+                                                   tiles.block_n, tiles.block_k, False)
+            sig = {"x_ptr": "*bf16:D", "w_ptr": "*u8:D", "ws_ptr": "*u8:D", "y_ptr": "*bf16:D", "M": "i32"}
+            variants[repr(sorted(const.items()))] = Variant(sig, const, tiles.config.num_warps,
+                                                            tiles.config.num_stages)
+    return list(variants.values())
+
+
 KERNEL = TritonKernel("fp8_block_linear", _fp8_linear_kernel, _gemm_variants)
+MX_KERNEL = TritonKernel("fp8_block_linear_mx", fp8_block_linear_mx.mx_linear_kernel, _mx_variants)
 ACT_QUANT_KERNEL = TritonKernel("fp8_act_quant", _act_quant_kernel, _act_quant_variants)
 
 
@@ -393,15 +388,23 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
     m = x2.shape[0]
     y = torch.empty(m, groups * n, dtype=x.dtype, device=x.device)
     result = y.view(*lead, groups, n) if groups > 1 else y.view(*lead, n)
+    ws, e8m0 = _scale_bytes(scale)
     if tiles is None:
-        tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=fixed)
+        tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=fixed,
+                                  scale_e8m0=e8m0)
     if tiles.act_fp8 and (k % block_k or block_k not in (32, 64, 128) or x.dtype != torch.bfloat16):
         # the activation path needs whole groups: the weight-only tiles of any batch
         tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=True)
     w = weight.contiguous().view(torch.uint8)
+    if tiles.mx:
+        const = fp8_block_linear_mx.constexprs(n, k, groups, block_n, block_k, tiles.block_m, tiles.block_n,
+                                               tiles.block_k, interpreted)
+        grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), groups)
+        launch = Launch(grid if m else (0,), tiles.config, dict(x_ptr=x2, w_ptr=w, ws_ptr=ws, y_ptr=y, M=m, **const),
+                        result)
+        return LaunchChain([(MX_KERNEL, launch)], lambda: result)
     if tiles.tma and w.data_ptr() % 16:  # a descriptor's base must be 16-byte aligned
         tiles = dataclasses.replace(tiles, tma=False)
-    ws, e8m0 = _scale_bytes(scale)
     shape = _Shape(n, k, groups, block_n, block_k, e8m0, x.dtype == torch.float32, x.dtype == torch.float16)
     const, split = _constexprs(shape, tiles, interpreted)
     w_arg: torch.Tensor | TensorDescriptor = w

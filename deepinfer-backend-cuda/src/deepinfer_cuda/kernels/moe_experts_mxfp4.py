@@ -43,6 +43,7 @@ from deepinfer_cuda.arch import (
 )
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernels import moe_experts_mxfp4_scaled as scaled
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -245,7 +246,7 @@ def _weight_type(const: dict[str, object]) -> str:
 def _weight_arg(w: torch.Tensor, const: dict[str, object]) -> torch.Tensor | TensorDescriptor:
     """A kernel's packed weight [E, rows, K / 2] as bytes, or (TMA) a descriptor over [E * rows, K / 2]."""
     b = _bytes(w)
-    return TensorDescriptor.from_tensor(b.view(-1, b.shape[-1]), _weight_block(const)) if const["TMA_STAGES"] else b
+    return TensorDescriptor.from_tensor(b.view(-1, b.shape[-1]), _weight_block(const)) if const.get("TMA_STAGES") else b
 
 
 def _aot_variants(arch: CudaArch, which: int) -> list[Variant]:
@@ -254,6 +255,8 @@ def _aot_variants(arch: CudaArch, which: int) -> list[Variant]:
         if top_k != 6:  # MXFP4 runs the routed experts only (the shared expert is FP8, its own MLP)
             continue
         for tiles in [moe_mxfp4_config(arch, per_expert, hidden, inter, 2) for per_expert in AOT_SLOTS_PER_EXPERT]:
+            if tiles.dot_scaled:  # moe_experts_mxfp4_scaled.py's kernels
+                continue
             consts = _constexprs(tiles, hidden, inter, top_k, True, False, False)
             if which == 0:
                 sig = {"x_ptr": "*bf16:D", "w13_ptr": _weight_type(consts[0]), "s13_ptr": "*u8:D", "act_ptr": "*bf16:D",
@@ -301,8 +304,13 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     scale = weights.reshape(-1).to(torch.float32).contiguous()
-    up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None, x.dtype == torch.float32,
-                               INTERPRETED)
+    if tiles.dot_scaled:
+        up_c, down_c = scaled.constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None, INTERPRETED)
+        up_kernel, down_kernel = scaled.UP_KERNEL, scaled.DOWN_KERNEL
+    else:
+        up_c, down_c = _constexprs(tiles, hidden, inter, top_k, swiglu_limit is not None, x.dtype == torch.float32,
+                                   INTERPRETED)
+        up_kernel, down_kernel = UP_KERNEL, DOWN_KERNEL
 
     t = tiles.tiles
 
@@ -320,7 +328,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     combine_c = {**_combine_constexprs(hidden, top_k, block_h), "INTERPRETED": INTERPRETED}
     combine = Launch((tokens, triton.cdiv(hidden, block_h)), config,
                      dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out, **combine_c), out)
-    steps = plan_steps + [(UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
+    steps = plan_steps + [(up_kernel, up), (down_kernel, down), (COMBINE_KERNEL, combine)]
     return LaunchChain(steps, lambda: out)
 
 
