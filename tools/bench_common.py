@@ -123,14 +123,20 @@ class SwitchableOps:
 def kernel_profile(fn: Callable[[], object], steps: int = 5, top: int = 25) -> str:
     """Device time per kernel name over ``steps`` calls of ``fn`` (after a warm-up), as a markdown table of the
     ``top`` most expensive: where a step's time goes (CUDA graph replays included: CUPTI records their kernels)."""
+    fn()
+    sync()
+    return profile_table(kernel_totals(fn, steps), steps, top)
+
+
+def kernel_totals(fn: Callable[[], object], calls: int) -> dict[str, list[float]]:
+    """Kernel name -> [device µs, launches] summed over ``calls`` calls of ``fn`` (no warm-up; CPU time of the
+    profiled ops where there is no GPU)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
-        for _ in range(steps):
+        for _ in range(calls):
             fn()
         sync()
     totals: dict[str, list[float]] = {}
@@ -141,6 +147,11 @@ def kernel_profile(fn: Callable[[], object], steps: int = 5, top: int = 25) -> s
         entry = totals.setdefault(event.name[:90], [0.0, 0])
         entry[0] += us
         entry[1] += 1
+    return totals
+
+
+def profile_table(totals: dict[str, list[float]], steps: float, top: int = 25) -> str:
+    """:func:`kernel_totals` per step (``steps`` of them) as a markdown table of the ``top`` most expensive."""
     total = sum(v[0] for v in totals.values()) or 1.0
     lines = [f"per step: {total / steps:.1f} us of kernels, {sum(int(v[1]) for v in totals.values()) / steps:.0f} "
              "launches", "", "| kernel | us / step | launches / step | share |", "|---|---:|---:|---:|"]

@@ -3,7 +3,7 @@
 
     python tools/bench_dspark.py --model DIR [--batches 1,16,64] [--acceptance 1.5,2.5,3.5] [--real]
                                  [--k 4] [--new-tokens 64] [--prompt-len 256] [--json PATH]
-    python tools/bench_dspark.py --slice [--tiny] [...]
+    python tools/bench_dspark.py --slice [--tiny] [--profile] [...]
 
 Per batch size: plain decoding, then speculative decoding with the checkpoint's drafter (``make_drafter``; a
 stand-in proposing arbitrary tokens when the checkpoint has none) at each forced acceptance length L: the runner
@@ -179,6 +179,45 @@ def bench(llm, drafter, batches: list[int], acceptance: list[float], k: int, new
     return rows
 
 
+def step_profile(llm, drafter, batch: int, length: float, k: int, new_tokens: int, prompt_len: int) -> str:
+    """Kernels of one decode step, plain and speculative at forced acceptance ``length``: the kernel totals of a
+    ``new_tokens`` run minus those of a 1-token run (the prefill), over the steps between them; with the host's
+    wall time a step (what the kernels leave to launches, read-backs and host work)."""
+    from bench_common import kernel_totals, profile_table
+
+    from deepinfer import SamplingParams
+    from deepinfer.spec.budget import SpecPolicy
+
+    engine = llm.engine
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
+    counter = StepCounter(engine.runner)
+    out = []
+    for mode in ("plain", "speculative"):
+        if mode == "speculative":
+            engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)))
+            engine.runner.forced_acceptance = length
+        try:
+            runs = {}
+            for n in (new_tokens, 1, new_tokens):  # the first: warm-up
+                params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                counter.take()
+                began = time.perf_counter()
+                totals = kernel_totals(lambda params=params: llm.generate(prompts, params, use_tqdm=False), 1)
+                runs[n] = (totals, time.perf_counter() - began, counter.take()[0])
+        finally:
+            engine.runner.forced_acceptance = None
+            engine.set_drafter(None)
+        (full, wall, steps), (first, wall1, steps1) = runs[new_tokens], runs[1]
+        diff = {name: [v[0] - first.get(name, [0.0, 0])[0], v[1] - first.get(name, [0.0, 0])[1]]
+                for name, v in full.items()}
+        n = max(1, steps - steps1)
+        label = f"L = {length}" if mode == "speculative" else "plain"
+        out.append(f"{mode} decode step, batch {batch}, {label}: {n} steps, {(wall - wall1) / n * 1e3:.2f} ms wall "
+                   "a step (profiled)\n" + profile_table({k_: v for k_, v in diff.items() if v[0] > 0}, n))
+    return "\n\n".join(out)
+
+
 def graphs_line(llm, rows: list[dict[str, object]]) -> str:
     """Whether plain decoding replayed captured graphs and speculative steps ran eagerly, from the counts."""
     from deepinfer.backends import Backend
@@ -228,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="auto", help="with --model (the slice is bf16)")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the kernels of a plain and a speculative decode step (first batch, last L)")
     args = parser.parse_args(argv)
     acceptance = [float(x) for x in args.acceptance.split(",") if x]
     if any(not 1.0 <= a <= args.k + 1 for a in acceptance):
@@ -255,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         print(check_shared_stack(llm.engine.model))
         if jit_line(llm.engine.model):
             print(jit_line(llm.engine.model))
+    if args.profile:
+        print(step_profile(llm, drafter, batches[0], acceptance[-1], args.k, args.new_tokens, args.prompt_len))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

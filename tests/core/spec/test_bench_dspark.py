@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 import deepinfer
 from deepinfer import LLM, SamplingParams
 from deepinfer.spec.budget import SpecPolicy
@@ -62,3 +64,13 @@ def test_bench_dspark_on_the_tiny_slice_drafts_with_a_random_dspark_drafter(monk
     assert (plain["mode"], forced["mode"]) == ("plain", "forced") and abs(forced["acceptance"] - 2.5) < 0.6
     assert 0 < plain["graph_steps"] < plain["steps"] and 0 < forced["graph_steps"] < forced["steps"]
     assert "every layer read the one stack" in text and "as captured verify steps" in text
+
+
+@pytest.mark.slow  # ~1 min of profiling on the CPU; the test above covers the rest of the tool
+def test_bench_dspark_profile_prints_a_plain_and_a_speculative_step(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(TOOL.parent))
+    assert _tool().main(["--slice", "--tiny", "--batches", "1", "--acceptance", "3", "--new-tokens", "9",
+                         "--prompt-len", "8", "--repeats", "1", "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert "plain decode step, batch 1, plain:" in text and "speculative decode step, batch 1, L = 3.0:" in text
+    assert text.count("| kernel | us / step |") == 2
