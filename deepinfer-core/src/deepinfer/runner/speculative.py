@@ -291,23 +291,20 @@ def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
         runner.forced_steps += 1
         n = int(x * (t + 1)) - int(x * t)
         tokens, accepted = forced(runner.sampler, logits, sampling, tokens_in, counts, [n] * len(specs))
-    read = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # one wait for the step
-    accepted_l, tokens_l = [r[0] for r in read], [r[1:] for r in read]
-    emitted: list[int] = []
-    chosen: list[int] = []
-    ks: list[int] = []
-    start = 0
-    for s, n, toks in zip(specs, accepted_l, tokens_l, strict=True):
-        s.emitted = toks[: n + 1]
-        emitted += range(start, start + n + 1)
-        chosen += s.emitted
-        ks += [s.sample.row.params.logprobs or 0] * (n + 1)
-        start += len(s.rows)
-    tls = runner._logprobs(logits[runner._upload(emitted)], runner._upload(chosen), ks)()
-    out, at = [], 0
-    for n in accepted_l:
-        out.append((n, tls[at : at + n + 1]))
-        at += n + 1
+    # every target row's logprobs of the token at its position (an accepted draft, or the request's own token;
+    # rows after that are computed and dropped), queued before the step's one read-back
+    where = [i * (k + 1) + j for i, s in enumerate(specs) for j in range(s.count + 1)]
+    chosen = tokens.flatten()[runner._upload(where)].clamp(min=0)
+    logprobs = runner._logprobs(logits, chosen, [s.sample.row.params.logprobs or 0
+                                                 for s in specs for _ in range(s.count + 1)])
+    read = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # the one wait for the step
+    every = logprobs()
+    out, start = [], 0
+    for s, row in zip(specs, read, strict=True):
+        n = row[0]
+        s.emitted = row[1 : n + 2]
+        out.append((n, every[start : start + n + 1]))
+        start += s.count + 1
     return out
 
 
