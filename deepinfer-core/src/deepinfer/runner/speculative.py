@@ -108,7 +108,6 @@ def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledS
 
 def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
     """Run ``step`` with drafts (see the module docstring); the returned handle's results are already read."""
-
     model = runner.model
     for chunk, state in zip(step.chunks, step.states, strict=True):
         if state.num_tokens != chunk.start:
