@@ -188,7 +188,7 @@ def _launch_verify_step(runner: ModelRunner, graphs: VerifyGraphs, step: StepInp
     result = graphs.run(step.states, [c.token_ids[0] for c in step.chunks], q, tokens, runner._upload(dst))
 
     def logits_of(rows: list[int]) -> torch.Tensor:
-        return result.logits[runner._upload(rows)]
+        return model.compute_logits(result.hidden[runner._upload(rows)])
 
     plain = _sample_plain(runner, step, per_chunk, [i * q for i in range(len(step.chunks))], logits_of)
     verified = _verify(runner, specs, drafts, logits_of)

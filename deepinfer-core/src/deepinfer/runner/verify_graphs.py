@@ -3,11 +3,13 @@
 A pure-decode step with drafts (every chunk its anchor alone) on a
 :class:`~deepinfer.models.base.VerifyDecodable` model has fixed shapes: ``q`` rows a sequence (anchor, then
 ``q - 1`` drafts), sequences padded to a bucket, index tensors sized for a bucket of lengths.  As with
-:class:`~deepinfer.runner.decode_graphs.DecodeGraphs`, the first step of a bucket captures the forward, the logits of
-every row and the drafter's target features through the backend's graph service; later steps copy their host
+:class:`~deepinfer.runner.decode_graphs.DecodeGraphs`, the first step of a bucket captures the forward (hidden states
+of every row) and the drafter's target features through the backend's graph service; later steps copy their host
 inputs into the static buffers, write the drafts (already on the device) over the draft rows, and replay.  The
 verifier then decides what each sequence keeps and the model's ``commit_verify`` writes what that leaves in the
-state: nothing is undone and nothing is fed again.
+state: nothing is undone and nothing is fed again.  The graph ends at the hidden states: the caller computes the
+logits of the rows it reads (one GEMM), so a graph holds no ``[rows * q, vocab]`` buffer (graphs of every bucket
+and ``q`` stay alive together).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class VerifiableModel(CausalLM, VerifyDecodable, Protocol):
 class VerifyStep:
     """One replayed verify step's results, views of the graph's outputs (valid until its bucket runs again)."""
 
-    logits: torch.Tensor  # [rows * q, vocab] fp32, sequence i's rows at i * q ..
+    hidden: torch.Tensor  # [rows * q, hidden], sequence i's rows at i * q ..
     features: torch.Tensor  # [rows * q, F] the drafter's target features of every row
     record: Any  # what the model's commit_verify reads
     q: int
@@ -62,12 +64,11 @@ class VerifyGraphs(CapturedSteps):
         if dst.numel():
             graph.input_ids[dst] = drafts
         graph.replay()
-        logits, features, record = graph.outputs
-        return VerifyStep(logits, features, record, q)
+        hidden, features, record = graph.outputs
+        return VerifyStep(hidden, features, record, q)
 
     def _body(self, static: dict[str, torch.Tensor]) -> list[Any]:
-        hidden, features, record = self.model.verify_forward(static)
-        return [self.model.compute_logits(hidden), features, record]
+        return list(self.model.verify_forward(static))
 
     def close(self) -> None:
         self._graphs.clear()
