@@ -56,6 +56,7 @@ class _Spec:
     mask: torch.Tensor | None = None
     rows: list[int] = field(default_factory=list)  # its target rows in the flat batch
     emitted: list[int] = field(default_factory=list)  # the tokens it got (accepted drafts, then its own)
+    confidence: list[float] = field(default_factory=list)  # the drafter's, every drafted position
 
 
 def draft_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
@@ -207,14 +208,13 @@ def _handle(step: StepInput, per_chunk: list[list[ScheduledSample]], specs: list
     """The step's results (already read) in sample order, with each speculating chunk's SpecResult."""
     from deepinfer.runner.model_runner import StepHandle
 
-    confidence = drafts.confidence[:, : drafts.tokens.shape[1]].tolist() if drafts is not None else []
     by_chunk = {s.chunk: (s, got) for s, got in zip(specs, verified, strict=True)}
     for i, samples in enumerate(per_chunk):
         if i in by_chunk:
             s, (n, tls) = by_chunk[i]
             out.sampled += [(s.sample.seq_id, tl) for tl in tls]
             out.spec.append(SpecResult(s.sample.seq_id, s.count, n, step.states[i].num_tokens,
-                                       confidence[s.index]))  # every drafted position: the next budget's snapshot
+                                       s.confidence))  # every drafted position: the next budget's snapshot
         else:
             out.sampled += [(sample.seq_id, plain.pop(0)) for sample in samples]
     return StepHandle(None, [s.seq_id for s in step.samples], lambda: out)
@@ -296,12 +296,13 @@ def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
     chosen = tokens.flatten()[runner._upload(where)].clamp(min=0)
     logprobs = runner._logprobs(logits, chosen, [s.sample.row.params.logprobs or 0
                                                  for s in specs for _ in range(s.count + 1)])
+    confidence = runner.backend.to_host_async(drafts.confidence[:, : drafts.tokens.shape[1]])
     read = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # the one wait for the step
-    every = logprobs()
+    every, conf = logprobs(), confidence().tolist()
     out, start = [], 0
     for s, row in zip(specs, read, strict=True):
         n = row[0]
-        s.emitted = row[1 : n + 2]
+        s.emitted, s.confidence = row[1 : n + 2], conf[s.index]
         out.append((n, every[start : start + n + 1]))
         start += s.count + 1
     return out
