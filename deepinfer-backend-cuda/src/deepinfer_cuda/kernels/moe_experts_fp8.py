@@ -35,12 +35,12 @@ from deepinfer_cuda.kernels.moe_experts import (
     AOT_SLOTS_PER_EXPERT,
     COMBINE_KERNEL,
     _combine_constexprs,
-    _rounded,
     _scaled_slots,
     _swiglu,
     program_block,
 )
 from deepinfer_cuda.kernels.moe_routing import plan
+from deepinfer_cuda.kernels.split_k_sum import to_dtype
 
 #: The interpreter test turns this on (integer decoding of the codes, fp32 products, rounding by hand).
 INTERPRETED = False
@@ -69,7 +69,7 @@ def _fp8_tile(w_desc, s_ptr, expert, row0, local_rows, row_ok, k0, N: tl.constex
         ks = k0 + tl.arange(0, BLOCK_K)
         w = v * _weight_scale(s_ptr, s_rows[:, None] + (ks // BK_Q)[None, :], row_ok[:, None] & (ks < K)[None, :],
                               SCALE_E8M0)
-    return _rounded(w, dtype, INTERPRETED).to(dtype).T
+    return to_dtype(w, dtype, INTERPRETED).T
 
 
 @triton.jit
