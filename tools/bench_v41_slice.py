@@ -132,7 +132,7 @@ def _mxfp4_experts(moe: Any, e: int, hidden: int, inter: int, gen: Any, rand: An
         return data, torch.full((e, n, k // 32), MXFP4_SCALE, device=device, dtype=torch.uint8)
 
     (moe.w13, s13), (moe.w2, s2) = packed(2 * inter, hidden), packed(hidden, inter)
-    moe.scales, moe.shared_id = (s13, s2), None
+    moe.scales, moe.shared_id, moe.fp8_block = (s13, s2), None, None  # MXFP4: no FP8 block
     # w1 | w3 quantized as one tensor: as the model stacks them when I is a multiple of the block (2304 is)
     moe.shared = (quantize_fp8_block(rand(2 * inter, hidden).float(), FP8_BLOCK),
                   quantize_fp8_block(rand(hidden, inter).float(), FP8_BLOCK))

@@ -4,7 +4,7 @@
   prompt logprobs and the same greedy tokens and logprobs, with decode graphs, as the fake-quantized bf16 state,
   bit for bit (the model fake-quantizes exactly where the state stores).
 - ``DEEPINFER_QUANTIZED_WEIGHTS=native``: a released-format checkpoint (V4.1 ``tiny_b`` with FP8 32x32 / 128x128
-  projections; V4 with MXFP4 experts and FP8 projections) runs its FP8 / MXFP4 kernels and agrees with the same
+  projections; V4 with MXFP4 or FP8 experts and FP8 projections) runs its FP8 / MXFP4 kernels and agrees with the same
   checkpoint dequantized at load: fp32 within ``FP32_TOL`` (weight-only dequantization, no activation rounding);
   bf16 prefill of >= 64 rows quantizes activations to FP8 (``fp8_block_linear``'s tolerance), which moves a random
   tiny model's logprobs a lot (CPU emulation on ``tiny_b``: mean |Δ| 0.27): the GPU's mean |Δ| must stay within
@@ -68,18 +68,23 @@ def _released_v41(tmp_path):
                                quantization_config=V41_RELEASED)
 
 
-def _released_v4(tmp_path):
+def _released_v4(tmp_path, expert_dtype: str = "fp4"):
     from tests.support.v4_fixtures import SMALL, build_engine_checkpoint
 
     source, _ = build_engine_checkpoint(tmp_path / "v4src", SMALL, seed=7)
-    config = {"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
-    return quantize_checkpoint(source, tmp_path / "v4", v4_layout("fp4", (32, 32)), "ue8m0", config)
+    config = {"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": expert_dtype}
+    return quantize_checkpoint(source, tmp_path / "v4", v4_layout(expert_dtype, (32, 32)), "ue8m0", config)
 
 
-@pytest.mark.parametrize("model, dtype", [("v41", "float32"), ("v41", "bfloat16"), ("v4", "float32")])
+@pytest.mark.parametrize("model, dtype", [("v41", "float32"), ("v41", "bfloat16"), ("v4", "float32"),
+                                          ("v4-fp8-experts", "float32")])
 def test_native_weights_agree_with_the_dequantized_load(tmp_path, monkeypatch, model, dtype):
-    """V4.1: FP8 projections of both block sizes, both GEMM regimes in bf16; V4: MXFP4 experts."""
-    quantized, _ = (_released_v41 if model == "v41" else _released_v4)(tmp_path)
+    """V4.1: FP8 projections of both block sizes, both GEMM regimes in bf16; V4: MXFP4 experts, or FP8 experts
+    (32x32 blocks: they stay FP8, ``moe_experts_fp8``)."""
+    if model == "v41":
+        quantized, _ = _released_v41(tmp_path)
+    else:
+        quantized, _ = _released_v4(tmp_path, "fp8" if model == "v4-fp8-experts" else "fp4")
     if model == "v41":  # (bf16: prompts of >= 64 rows, so the CPU emulation runs the GPU's regime too)
         lengths = [200, 64] if dtype == "bfloat16" else [200, 64, 9]
         prompts = [r.tokens[:n].tolist() for r, n in zip(references("tiny_b"), lengths, strict=False)]
@@ -91,8 +96,10 @@ def test_native_weights_agree_with_the_dequantized_load(tmp_path, monkeypatch, m
     llm, native_prompt, decoded = _run(quantized, dtype, prompts)
     ops = llm.engine.model.ops
     assert ops.source("fp8_block_linear") == "nvidia"
-    if model == "v4":
-        assert ops.source("moe_experts_mxfp4") == "nvidia" and llm.engine.model.layers[2].ffn.scales is not None
+    if model != "v41":
+        ffn, fp8 = llm.engine.model.layers[2].ffn, model == "v4-fp8-experts"
+        assert ops.source("moe_experts_fp8" if fp8 else "moe_experts_mxfp4") == "nvidia" and ffn.scales is not None
+        assert ffn.fp8_block == ((32, 32) if fp8 else None)
     assert llm.engine.runner.decode_graphs is not None and llm.engine.runner.decode_graphs._graphs
     assert all(len(tokens) == 16 for tokens, _ in decoded)
     limits = _cpu_emulation_errors(quantized, prompts) if dtype == "bfloat16" else None

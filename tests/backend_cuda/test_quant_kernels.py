@@ -1,11 +1,11 @@
 """The released formats' CUDA kernels at V4-Flash / V4.1-Flash dims: FP8 block-scaled GEMMs (plain and grouped;
 weight-only dequantization for decode, FP8 tensor cores with per-token-group activation quantization for prefill)
-and MXFP4 routed experts dequantized in the tile.
+and MXFP4 / FP8 routed experts dequantized in the tile.
 
 CPU (CI): every Flash call finds its cubin (``prepare`` plans without a GPU; weights are never touched);
 ``test_kernels_interpreted.py`` runs core's conformance samples through Triton's interpreter (both GEMM regimes).
 GPU host: each op against core's reference (the FP8 ops within their activation-rounding tolerance, the MXFP4
-experts within ``moe_experts``' tolerance), the prefill regime against a torch emulation of its scheme (tight),
+and FP8 experts within ``moe_experts``' tolerance), the prefill regime against a torch emulation of its scheme (tight),
 the activation quantizer bit for bit against torch's e4m3 cast, AOT cubin == JIT bitwise with nothing left to JIT,
 no host synchronisation and CUDA-graph replay == eager at decode shapes.
 """
@@ -34,8 +34,13 @@ BF16 = torch.bfloat16
 #: (N, K) of V4.1-Flash's FP8 projections: wq_a | wkv, wq_b, wo_b, the shared expert's w1 | w3 and w2
 FLASH_LINEAR = ((1792, 5120), (32768, 1280), (5120, 8192), (4608, 5120), (5120, 2304))
 HIDDEN, INTER, EXPERTS, TOP_K = 5120, 2304, 384, 6
-OPS = ("fp8_block_linear", "fp8_block_grouped_linear", "moe_experts_mxfp4", "fp8_e4m3_pack", "fp8_e4m3_unpack",
-       "fp4_e2m1_pack", "fp4_e2m1_unpack")
+OPS = ("fp8_block_linear", "fp8_block_grouped_linear", "moe_experts_mxfp4", "moe_experts_fp8", "fp8_e4m3_pack",
+       "fp8_e4m3_unpack", "fp4_e2m1_pack", "fp4_e2m1_unpack")
+#: (hidden, intermediate, tokens, experts, e8m0 scales) of the FP8 expert calls: V4.1-Flash's and V4-Flash's dims at
+#: the MXFP4 calls' tiers (decode below one slot an expert, 6 an expert, prefill at 192), one with fp32 scales
+FP8_EXPERT_CASES = ((HIDDEN, INTER, 1, EXPERTS, True), (HIDDEN, INTER, 16, EXPERTS, True),
+                    (HIDDEN, INTER, 64, 64, True), (HIDDEN, INTER, 1024, 32, True), (4096, 2048, 1, 256, True),
+                    (4096, 2048, 1024, 32, False))
 
 
 def _module(op: str):
@@ -60,6 +65,25 @@ def _mxfp4_experts(experts: int, device: str, fill: bool) -> tuple[torch.Tensor,
             continue
         out.append(torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device))
         out.append(torch.randint(127 - 9, 127 - 6, (e, n, k // 32), dtype=torch.uint8, device=device))
+    return tuple(out)
+
+
+def _fp8_experts(experts: int, hidden: int, inter: int, device: str, fill: bool, e8m0: bool = True
+                 ) -> tuple[torch.Tensor, ...]:
+    """FP8 experts (w13, its scales, w2, its scales) with 128 x 128 blocks: random code bytes made in place (384
+    experts at V4.1-Flash's dims are 13.6 GB), exponents 0..7 (|code| in [2^-9, 1.875], no NaN code), block scales
+    2^-7..2^-5: |w| ~ k^-0.5, so the outputs are O(1)."""
+    out = []
+    for n, k in ((2 * inter, hidden), (hidden, inter)):
+        grid = (experts, -(-n // 128), -(-k // 128))
+        if not fill:
+            out += [torch.empty(experts, n, k, dtype=torch.float8_e4m3fn),
+                    torch.empty(grid, dtype=torch.float8_e8m0fnu if e8m0 else torch.float32)]
+            continue
+        codes = torch.randint(0, 256, (experts, n, k), dtype=torch.uint8, device=device).bitwise_and_(0xBF)
+        out.append(codes.view(torch.float8_e4m3fn))
+        exps = torch.randint(-7, -4, grid, device=device)
+        out.append((exps + 127).to(torch.uint8).view(torch.float8_e8m0fnu) if e8m0 else torch.exp2(exps.float()) * 1.5)
     return tuple(out)
 
 
@@ -97,6 +121,11 @@ def quant_cases(device: str, tokens: tuple[int, ...] = (1, 16, 64, 512), fill: b
         ids = torch.stack([torch.randperm(experts, generator=gen)[:TOP_K] for _ in range(t)]).to(device)
         weights = torch.rand(t, TOP_K, generator=gen).to(device)
         yield "moe_experts_mxfp4", (randn(t, HIDDEN), ids, weights, w13, s13, w2, s2, 10.0)
+    for hidden, inter, t, experts, e8m0 in FP8_EXPERT_CASES:
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:TOP_K] for _ in range(t)]).to(device)
+        weights = torch.rand(t, TOP_K, generator=gen).to(device)
+        yield "moe_experts_fp8", (randn(t, hidden), ids, weights, *_fp8_experts(experts, hidden, inter, device, fill,
+                                                                                   e8m0), 128, 128, 10.0)
 
 
 def _steps(plan, op: str = "") -> list:
@@ -222,6 +251,58 @@ def test_tma_decode_tiles_equal_pointer_loads_under_the_interpreter():
     assert proc.stdout.count("OK ") == 6, proc.stdout
 
 
+FP8_EXPERTS_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from deepinfer.ops.quant_gemm import _dequant_fp8_experts
+    from deepinfer_cuda.arch import SM90A, moe_fp8_config
+    import deepinfer_cuda.kernels.moe_experts as bf16
+    import deepinfer_cuda.kernels.moe_experts_fp8 as fp8
+
+    def run(plan):
+        for kernel, launch in plan.steps:
+            if all(g > 0 for g in launch.grid):
+                kernel.jit_fn[launch.grid](**launch.args, num_warps=launch.config.num_warps,
+                                           num_stages=launch.config.num_stages)
+        return plan.finish()
+
+    bf16.INTERPRETED = fp8.INTERPRETED = True
+    torch.manual_seed(0)
+    h, i, e, k = 160, 96, 8, 2  # partial 128-blocks in both dims; 2I = 192 crosses a block inside the up rows
+    # a decode tier (2 slots over 8 experts), 16-row tiles (4 an expert), the prefill tier's 128-row tiles (32)
+    for tokens, block, e8m0 in ((2, 128, True), (16, 128, False), (16, 32, True), (128, 128, True)):
+        stacks = []
+        for n, kk in ((2 * i, h), (h, i)):
+            codes = (torch.randn(e, n, kk) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+            exps = torch.randint(-16, -12, (e, -(-n // block), -(-kk // block)))
+            scale = (exps + 127).to(torch.uint8).view(torch.float8_e8m0fnu) if e8m0 else torch.exp2(exps.float()) * 1.5
+            stacks += [codes, scale]
+        x = torch.randn(tokens, h).bfloat16()
+        ids = torch.stack([torch.randperm(e)[:k] for _ in range(tokens)])
+        rw = torch.rand(tokens, k)
+        tiles = moe_fp8_config(SM90A, tokens * k // e, h, i)
+        got = run(fp8.prepare(x, ids, rw, *stacks, block, block, 10.0, arch=SM90A, tiles=tiles))
+        w13 = _dequant_fp8_experts(stacks[0], stacks[1], block, block, torch.bfloat16)
+        w2 = _dequant_fp8_experts(stacks[2], stacks[3], block, block, torch.bfloat16)
+        want = run(bf16.prepare(x, ids, rw, w13, w2, 10.0, arch=SM90A, tiles=tiles))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (tokens, block, e8m0)
+        print("OK fp8 experts", tokens, block, e8m0, tiles.block_m)
+    """
+)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a GPU is present: test_quant_kernels_match_the_reference_at_flash_dims checks it")
+def test_fp8_experts_are_the_bf16_kernel_on_the_dequantized_weights_under_the_interpreter():
+    """``moe_experts_fp8``'s kernels dequantize each weight tile exactly as the reference does, so at every tier's
+    tiles (decode 16-row, prefill 128-row), with ue8m0 and fp32 scales and 32 / 128 blocks, they give the bf16
+    ``moe_experts`` kernels' bits on the dequantized weights (interpreter; ~20 s)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-c", FP8_EXPERTS_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("OK ") == 4, proc.stdout
+
+
 @pytest.mark.slow
 def test_quant_kernel_set_builds_for_sm90a(tmp_path):
     """Every AOT variant compiles for sm_90a on the CPU (~45 s on 2 cores); the prefill GEMM issues FP8 wgmmas."""
@@ -264,13 +345,14 @@ def _kernels() -> dict:
         fp8_block_linear,
         fp8_e4m3_pack,
         fp8_e4m3_unpack,
+        moe_experts_fp8,
         moe_experts_mxfp4,
         split_k_sum,
     )
 
     ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, split_k_sum.KERNEL, moe_experts_mxfp4.UP_KERNEL,
           moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
-          fp4_e2m1_unpack.KERNEL)
+          fp4_e2m1_unpack.KERNEL, moe_experts_fp8.UP_KERNEL, moe_experts_fp8.DOWN_KERNEL)
     return {k.name: k for k in ks}
 
 

@@ -304,6 +304,21 @@ def moe_mxfp4_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, el
     return Mxfp4Tiles(moe_batch_invariant_config(arch, hidden, inter, element_bytes))
 
 
+def moe_fp8_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
+                   element_bytes: int = 2) -> MoeTiles:
+    """Tiles of the FP8 expert GEMMs (``kernels/moe_experts_fp8.py``): ``moe_experts_config``'s tiers, the weight
+    tiles arriving as e4m3 bytes (half bf16's shared memory a stage) and dequantized in registers before tl.dot.
+    Untuned: the bf16 kernel's tiles are the starting point (decode reads half the bytes, prefill adds a
+    dequantization per weight tile); ``tools/sweep_moe_prefill.py``-style sweeps should replace them on the H200."""
+    return moe_experts_config(arch, slots_per_expert, hidden, inter, element_bytes)
+
+
+def moe_fp8_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> MoeTiles:
+    """One set of tiles whatever the batch: :func:`moe_fp8_config`'s 16-row tier (as
+    :func:`moe_batch_invariant_config`)."""
+    return moe_fp8_config(arch, 1, hidden, inter, element_bytes)
+
+
 def moe_plan_config(arch: CudaArch, slots: int) -> LaunchConfig:
     """The MoE plan kernel (one program sorts up to 1024 slots): more warps for the wider bitonic sorts."""
     if arch.triton_arch not in (90, 100):

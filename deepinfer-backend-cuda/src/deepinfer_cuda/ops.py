@@ -37,6 +37,7 @@ from deepinfer_cuda.kernels.indexer_topk_in_blocks import indexer_topk_in_blocks
 from deepinfer_cuda.kernels.indexer_topk_in_blocks_packed import indexer_topk_in_blocks_packed
 from deepinfer_cuda.kernels.indexer_topk_packed import indexer_topk_packed
 from deepinfer_cuda.kernels.moe_experts import moe_experts, moe_experts_fixed_tiles
+from deepinfer_cuda.kernels.moe_experts_fp8 import moe_experts_fp8, moe_experts_fp8_fixed_tiles
 from deepinfer_cuda.kernels.moe_experts_mxfp4 import moe_experts_mxfp4, moe_experts_mxfp4_fixed_tiles
 from deepinfer_cuda.kernels.moe_hash_router import moe_hash_router
 from deepinfer_cuda.kernels.moe_router import moe_router
@@ -81,6 +82,7 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "fp8_block_linear": fp8_block_linear,
     "fp8_block_grouped_linear": fp8_block_grouped_linear,
     "moe_experts_mxfp4": moe_experts_mxfp4,
+    "moe_experts_fp8": moe_experts_fp8,
     "fp8_e4m3_pack": fp8_e4m3_pack,
     "fp8_e4m3_unpack": fp8_e4m3_unpack,
     "fp4_e2m1_pack": fp4_e2m1_pack,
@@ -92,6 +94,7 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
 BATCH_INVARIANT_OVERRIDES: dict[str, Callable[..., Any]] = {
     "moe_experts": moe_experts_fixed_tiles,
     "moe_experts_mxfp4": moe_experts_mxfp4_fixed_tiles,
+    "moe_experts_fp8": moe_experts_fp8_fixed_tiles,
     "fp8_block_linear": fp8_block_linear_fixed_tiles,
     "fp8_block_grouped_linear": fp8_block_grouped_linear_fixed_tiles,
 }

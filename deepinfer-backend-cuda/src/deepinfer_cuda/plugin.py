@@ -36,7 +36,7 @@ class CudaBackend(Backend):
                            "hc_collapse", "fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", "engram_hash", "engram_gate",
                            "rms_norm_rope_fp8_e4m3_fake_quant", "fp8_block_linear", "fp8_block_grouped_linear",
                            "moe_experts_mxfp4", "fp8_e4m3_pack", "fp8_e4m3_unpack", "fp4_e2m1_pack", "fp4_e2m1_unpack",
-                           "sparse_attention_packed_inverse_rope", "embedding_fp8")
+                           "sparse_attention_packed_inverse_rope", "embedding_fp8", "moe_experts_fp8")
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:

@@ -127,9 +127,9 @@ QUANTIZED_WEIGHTS_MODES = ("dequantize", "native")
 def quantized_weights() -> str:
     """``DEEPINFER_QUANTIZED_WEIGHTS``: what a quantized checkpoint's weights become at load.
 
-    ``dequantize`` (default): the compute dtype.  ``native``: FP8 block-scaled dense weights and MXFP4 routed
+    ``dequantize`` (default): the compute dtype.  ``native``: FP8 block-scaled dense weights and MXFP4 / FP8 routed
     experts stay in their stored form in device memory and run through the op table's quantized GEMMs
-    (``fp8_block_linear``, ``moe_experts_mxfp4``; docs/models/deepseek_v41.md, "Formats").
+    (``fp8_block_linear``, ``moe_experts_mxfp4``, ``moe_experts_fp8``; docs/models/deepseek_v41.md, "Formats").
     """
     return _choice("DEEPINFER_QUANTIZED_WEIGHTS", "dequantize", QUANTIZED_WEIGHTS_MODES)
 

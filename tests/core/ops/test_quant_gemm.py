@@ -1,6 +1,6 @@
 """GEMMs on stored weight formats: the references are the dense ops on the dequantized weights (bit for bit), the
-FP8 tolerance admits DeepGEMM-style activation quantization and refuses a wrong scale, and projections stack only
-where one GEMM computes the same thing."""
+FP8 tolerance admits DeepGEMM-style activation quantization and refuses a wrong scale, projections stack only
+where one GEMM computes the same thing, and the MoE layer keeps FP8 routed experts FP8 where they stack."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.layers.linear import Projection, stack_rows
+from deepinfer.layers.moe import MoE, MoESpec, kept_format
 from deepinfer.ops import OpSample, OpTable
 from deepinfer.ops.quant_gemm import within_fp8_activation_rounding
-from deepinfer.quant import FP8_BLOCK, quantize_fp8_block, quantize_mxfp4
+from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor, quantize_fp8_block, quantize_mxfp4
 
 OPS = OpTable()
 
@@ -70,6 +71,80 @@ def test_mxfp4_experts_are_the_experts_on_the_dequantized_weights(dtype):
     got = OPS.moe_experts_mxfp4(x, ids, weights, w13.data, w13.scale, w2.data, w2.scale, 10.0)
     dense = OPS.moe_experts(x, ids, weights, w13.dequantize(OPS, dtype), w2.dequantize(OPS, dtype), 10.0)
     assert torch.equal(got, dense)
+
+
+def _fp8_stack(w: torch.Tensor, block: tuple[int, int], scale_format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    q = [quantize_fp8_block(e, block, scale_format) for e in w]
+    return torch.stack([e.data for e in q]), torch.stack([e.scale for e in q])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block, scale_format", [((32, 32), "ue8m0"), ((128, 128), "fp32")])
+def test_fp8_experts_are_the_experts_on_the_dequantized_weights(dtype, block, scale_format):
+    gen = torch.Generator().manual_seed(5)
+    w13 = _fp8_stack(torch.randn(8, 64, 96, generator=gen) * 0.5, block, scale_format)  # partial blocks at 128
+    w2 = _fp8_stack(torch.randn(8, 96, 32, generator=gen) * 0.2, block, scale_format)
+    x = torch.randn(9, 96, generator=gen).to(dtype)
+    ids = torch.stack([torch.randperm(8, generator=gen)[:3] for _ in range(9)])
+    ids[0] = torch.tensor([5, 5, 1])  # a repeated expert counts twice
+    weights = torch.rand(9, 3, generator=gen)
+    got = OPS.moe_experts_fp8(x, ids, weights, *w13, *w2, *block, 10.0)
+    dense = [torch.stack([OPS.dequant_fp8_block(d, s, *block, dtype) for d, s in zip(*w, strict=True)])
+             for w in (w13, w2)]
+    assert torch.equal(got, OPS.moe_experts(x, ids, weights, *dense, 10.0))
+
+
+def _moe_weights(inter: int, block: tuple[int, int], gen: torch.Generator, experts: int = 8, hidden: int = 64
+                 ) -> tuple[dict[str, QuantizedTensor], dict[str, torch.Tensor]]:
+    """(FP8 weights as stored, every weight dense) of a small MoE layer: routed and shared experts FP8."""
+    stored = {}
+    for p in [f"experts.{e}." for e in range(experts)] + ["shared_experts."]:
+        for w, shape in (("w1", (inter, hidden)), ("w3", (inter, hidden)), ("w2", (hidden, inter))):
+            stored[p + w + ".weight"] = quantize_fp8_block(torch.randn(shape, generator=gen) * 0.3, block, "ue8m0")
+    dense = {n: q.dequantize(OPS, torch.float32) for n, q in stored.items()}
+    dense["gate.weight"] = torch.randn(experts, hidden, generator=gen)
+    dense["gate.bias"] = torch.randn(experts, generator=gen) * 0.1
+    return stored, dense
+
+
+def test_moe_keeps_fp8_experts_fp8_and_matches_the_dequantized_layer():
+    """Routed experts FP8 with w1's rows in whole blocks stay FP8 ([E, 2I, H] codes, stacked scales) and run through
+    ``moe_experts_fp8``; the layer computes what the same weights dequantized at load compute."""
+    gen = torch.Generator().manual_seed(6)
+    stored, dense = _moe_weights(32, (32, 32), gen)
+    spec = MoESpec(n_routed_experts=8, top_k=3, routed_scaling_factor=1.5, score_func="sqrtsoftplus",
+                   swiglu_limit=10.0)
+    called = []
+
+    class Spy(OpTable):
+        def __getattribute__(self, name):
+            if name.startswith("moe_experts"):
+                called.append(name)
+            return super().__getattribute__(name)
+
+    kept = MoE(Spy(), spec, "", dense.__getitem__, weight=lambda n: stored.get(n, dense[n]))
+    assert kept.w13.dtype == torch.float8_e4m3fn and kept.w13.shape == (8, 64, 64) and kept.fp8_block == (32, 32)
+    assert kept.scales is not None and kept.scales[0].shape == (8, 2, 2) and kept.scales[1].shape == (8, 2, 1)
+    assert kept.shared_id is None and isinstance(kept.shared[0], QuantizedTensor)  # its own FP8 MLP
+    dequantized = MoE(OPS, spec, "", dense.__getitem__)
+    assert dequantized.w13.dtype == torch.float32
+    x, input_ids = torch.randn(11, 64, generator=gen), torch.arange(11)
+    got = kept(x, input_ids)
+    assert called == ["moe_experts_fp8"]
+    torch.testing.assert_close(got, dequantized(x, input_ids), atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_experts_whose_w1_and_w3_scales_do_not_stack_are_dequantized():
+    gen = torch.Generator().manual_seed(7)
+    stored, dense = _moe_weights(48, (32, 32), gen)  # I = 48: w1's last row block is partial
+    assert kept_format(list(stored.values())) is None
+    spec = MoESpec(8, 2, 1.0, "softmax", None)
+    moe = MoE(OPS, spec, "", dense.__getitem__, weight=lambda n: stored.get(n, dense[n]))
+    assert moe.scales is None and moe.w13.dtype == torch.float32
+    mixed = list(stored.values())[:3] + [quantize_mxfp4(torch.randn(64, 64, generator=gen))]
+    assert kept_format(mixed) is None and kept_format(mixed[3:]) == MXFP4
+    whole = [quantize_fp8_block(torch.randn(32, 64, generator=gen), (32, 32), fmt) for fmt in ("ue8m0", "fp32")]
+    assert kept_format(whole) is None and kept_format(whole[:1]) == kept_format(whole[1:]) == FP8_BLOCK
 
 
 def test_projections_stack_only_into_a_gemm_that_computes_the_same():

@@ -27,6 +27,7 @@ from deepinfer_cuda.kernels import (
                                     indexer_topk_in_blocks_packed,
                                     indexer_topk_packed,
                                     moe_experts,
+                                    moe_experts_fp8,
                                     moe_experts_mxfp4,
                                     moe_experts_mxfp4_scaled,
                                     moe_hash_router,
@@ -57,5 +58,5 @@ ALL: tuple[TritonKernel, ...] = (
     moe_experts_mxfp4.UP_KERNEL, moe_experts_mxfp4.DOWN_KERNEL, moe_experts_mxfp4_scaled.UP_KERNEL,
     moe_experts_mxfp4_scaled.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
     fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL, sparse_attention_packed.KERNEL, indexer_topk_packed.KERNEL,
-    indexer_topk_in_blocks_packed.KERNEL, embedding_fp8.KERNEL,
+    indexer_topk_in_blocks_packed.KERNEL, embedding_fp8.KERNEL, moe_experts_fp8.UP_KERNEL, moe_experts_fp8.DOWN_KERNEL,
 )

@@ -3,8 +3,9 @@
 Hash layers (V4's first layers) route by a frozen token-id table (``tid2eid``); the others by
 ``score_func(logits / gate_temp)`` with a correction bias for selection only (V4.1 divides the logits by its
 ``gate_temp``; V4 has none).  Experts are SwiGLU with the gate clamped above and the up projection clamped both
-ways at ``swiglu_limit``.  Routed experts kept in MXFP4 (``DEEPINFER_QUANTIZED_WEIGHTS=native``) stay packed and
-run through ``moe_experts_mxfp4``; the shared expert (FP8 as released) then runs as its own MLP.
+ways at ``swiglu_limit``.  Routed experts kept in their released form (``DEEPINFER_QUANTIZED_WEIGHTS=native``)
+stay as stored and run through ``moe_experts_mxfp4`` (MXFP4) or ``moe_experts_fp8`` (FP8 e4m3 with block scales);
+the shared expert (FP8 as released) then runs as its own MLP.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from deepinfer.layers.linear import GetWeight, Weight, stack_rows, swiglu_mlp
 from deepinfer.ops import Ops
-from deepinfer.quant import MXFP4, QuantizedTensor
+from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor
 
 if TYPE_CHECKING:
     from deepinfer.parallel.context import ParallelContext
@@ -52,11 +53,13 @@ class MoE:
         self.bias = None if spec.hash_routed else get(p + "gate.bias")
         held = [f"{p}experts.{e}." for e in (range(spec.n_routed_experts) if experts is None else experts)]
         shared = p + "shared_experts."
-        #: (w13 scales, w2 scales) when the routed experts stay MXFP4 (w13 / w2 then hold the packed bytes)
+        #: (w13 scales, w2 scales) when the routed experts stay as stored (w13 / w2 then hold the stored data)
         self.scales: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: the scale block of routed experts kept FP8; None: kept MXFP4 (or not kept)
+        self.fp8_block: tuple[int, int] | None = None
         #: (w13, w2) of a shared expert run as its own MLP; None: it is expert E of the grouped GEMMs
         self.shared: tuple[Weight, Weight] | None = None
-        if weight is not None and self._keep_mxfp4(weight, held, shared, get):
+        if weight is not None and self._keep_stored(weight, held, shared, get):
             return
         w13 = [self._w13(get, e) for e in held]
         w2 = [get(e + "w2.weight") for e in held]
@@ -76,19 +79,22 @@ class MoE:
         if self.shared_id is None:  # shaped unlike the routed experts
             self.shared = (shared_w13, shared_w2)
 
-    def _keep_mxfp4(self, weight: GetWeight, experts: list[str], shared: str,
-                    get: Callable[[str], torch.Tensor]) -> bool:
-        """Keep the routed experts packed if every one of their weights is MXFP4; the shared expert keeps its
-        FP8 form when w1 and w3 stack into one weight (else it is dequantized)."""
-        names = [e + w for e in experts for w in ("w1.weight", "w3.weight", "w2.weight")]
-        stored = [weight(n) for n in names]
-        if not all(isinstance(w, QuantizedTensor) and w.format == MXFP4 for w in stored):
-            return False
+    def _keep_stored(self, weight: GetWeight, experts: list[str], shared: str,
+                     get: Callable[[str], torch.Tensor]) -> bool:
+        """Keep the routed experts as stored if :func:`kept_format` says they can stay so (w1 and w3 of each
+        expert stacked into w13, data and scales alike); the shared expert keeps its FP8 form when w1 and w3 stack
+        into one weight (else it is dequantized)."""
+        stored = [weight(e + w) for e in experts for w in ("w1.weight", "w3.weight", "w2.weight")]
         q = [w for w in stored if isinstance(w, QuantizedTensor)]
-        self.w13 = torch.stack([torch.cat([q[3 * e].data, q[3 * e + 1].data]) for e in range(len(experts))])
-        self.w2 = torch.stack([q[3 * e + 2].data for e in range(len(experts))])
-        self.scales = (torch.stack([torch.cat([q[3 * e].scale, q[3 * e + 1].scale]) for e in range(len(experts))]),
-                       torch.stack([q[3 * e + 2].scale for e in range(len(experts))]))
+        fmt = kept_format(stored)
+        if fmt is None:
+            return False
+        n = len(experts)
+        self.w13 = torch.stack([torch.cat([q[3 * e].data, q[3 * e + 1].data]) for e in range(n)])
+        self.w2 = torch.stack([q[3 * e + 2].data for e in range(n)])
+        self.scales = (torch.stack([torch.cat([q[3 * e].scale, q[3 * e + 1].scale]) for e in range(n)]),
+                       torch.stack([q[3 * e + 2].scale for e in range(n)]))
+        self.fp8_block = q[0].block if fmt == FP8_BLOCK else None
         self.shared_id = None
         w13 = stack_rows([weight(shared + "w1.weight"), weight(shared + "w3.weight")])
         self.shared = ((w13[0], weight(shared + "w2.weight")) if len(w13) == 1
@@ -107,6 +113,15 @@ class MoE:
             return ops.moe_hash_router(x, self.gate, ids, spec.routed_scaling_factor, spec.score_func), ids
         return ops.moe_router(x, self.gate, self.bias, spec.top_k, spec.routed_scaling_factor, spec.score_func)
 
+    def _stored_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The routed experts kept as stored (:attr:`scales` set), through their format's grouped GEMM op."""
+        assert self.scales is not None
+        s13, s2 = self.scales
+        if self.fp8_block is not None:
+            return self.ops.moe_experts_fp8(x, ids, weights, self.w13, s13, self.w2, s2, *self.fp8_block,
+                                            self.spec.swiglu_limit)
+        return self.ops.moe_experts_mxfp4(x, ids, weights, self.w13, s13, self.w2, s2, self.spec.swiglu_limit)
+
     def idle(self) -> None:
         """Join a step with no tokens: nothing to do without expert parallelism."""
 
@@ -115,8 +130,7 @@ class MoE:
         weights, ids = self.route(x, input_ids)
         if self.shared is not None:
             if self.scales is not None:
-                routed = ops.moe_experts_mxfp4(x, ids, weights, self.w13, self.scales[0], self.w2, self.scales[1],
-                                               spec.swiglu_limit)
+                routed = self._stored_experts(x, ids, weights)
             else:
                 routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
             return routed + swiglu_mlp(ops, x, *self.shared, spec.swiglu_limit)
@@ -126,11 +140,27 @@ class MoE:
         return ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
 
 
+def kept_format(stored: Sequence[Weight]) -> str | None:
+    """The format routed experts' weights (each expert's w1, w3, w2) can stay in: MXFP4 when all are MXFP4; FP8
+    when all are FP8 with one scale block and scale dtype and w1's rows fill whole row blocks (so w1's and w3's
+    scale rows stack into w13's, as the data does); None (dequantize) otherwise, mixed formats included."""
+    q = [w for w in stored if isinstance(w, QuantizedTensor)]
+    if not q or len(q) < len(stored):
+        return None
+    if all(w.format == MXFP4 for w in q):
+        return MXFP4
+    if (all(w.format == FP8_BLOCK for w in q) and len({(w.block, w.scale.dtype) for w in q}) == 1
+            and q[0].shape[0] % q[0].block[0] == 0):
+        return FP8_BLOCK
+    return None
+
+
 def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
               parallel: ParallelContext | None = None, layer: int = 0, weight: GetWeight | None = None) -> MoE:
     """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
     share, exchanging tokens with the ranks that hold the others.  ``weight``: the experts as the model keeps them
-    (MXFP4 experts stay packed without expert parallelism; with it they are dequantized, for now)."""
+    (MXFP4 / FP8 experts stay as stored without expert parallelism; with it they are dequantized, for now: the
+    expert-parallel layer and EPLB's weight moves handle dense experts only)."""
     if parallel is None or parallel.plan.placement is None:
         return MoE(ops, spec, prefix, get, weight=weight)
     from deepinfer.parallel.ep_moe import ExpertParallelMoE

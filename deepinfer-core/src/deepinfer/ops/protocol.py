@@ -364,6 +364,22 @@ class Ops(Protocol):
         """Routed experts with MXFP4 weights, weighted and summed per token (ops.quant_gemm)."""
         raise TypeError
 
+    def moe_experts_fp8(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+        block_n: int,
+        block_k: int,
+        swiglu_limit: float | None,
+    ) -> torch.Tensor:
+        """Routed experts with FP8 block-scaled weights, weighted and summed per token (ops.quant_gemm)."""
+        raise TypeError
+
     # --- sampling and structured output (deepinfer.ops.sampling, deepinfer.ops.structured) ---------------------
     def apply_penalties(
         self,

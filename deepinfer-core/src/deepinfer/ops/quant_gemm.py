@@ -1,4 +1,4 @@
-"""GEMMs on weights kept in their released formats: FP8 e4m3 with block scales, MXFP4 routed experts.
+"""GEMMs on weights kept in their released formats: FP8 e4m3 with block scales, MXFP4 or FP8 routed experts.
 
 The references dequantize the weight to ``x.dtype`` (:mod:`deepinfer.ops.quant`) and run the dense op, so on the
 reference backend a model whose weights stay quantized computes exactly what its dequantized twin computes.  A
@@ -7,7 +7,7 @@ the activation to FP8 e4m3 per 128-channel group and multiplies on FP8 tensor co
 that rounding (:func:`within_fp8_activation_rounding`): every output within ``2^-4 * sum_k |x_k| |w_k|`` (half an
 e4m3 ulp of each activation) plus the dtype's tolerance, and the error's RMS within 5% of the output's.
 
-Batch rows: ``x`` (and the routing of ``moe_experts_mxfp4``); the weights are shared.
+Batch rows: ``x`` (and the routing of ``moe_experts_mxfp4`` / ``moe_experts_fp8``); the weights are shared.
 """
 
 from __future__ import annotations
@@ -158,3 +158,71 @@ def moe_experts_mxfp4_fixed_order(x, ids, weights, w13, w13_scale, w2, w2_scale,
     local, (a, sa, b, sb) = _used_experts(ids, w13, w13_scale, w2, w2_scale)
     return moe_experts_fixed_order(x, local, weights, dequant_mxfp4(a, sa, x.dtype), dequant_mxfp4(b, sb, x.dtype),
                                    swiglu_limit)
+
+
+
+def _fp8_experts(w: torch.Tensor, block: tuple[int, int], scale_format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Experts' weights [E, N, K] quantized one by one: (codes [E, N, K], scales [E, ceil(N/bn), ceil(K/bk)])."""
+    from deepinfer.quant.quantize import quantize_fp8_block
+
+    q = [quantize_fp8_block(e, block, scale_format) for e in w]
+    return torch.stack([e.data for e in q]), torch.stack([e.scale for e in q])
+
+
+def _fp8_experts_samples(dtype: torch.dtype, gen: torch.Generator):
+    # (rows, hidden, inter, experts, top_k, block, scales): whole blocks (one 128-column block: a wider K turns
+    # moe_experts' bf16 rounding-order differences into a miss, the bf16 kernel's too); partial blocks (160 / 96
+    # against 128, and 2I = 192 spans a block boundary inside the up rows); fp32 scales; a block of 48 columns
+    for rows, hidden, inter, experts, top_k, block, fmt in [(5, 64, 32, 4, 2, (32, 32), "ue8m0"),
+                                                            (33, 128, 64, 16, 6, (128, 128), "ue8m0"),
+                                                            (9, 160, 96, 8, 3, (128, 128), "fp32"),
+                                                            (3, 96, 64, 4, 2, (32, 48), "ue8m0")]:
+        x = (3 * torch.randn(rows, hidden, generator=gen)).to(dtype)
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(rows)])
+        weights = torch.rand(rows, top_k, generator=gen)
+        w13 = _fp8_experts(torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5 * 4, block, fmt)
+        w2 = _fp8_experts(torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5, block, fmt)
+        yield OpSample((x, ids, weights, *w13, *w2, *block, 10.0),
+                       label=f"{rows}x{hidden} I={inter} E={experts} k={top_k} {block} {fmt}")
+
+
+def _dequant_fp8_experts(data: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int, dtype: torch.dtype
+                         ) -> torch.Tensor:
+    """Stacked FP8 experts [U, N, K] (scales [U, ceil(N/bn), ceil(K/bk)]) dequantized expert by expert."""
+    return torch.stack([dequant_fp8_block(d, s, block_n, block_k, dtype) for d, s in zip(data, scale, strict=True)])
+
+
+@reference_op(sample_inputs=_fp8_experts_samples, rows=(0, 1, 2),
+              tolerances={torch.float32: (3e-4, 1e-4)})
+def moe_experts_fp8(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    block_n: int,
+    block_k: int,
+    swiglu_limit: float | None,
+) -> torch.Tensor:
+    """:func:`~deepinfer.ops.moe.moe_experts` with FP8 e4m3 expert weights, one scale per ``block_n x block_k``
+    block of each expert's matrix (DeepSeek V3 / V4's FP8 experts: 128 x 128, ue8m0 or fp32 scales).
+
+    w13: [E, 2I, H] float8_e4m3fn (gate rows then up rows), w13_scale: [E, ceil(2I/bn), ceil(H/bk)]; w2: [E, H, I],
+    w2_scale: [E, ceil(H/bn), ceil(I/bk)]; scales as :func:`~deepinfer.ops.quant.dequant_fp8_block`'s.  The used
+    experts are dequantized to x.dtype (``code * scale`` formed in fp32, rounded once) and run in
+    :func:`moe_experts`' order: no activation is quantized, so the tolerance is ``moe_experts``'.  Returns [T, H]
+    in x.dtype.
+    """
+    local, (a, sa, b, sb) = _used_experts(ids, w13, w13_scale, w2, w2_scale)
+    return moe_experts(x, local, weights, _dequant_fp8_experts(a, sa, block_n, block_k, x.dtype),
+                       _dequant_fp8_experts(b, sb, block_n, block_k, x.dtype), swiglu_limit)
+
+
+@batch_invariant_reference(moe_experts_fp8)
+def moe_experts_fp8_fixed_order(x, ids, weights, w13, w13_scale, w2, w2_scale, block_n, block_k, swiglu_limit):
+    """:func:`~deepinfer.ops.moe.moe_experts_fixed_order` on the dequantized used experts."""
+    local, (a, sa, b, sb) = _used_experts(ids, w13, w13_scale, w2, w2_scale)
+    return moe_experts_fixed_order(x, local, weights, _dequant_fp8_experts(a, sa, block_n, block_k, x.dtype),
+                                   _dequant_fp8_experts(b, sb, block_n, block_k, x.dtype), swiglu_limit)

@@ -32,7 +32,7 @@ from deepinfer.parallel.placement import ExpertPlacement
 
 class ExpertParallelMoE(MoE):
     """:class:`~deepinfer.layers.moe.MoE` holding only this EP rank's slots (in slot order; the shared expert
-    after them)."""
+    after them).  Its experts are dense: it takes no stored weights, so MXFP4 / FP8 experts are dequantized."""
 
     def __init__(self, ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
                  context: ParallelContext, layer: int):

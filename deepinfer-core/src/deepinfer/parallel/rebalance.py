@@ -48,6 +48,8 @@ def rebalance_experts(context: ParallelContext, num_groups: int = 1, num_nodes: 
 
 def move_weights(moe: ExpertParallelMoE, new: ExpertPlacement, context: ParallelContext) -> None:
     """Give ``moe`` the weights of its slots under ``new`` and route by it."""
+    if moe.scales is not None:  # (build_moe dequantizes experts under expert parallelism: never reached today)
+        raise NotImplementedError("EPLB moves dense expert weights only; these experts are kept MXFP4 / FP8")
     old, layer, me, n = moe.placement, moe.layer, context.plan.ep_rank, moe.placement.ep_size
     before = [old.local_experts(layer, r) for r in range(n)]
     after = [new.local_experts(layer, r) for r in range(n)]

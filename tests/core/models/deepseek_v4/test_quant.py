@@ -124,14 +124,19 @@ def test_quantized_checkpoint_matches_its_dequantized_model(tmp_path, expert_dty
     assert_matches_hf(got, hf_logprobs(hf, tokens))
 
 
-@pytest.mark.parametrize("block", [(32, 32), (128, 128)], ids=["32x32", "128x128"])
-def test_native_weights_stay_quantized_and_match_the_dequantized_load(tmp_path, monkeypatch, block):
-    """``DEEPINFER_QUANTIZED_WEIGHTS=native``: FP8 projections and MXFP4 experts stay as stored (the shared expert
-    keeps FP8 when w1 and w3 stack: 32-row blocks), and the reference ops compute what the model dequantized at
-    load computes (documented tolerance: 1e-5 in fp32, measured 0)."""
+@pytest.mark.parametrize("expert_dtype, block", [("fp4", (32, 32)), ("fp4", (128, 128)), ("fp8", (32, 32)),
+                                                 ("fp8", (128, 128))],
+                         ids=["mxfp4-experts-32x32", "mxfp4-experts-128x128", "fp8-experts-32x32",
+                              "fp8-experts-128x128"])
+def test_native_weights_stay_quantized_and_match_the_dequantized_load(tmp_path, monkeypatch, expert_dtype, block):
+    """``DEEPINFER_QUANTIZED_WEIGHTS=native``: FP8 projections and MXFP4 experts stay as stored, FP8 experts too
+    where each expert's w1 and w3 stack (I = 32: 32-row blocks; 128-row blocks are dequantized); the shared expert
+    keeps FP8 when w1 and w3 stack.  The reference ops compute what the model dequantized at load computes
+    (documented tolerance: 1e-5 in fp32, measured 0)."""
     source, _ = build_checkpoint(tmp_path / "source", SMALL, seed=7)
-    config = {"quant_method": "fp8", "weight_block_size": list(block), "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
-    quantized_dir, _ = quantize_checkpoint(source, tmp_path, v4_layout("fp4", block), "ue8m0", config)
+    config = {"quant_method": "fp8", "weight_block_size": list(block), "scale_fmt": "ue8m0",
+              "expert_dtype": expert_dtype}
+    quantized_dir, _ = quantize_checkpoint(source, tmp_path, v4_layout(expert_dtype, block), "ue8m0", config)
     tokens = random_tokens(40, SMALL["vocab_size"], seed=9)
     load = lambda: load_model(quantized_dir, ops=OPS, dtype=torch.float32, device=torch.device("cpu"))  # noqa: E731
     dequantized = run_chunked(load(), tokens, 40)
@@ -141,8 +146,15 @@ def test_native_weights_stay_quantized_and_match_the_dequantized_load(tmp_path, 
     assert attn.wo_a.format == FP8_BLOCK and attn.wo_a.block == block and attn.wq_b.format == FP8_BLOCK
     small_blocks = block == (32, 32)  # wq_a (32 rows) fills whole row blocks: it stacks with wkv into one GEMM
     assert attn.w_in.weights[0].format == FP8_BLOCK and attn.w_in.weights[0].shape[0] == (64 if small_blocks else 32)
-    assert ffn.w13.dtype == torch.int8 and ffn.scales is not None and ffn.w13.shape == (8, 64, 32)
+    if expert_dtype == "fp4":
+        assert ffn.w13.dtype == torch.int8 and ffn.scales is not None and ffn.w13.shape == (8, 64, 32)
+        assert ffn.fp8_block is None
+    elif small_blocks:
+        assert ffn.w13.dtype == torch.float8_e4m3fn and ffn.w13.shape == (8, 64, 64) and ffn.fp8_block == block
+        assert ffn.scales is not None and ffn.scales[0].shape == (8, 2, 2)
+    else:
+        assert ffn.scales is None and ffn.w13.dtype == torch.float32  # I = 32 fills no 128-row block
     shared_fp8 = small_blocks
-    assert isinstance(ffn.shared[0], QuantizedTensor) == shared_fp8
+    assert isinstance(ffn.shared[0] if ffn.shared else None, QuantizedTensor) == shared_fp8
     got = run_chunked(model, tokens, 7)
     torch.testing.assert_close(got, dequantized, atol=1e-5, rtol=0)

@@ -67,7 +67,7 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
     """Implements :class:`deepinfer.models.base.CausalLM`.
 
     Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype, except, with
-    ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the quantized GEMM ops);
+    ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as stored, run by the quantized GEMM ops);
     the stored forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """

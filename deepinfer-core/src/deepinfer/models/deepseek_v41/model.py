@@ -122,7 +122,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``decoder_keep``: decoder prefill truncation (:mod:`.truncation`): the decoder runs on the last
     ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
-    row) and, with ``native_weights``, FP8 projections and MXFP4 routed experts (kept as stored, run by the
+    row) and, with ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as stored, run by the
     quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
     ``quantized_kv``: the state stores K=V and indexer keys in the model's formats (:mod:`.state`).
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
