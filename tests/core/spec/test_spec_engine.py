@@ -132,7 +132,7 @@ def test_sampled_tokens_have_the_plain_distribution(mode, model, varlen):
     oracle = [prompt + o.outputs[0].token_ids for o in plain]  # plausible drafts: other seeds' samples
     drafter = StandInDrafter(vocab, 3, mode, oracle)
     spec = _generate(llm, [prompt] * n, params, drafter, SpecPolicy(3, varlen, STEEP if varlen else None))
-    if mode == "mixed" and not varlen:  # drafts are often accepted, so acceptance and the penalties of later rows matter
+    if mode == "mixed" and not varlen:  # drafts often accepted: acceptance and the penalties of later rows matter
         accepted = sum(o.spec_decoding_stats.num_accepted_tokens for o in spec)
         assert accepted > n / 2
 
