@@ -160,7 +160,6 @@ def moe_experts_mxfp4_fixed_order(x, ids, weights, w13, w13_scale, w2, w2_scale,
                                    swiglu_limit)
 
 
-
 def _fp8_experts(w: torch.Tensor, block: tuple[int, int], scale_format: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Experts' weights [E, N, K] quantized one by one: (codes [E, N, K], scales [E, ceil(N/bn), ceil(K/bk)])."""
     from deepinfer.quant.quantize import quantize_fp8_block

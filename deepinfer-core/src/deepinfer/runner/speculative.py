@@ -162,7 +162,7 @@ def launch_speculative(runner: ModelRunner, step: StepInput) -> StepHandle:
     accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
     _undo(runner, step, specs, accepted, checkpoint)
     _extend(runner, step, offsets, accepted, batch.captured, plan.positions)
-    return _handle(step, per_chunk, specs, drafts, verified, out, plain)
+    return _handle(step, per_chunk, specs, verified, out, plain)
 
 
 def _decode_only(step: StepInput, per_chunk: list[list[ScheduledSample]]) -> bool:
@@ -191,18 +191,19 @@ def _launch_verify_step(runner: ModelRunner, graphs: VerifyGraphs, step: StepInp
     def logits_of(rows: list[int]) -> torch.Tensor:
         return model.compute_logits(result.hidden[runner._upload(rows)])
 
-    plain = _sample_plain(runner, step, per_chunk, [i * q for i in range(len(step.chunks))], logits_of)
+    anchors = [i * q for i in range(len(step.chunks))]  # each sequence's first row
+    plain = _sample_plain(runner, step, per_chunk, anchors, logits_of)
     verified = _verify(runner, specs, drafts, logits_of)
     accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
     device = model.device
     graphs.model.commit_verify(result.record, step.states, [1 + accepted.get(i, 0) for i in range(len(step.chunks))],
                                q, lambda t: runner.backend.to_device(t, device))
     positions = [c.start + j for c in step.chunks for j in range(q)]
-    _extend(runner, step, [i * q for i in range(len(step.chunks))], accepted, result.features, positions)
-    return _handle(step, per_chunk, specs, drafts, verified, RunnerOutput(), plain)
+    _extend(runner, step, anchors, accepted, result.features, positions)
+    return _handle(step, per_chunk, specs, verified, RunnerOutput(), plain)
 
 
-def _handle(step: StepInput, per_chunk: list[list[ScheduledSample]], specs: list[_Spec], drafts: Drafts | None,
+def _handle(step: StepInput, per_chunk: list[list[ScheduledSample]], specs: list[_Spec],
             verified: list[tuple[int, list[TokenLogprobs]]], out: RunnerOutput, plain: list[TokenLogprobs]
             ) -> StepHandle:
     """The step's results (already read) in sample order, with each speculating chunk's SpecResult."""
