@@ -183,18 +183,13 @@ def verify_step(states: list[PooledState], pool: StatePool, anchors: list[int], 
         raise ValueError("verify_step: a state is not from the model's configured pool")
     for state in states:
         pool.reserve(state, state.num_tokens + q)
-    pad = rows - len(states)
-    starts = [s.num_tokens for s in states] + [0] * pad
-    slots = [s.slot or 0 for s in states] + [0] * pad
-    ids = [[a] + [0] * (q - 1) for a in anchors] + [[0] * q] * pad
-    flat = [torch.tensor(ids).flatten(), (torch.tensor(starts)[:, None] + torch.arange(q)).flatten(),
-            torch.tensor(slots).repeat_interleave(q), torch.tensor(starts).repeat_interleave(q)]
-    tables = {}
-    for r in pool.ratios:
-        width = max(1, pool.spec.pages_for(max_tokens, r))
-        table = torch.tensor(padded_pages(states, r, width) + [0] * (width * pad), dtype=torch.int64)
-        tables[r] = table.view(rows, width).repeat_interleave(q, dim=0)
-    return DecodeStep(flat[0], flat[1], flat[2], tables, flat[3])
+    one = decode_step(states, pool, max_tokens, rows, anchors)  # a decode step of the anchors, then q rows each
+    ids = torch.zeros(rows, q, dtype=torch.int64)
+    ids[:, 0] = one.input_ids
+    return DecodeStep(ids.flatten(), (one.positions[:, None] + torch.arange(q)).flatten(),
+                      one.slots.repeat_interleave(q), {r: t.repeat_interleave(q, dim=0) for r, t in
+                                                       one.page_tables.items()},
+                      one.positions.repeat_interleave(q))
 
 
 def decode_step(states: list[PooledState], pool: StatePool, max_tokens: int | None, rows: int,
