@@ -39,6 +39,15 @@ def bucket_size(n: int, smallest: int = 1) -> int:
     return size
 
 
+def step_buckets(states: list[SequenceState], new_tokens: int, max_seqs: int, max_tokens: int,
+                 min_tokens: int) -> tuple[int, int]:
+    """(rows, tokens) a captured step adding ``new_tokens`` to each of ``states`` is padded to: a batch bucket
+    within ``max_seqs``; index tensors for a length bucket from ``min_tokens``, within ``max_tokens``."""
+    rows = min(bucket_size(len(states)), max_seqs)
+    longest = max(s.num_tokens for s in states) + new_tokens
+    return rows, min(bucket_size(longest, min_tokens), max_tokens)
+
+
 @dataclass(slots=True)
 class _Graph:
     flat: torch.Tensor  # every static input, packed (int64), on the device
@@ -136,9 +145,7 @@ class DecodeGraphs(CapturedSteps):
 
     def buckets(self, states: list[SequenceState]) -> tuple[int, int]:
         """(rows, tokens) a step of ``states`` is padded to."""
-        rows = min(bucket_size(len(states)), self.max_seqs)
-        longest = max(s.num_tokens for s in states) + 1
-        return rows, min(bucket_size(longest, self.MIN_TOKENS), self.max_tokens)
+        return step_buckets(states, 1, self.max_seqs, self.max_tokens, self.MIN_TOKENS)
 
     def run(self, states: list[SequenceState], input_ids: list[int],
             feed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from deepinfer.backends import Backend
 from deepinfer.models.base import CausalLM, SequenceState, VerifyDecodable
-from deepinfer.runner.decode_graphs import CapturedSteps, DecodeGraphs, bucket_size
+from deepinfer.runner.decode_graphs import CapturedSteps, DecodeGraphs, step_buckets
 
 
 class VerifiableModel(CausalLM, VerifyDecodable, Protocol):
@@ -53,9 +53,7 @@ class VerifyGraphs(CapturedSteps):
             dst: torch.Tensor) -> VerifyStep:
         """Run a verify step of ``q`` rows a sequence: row ``i * q`` is ``anchors[i]``; ``drafts`` (device, flat)
         go to rows ``dst`` of the step (on the device, before the replay)."""
-        rows = min(bucket_size(len(states)), self.max_seqs)
-        longest = max(s.num_tokens for s in states) + q
-        tokens = min(bucket_size(longest, DecodeGraphs.MIN_TOKENS), self.max_tokens + q)
+        rows, tokens = step_buckets(states, q, self.max_seqs, self.max_tokens + q, DecodeGraphs.MIN_TOKENS)
         host = self.model.verify_inputs(states, anchors, rows, q, tokens)
         graph = self._graphs.get((rows, q, tokens))
         if graph is None:
