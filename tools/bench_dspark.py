@@ -143,14 +143,13 @@ def load_slice(tiny: bool, max_seqs: int, tokens: int):
     return llm, drafter, describe_drafter(drafter)
 
 
-def bench(llm, drafter, batches: list[int], acceptance: list[float], k: int, new_tokens: int, prompt_len: int,
-          real: bool, repeats: int) -> list[dict[str, object]]:
+def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: list[float], k: int, new_tokens: int,
+          prompt_len: int, real: bool, repeats: int) -> list[dict[str, object]]:
     from deepinfer.spec.budget import SpecPolicy
 
     engine = llm.engine
     k = min(k, drafter.max_draft_len)
     engine.set_drafter(None)
-    counter = StepCounter(engine.runner)
     rows = []
     for batch in batches:
         gen = torch.Generator().manual_seed(batch)
@@ -179,7 +178,8 @@ def bench(llm, drafter, batches: list[int], acceptance: list[float], k: int, new
     return rows
 
 
-def step_profile(llm, drafter, batch: int, length: float, k: int, new_tokens: int, prompt_len: int) -> str:
+def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, k: int, new_tokens: int,
+                 prompt_len: int) -> str:
     """Kernels of one decode step, plain and speculative at forced acceptance ``length``: the kernel totals of a
     ``new_tokens`` run minus those of a 1-token run (the prefill), over the steps between them; with the host's
     wall time a step (what the kernels leave to launches, read-backs and host work)."""
@@ -191,7 +191,6 @@ def step_profile(llm, drafter, batch: int, length: float, k: int, new_tokens: in
     engine = llm.engine
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
-    counter = StepCounter(engine.runner)
     out = []
     for mode in ("plain", "speculative"):
         if mode == "speculative":
@@ -283,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         llm, drafter, drafter_name = load_checkpoint(args.model, args.dtype, max(batches), args.k)
     print(f"drafter: {drafter_name}", flush=True)
-    rows = bench(llm, drafter, batches, acceptance, args.k, args.new_tokens, args.prompt_len, args.real,
+    counter = StepCounter(llm.engine.runner)  # (it wraps the runner's methods: one a run)
+    rows = bench(llm, drafter, counter, batches, acceptance, args.k, args.new_tokens, args.prompt_len, args.real,
                  args.repeats)
     print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'tokens/s':>10} {'speedup':>8} {'graph steps':>12}")
     for r in rows:
@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         if jit_line(llm.engine.model):
             print(jit_line(llm.engine.model))
     if args.profile:
-        print(step_profile(llm, drafter, batches[0], acceptance[-1], args.k, args.new_tokens, args.prompt_len))
+        print(step_profile(llm, drafter, counter, batches[0], acceptance[-1], args.k, args.new_tokens,
+                           args.prompt_len))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
