@@ -3,8 +3,10 @@
 A compressed layer projects each token to ``kv | gate`` (``2 * width`` wide) and pools every ``ratio``
 consecutive tokens into one entry.  This module only gathers the windows a step closes: tokens of an unfinished
 window wait in the sequence's slot (``pending``, [slots, ratio, 2 * width]) until it closes, in a ragged step
-(prefill chunks, mixed steps) or one token at a time (decode).  With ``overlap`` (V4's CSA) the projections hold
-two series a | b and each window also needs series a of its predecessor (``overlap`` [slots, ratio, 2 * dim]);
+(prefill chunks, mixed steps), one token at a time (decode), or as a verify step's rows (several a sequence; the
+carry-over is then committed by the model once the kept rows are known).  With ``overlap`` (V4's CSA) the
+projections hold two series a | b and each window also needs series a of its predecessor (``overlap``
+[slots, ratio, 2 * dim]);
 what a window becomes is the model's business (V4: :func:`~deepinfer.ops.compress.compress_entries`; V4.1:
 a pooled latent that feeds both the entries and the indexer keys).
 """
@@ -109,6 +111,19 @@ class CompressorWindows:
             series_a = window.unflatten(-1, (2, 2, self.dim))[..., 0, :]
             overlap.unflatten(-1, (2, self.dim)).index_copy_(0, plan.overlap_slots, series_a)
         return window, previous
+
+
+    # --- a verify step's rows (several a sequence, fixed shapes): the carry-over is left alone --------
+    def block(self, proj: torch.Tensor, plan: RatioPlan, pending: torch.Tensor) -> torch.Tensor:
+        """Every row's window ``[T, r, 2 * width]`` of a verify step (``plan.block``): tokens of the step from
+        ``proj``, older ones from the carry-over, which is not written (the caller commits it once it knows
+        which rows are kept).  No overlap: a window's predecessor may be a row of the same step."""
+        if self.overlap:
+            raise NotImplementedError("verify-step windows of an overlapping compressor (V4's CSA)")
+        block = plan.block
+        assert block is not None, "a verify step's plan has block windows"
+        carry = pending.view(-1, proj.shape[1])
+        return torch.where(block.from_step[..., None], proj[block.step_rows], carry[block.pending_rows])
 
 
 def cat(parts: list[torch.Tensor]) -> torch.Tensor:

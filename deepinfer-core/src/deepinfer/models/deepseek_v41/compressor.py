@@ -60,9 +60,6 @@ class Compressor:
         if record is None:
             window, _ = self.windows.decode(proj, slots, plan, pending, None)
         else:
-            block = plan.block
-            assert block is not None, "a verify step's plan has block windows"
             record.pending.append((pending, proj))
-            carry = pending.view(-1, proj.shape[1])
-            window = torch.where(block.from_step[..., None], proj[block.step_rows], carry[block.pending_rows])
+            window = self.windows.block(proj, plan, pending)
         return self._latents(window, x.dtype)
