@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from bench_common import graph_time
 
@@ -267,11 +268,8 @@ def packed_kv_rows(peak: float) -> list[dict[str, object]]:
         width = window + topk
         nbytes = 2 * q.numel() * 2 + indices.numel() * 8 + tokens * (window * 528 + topk * 288)
         flops = 4 * tokens * heads * width * dim
-        out.append({"op": "sparse_attention_packed", "case": f"decode {label} T={tokens} K={width}", "bytes": nbytes,
-                    "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(packed),
-                    "ours_graph_s": _graph_time(packed, calls=5), "reference_s": _bench(unpacking),
-                    "reference_graph_s": _graph_time(unpacking, calls=5),
-                    "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"})
+        out.append(_packed_row("sparse_attention_packed", f"decode {label} T={tokens} K={width}", nbytes, flops, peak,
+                               packed, unpacking, KERNEL))
 
         iheads, idim = 32, 128
         pages = fp4_e2m1_pack(torch.randn(tokens * n, idim, device="cuda"), 32, "ue8m0")
@@ -288,12 +286,18 @@ def packed_kv_rows(peak: float) -> list[dict[str, object]]:
 
         nbytes = (iq.numel() + w.numel()) * 2 + tokens * n * (68 + 8) + tokens * topk * 8
         flops = 2 * tokens * iheads * n * idim
-        out.append({"op": "indexer_topk_packed", "case": f"decode {label} T={tokens} N={n}", "bytes": nbytes,
-                    "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(packed_index),
-                    "ours_graph_s": _graph_time(packed_index, calls=5), "reference_s": _bench(unpacking_index),
-                    "reference_graph_s": _graph_time(unpacking_index, calls=5),
-                    "path": "cubin" if INDEXER_KERNEL.launch_counts["cubin"] else "jit"})
+        out.append(_packed_row("indexer_topk_packed", f"decode {label} T={tokens} N={n}", nbytes, flops, peak,
+                               packed_index, unpacking_index, INDEXER_KERNEL))
     return out
+
+
+def _packed_row(op: str, case: str, nbytes: int, flops: int, peak: float, packed: Callable[[], object],
+                unpacking: Callable[[], object], kernel: Any) -> dict[str, object]:
+    """One row of a packed-KV kernel against the unpack-then-plain-op path it replaces (eager and graph times)."""
+    return {"op": op, "case": case, "bytes": nbytes, "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak),
+            "ours_s": _bench(packed), "ours_graph_s": _graph_time(packed, calls=5), "reference_s": _bench(unpacking),
+            "reference_graph_s": _graph_time(unpacking, calls=5),
+            "path": "cubin" if kernel.launch_counts["cubin"] else "jit"}
 
 
 def compress_and_sample_rows() -> list[dict[str, object]]:
