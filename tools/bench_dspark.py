@@ -3,7 +3,7 @@
 
     python tools/bench_dspark.py --model DIR [--batches 1,16,64] [--acceptance 1.5,2.5,3.5] [--real]
                                  [--k 4] [--new-tokens 64] [--prompt-len 256] [--json PATH]
-    python tools/bench_dspark.py --slice [--tiny] [--profile] [...]
+    python tools/bench_dspark.py --slice [--tiny] [--profile] [--host-profile] [...]
 
 Per batch size: plain decoding, then speculative decoding with the checkpoint's drafter (``make_drafter``; a
 stand-in proposing arbitrary tokens when the checkpoint has none) at each forced acceptance length L: the runner
@@ -217,6 +217,40 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     return "\n\n".join(out)
 
 
+def host_profile(llm, drafter, batch: int, length: float, k: int, new_tokens: int, prompt_len: int,
+                 top: int = 40) -> str:
+    """Where the host's time goes in a speculative run at forced acceptance ``length`` (cProfile of one
+    ``new_tokens`` run after a warm-up): the functions with the most time of their own, then by cumulative time.
+    cProfile slows Python down, so read the split, not the total."""
+    import cProfile
+    import io
+    import pstats
+
+    from deepinfer import SamplingParams
+    from deepinfer.spec.budget import SpecPolicy
+
+    engine = llm.engine
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)))
+    engine.runner.forced_acceptance = length
+    try:
+        llm.generate(prompts, params, use_tqdm=False)  # warm-up: graphs
+        profiler = cProfile.Profile()
+        profiler.enable()
+        llm.generate(prompts, params, use_tqdm=False)
+        profiler.disable()
+    finally:
+        engine.runner.forced_acceptance = None
+        engine.set_drafter(None)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return f"host profile, speculative, batch {batch}, L = {length}, {new_tokens} new tokens:\n" + text.getvalue()
+
+
 def graphs_line(llm, rows: list[dict[str, object]]) -> str:
     """Whether plain decoding replayed captured graphs and speculative steps ran eagerly, from the counts."""
     from deepinfer.backends import Backend
@@ -268,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--profile", action="store_true",
                         help="also print the kernels of a plain and a speculative decode step (first batch, last L)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="also print where the host's time goes in a speculative run (cProfile; first batch, "
+                             "last L)")
     args = parser.parse_args(argv)
     acceptance = [float(x) for x in args.acceptance.split(",") if x]
     if any(not 1.0 <= a <= args.k + 1 for a in acceptance):
@@ -299,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print(step_profile(llm, drafter, counter, batches[0], acceptance[-1], args.k, args.new_tokens,
                            args.prompt_len))
+    if args.host_profile:
+        print(host_profile(llm, drafter, batches[0], acceptance[-1], args.k, args.new_tokens, args.prompt_len))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
