@@ -3,7 +3,7 @@
 
     python tools/bench_dspark.py --model DIR [--batches 1,16,64] [--acceptance 1.5,2.5,3.5] [--real]
                                  [--k 4] [--new-tokens 64] [--prompt-len 256] [--json PATH]
-    python tools/bench_dspark.py --slice [--tiny] [--profile] [--host-profile] [...]
+    python tools/bench_dspark.py --slice [--tiny] [--profile] [--host-phases] [...]
 
 Per batch size: plain decoding, then speculative decoding with the checkpoint's drafter (``make_drafter``; a
 stand-in proposing arbitrary tokens when the checkpoint has none) at each forced acceptance length L: the runner
@@ -217,38 +217,79 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     return "\n\n".join(out)
 
 
-def host_profile(llm, drafter, batch: int, length: float, k: int, new_tokens: int, prompt_len: int,
-                 top: int = 40) -> str:
-    """Where the host's time goes in a speculative run at forced acceptance ``length`` (cProfile of one
-    ``new_tokens`` run after a warm-up): the functions with the most time of their own, then by cumulative time.
-    cProfile slows Python down, so read the split, not the total."""
-    import cProfile
-    import io
-    import pstats
+class PhaseTimer:
+    """Host wall time per phase of the engine's steps: wraps ``(owner, attribute)`` callables (inclusive times: a
+    phase includes the phases it calls).  ``Tensor.tolist`` is the read-back wait."""
 
+    def __init__(self, phases: dict[str, tuple[object, str]]) -> None:
+        self.totals = {name: 0.0 for name in phases}
+        self.calls = {name: 0 for name in phases}
+        self._undo: list[tuple[object, str, object | None]] = []
+        for name, (owner, attr) in phases.items():
+            self._wrap(name, owner, attr)
+
+    def _wrap(self, name: str, owner: object, attr: str) -> None:
+        inner = getattr(owner, attr)
+        self._undo.append((owner, attr, vars(owner).get(attr)))  # None: it came from the class (or a base)
+
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.totals[name] += time.perf_counter() - began
+                self.calls[name] += 1
+
+        setattr(owner, attr, timed)
+
+    def restore(self) -> None:
+        for owner, attr, original in reversed(self._undo):
+            if original is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+
+
+def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int, prompt_len: int) -> str:
+    """Host wall time a step by phase in a speculative run at forced acceptance ``length`` (one ``new_tokens``
+    run after a warm-up): what the host does between read-backs, which the device waits on."""
     from deepinfer import SamplingParams
+    from deepinfer.runner import speculative
     from deepinfer.spec.budget import SpecPolicy
 
     engine = llm.engine
+    runner = engine.runner
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)))
-    engine.runner.forced_acceptance = length
+    runner.forced_acceptance = length
     try:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: graphs
-        profiler = cProfile.Profile()
-        profiler.enable()
-        llm.generate(prompts, params, use_tqdm=False)
-        profiler.disable()
+        phases: dict[str, tuple[object, str]] = {
+            "engine.step": (engine, "step"), "  schedule": (engine, "schedule"),
+            "  process (outputs)": (engine, "process"), "  runner.launch": (runner, "launch"),
+            "    draft": (speculative, "_draft"), "    verify graph run": (runner.verify_graphs, "run"),
+            "      verify_inputs": (engine.model, "verify_inputs"),
+            "    verify (+ read-back)": (speculative, "_verify"),
+            "      read-back wait (tolist)": (torch.Tensor, "tolist"),
+            "    commit_verify": (engine.model, "commit_verify"), "    extend drafter": (speculative, "_extend"),
+        }
+        timer = PhaseTimer(phases)
+        began = time.perf_counter()
+        try:
+            llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            timer.restore()
+        wall = time.perf_counter() - began
     finally:
-        engine.runner.forced_acceptance = None
+        runner.forced_acceptance = None
         engine.set_drafter(None)
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    return f"host profile, speculative, batch {batch}, L = {length}, {new_tokens} new tokens:\n" + text.getvalue()
+    steps = max(1, timer.calls["engine.step"])
+    lines = [f"host phases, speculative, batch {batch}, L = {length}, {new_tokens} new tokens: {steps} engine steps, "
+             f"{wall / steps * 1e3:.2f} ms wall a step (inclusive times, ms a step)"]
+    lines += [f"{name:<32} {timer.totals[name] / steps * 1e3:8.3f}  ({timer.calls[name]} calls)" for name in phases]
+    return "\n".join(lines)
 
 
 def graphs_line(llm, rows: list[dict[str, object]]) -> str:
@@ -302,9 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--profile", action="store_true",
                         help="also print the kernels of a plain and a speculative decode step (first batch, last L)")
-    parser.add_argument("--host-profile", action="store_true",
-                        help="also print where the host's time goes in a speculative run (cProfile; first batch, "
-                             "last L)")
+    parser.add_argument("--host-phases", action="store_true",
+                        help="also print the host's time a step by phase in a speculative run (first batch, last L)")
     args = parser.parse_args(argv)
     acceptance = [float(x) for x in args.acceptance.split(",") if x]
     if any(not 1.0 <= a <= args.k + 1 for a in acceptance):
@@ -336,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print(step_profile(llm, drafter, counter, batches[0], acceptance[-1], args.k, args.new_tokens,
                            args.prompt_len))
-    if args.host_profile:
-        print(host_profile(llm, drafter, batches[0], acceptance[-1], args.k, args.new_tokens, args.prompt_len))
+    if args.host_phases:
+        print(host_phases(llm, drafter, batches[0], acceptance[-1], args.k, args.new_tokens, args.prompt_len))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
