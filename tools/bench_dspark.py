@@ -251,8 +251,8 @@ class PhaseTimer:
 
 
 def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int, prompt_len: int) -> str:
-    """Host wall time a step by phase in a speculative run at forced acceptance ``length`` (one ``new_tokens``
-    run after a warm-up): what the host does between read-backs, which the device waits on."""
+    """Host wall time a step by phase in a speculative run at forced acceptance ``length`` (0: real acceptance;
+    one ``new_tokens`` run after a warm-up): what the host does between read-backs, which the device waits on."""
     from deepinfer import SamplingParams
     from deepinfer.runner import speculative
     from deepinfer.spec.budget import SpecPolicy
@@ -263,7 +263,7 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
     prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)))
-    runner.forced_acceptance = length
+    runner.forced_acceptance = length or None
     try:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: graphs
         phases: dict[str, tuple[object, str]] = {
@@ -286,7 +286,8 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
         runner.forced_acceptance = None
         engine.set_drafter(None)
     steps = max(1, timer.calls["engine.step"])
-    lines = [f"host phases, speculative, batch {batch}, L = {length}, {new_tokens} new tokens: {steps} engine steps, "
+    how = f"L = {length}" if length else "real acceptance"
+    lines = [f"host phases, speculative, batch {batch}, {how}, {new_tokens} new tokens: {steps} engine steps, "
              f"{wall / steps * 1e3:.2f} ms wall a step (inclusive times, ms a step)"]
     lines += [f"{name:<32} {timer.totals[name] / steps * 1e3:8.3f}  ({timer.calls[name]} calls)" for name in phases]
     return "\n".join(lines)
@@ -344,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also print the kernels of a plain and a speculative decode step (first batch, last L)")
     parser.add_argument("--host-phases", action="store_true",
-                        help="also print the host's time a step by phase in a speculative run (first batch, last L)")
+                        help="also print the host's time a step by phase in a speculative run (first batch, last L; "
+                             "with --real: real acceptance)")
     args = parser.parse_args(argv)
     acceptance = [float(x) for x in args.acceptance.split(",") if x]
     if any(not 1.0 <= a <= args.k + 1 for a in acceptance):
@@ -377,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         print(step_profile(llm, drafter, counter, batches[0], acceptance[-1], args.k, args.new_tokens,
                            args.prompt_len))
     if args.host_phases:
-        print(host_phases(llm, drafter, batches[0], acceptance[-1], args.k, args.new_tokens, args.prompt_len))
+        length = 0.0 if args.real else acceptance[-1]
+        print(host_phases(llm, drafter, batches[0], length, args.k, args.new_tokens, args.prompt_len))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
