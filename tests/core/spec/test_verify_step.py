@@ -104,6 +104,14 @@ def test_greedy_output_with_captured_verify_steps_is_the_plain_output(k, varlen)
     spec = llm.generate(prompts, [params[0], params[1], params[0]], use_tqdm=False)
     graphs = llm.engine.runner.verify_graphs
     assert graphs is not None and graphs._graphs  # the pure-decode steps ran as verify steps
+    assert graphs.extender is drafter  # ... which extended the drafter's context, rejected rows included
     for a, b in zip(plain, spec, strict=True):
         assert_same_output(a, b, tol=2e-2)
         assert b.spec_decoding_stats.mean_acceptance_length > 1.5
+    # the drafter's context extended eagerly with the kept rows alone drafts the same (equal acceptance)
+    graphs.extender = None
+    graphs._graphs.clear()
+    eager = llm.generate(prompts, [params[0], params[1], params[0]], use_tqdm=False)
+    for a, b in zip(eager, spec, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.spec_decoding_stats.num_accepted_tokens_per_pos == b.spec_decoding_stats.num_accepted_tokens_per_pos

@@ -36,7 +36,7 @@ from deepinfer.runner.verify_graphs import VerifyGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
 from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import Drafter, GraphDrafter
+from deepinfer.spec.drafter import Drafter, GraphDrafter, VerifyExtender
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -128,9 +128,13 @@ class Engine:
         runner, kept = self.runner, self._draft_graphs
         runner.draft_graphs = None
         if drafter is not None and runner.decode_graphs is not None and isinstance(self.model, VerifyDecodable):
-            if runner.verify_graphs is None:  # captured verify steps of pure-decode batches
+            # captured verify steps of pure-decode batches (their graphs extend the drafter's context, if it can)
+            extender = drafter if isinstance(drafter, VerifyExtender) else None
+            if runner.verify_graphs is None or runner.verify_graphs.extender is not extender:
+                if runner.verify_graphs is not None:
+                    runner.verify_graphs.close()
                 runner.verify_graphs = VerifyGraphs(self.model, runner.backend, self.model.device,
-                                                    self.config.max_num_seqs, self.config.max_model_len)
+                                                    self.config.max_num_seqs, self.config.max_model_len, extender)
         if drafter is None or runner.decode_graphs is None or not isinstance(drafter, GraphDrafter):
             return
         if kept is None or kept.drafter is not drafter:

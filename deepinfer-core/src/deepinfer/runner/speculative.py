@@ -14,7 +14,8 @@
 
 A pure-decode step (every chunk its anchor alone) on a model with captured verify steps
 (:class:`~deepinfer.runner.verify_graphs.VerifyGraphs`) replaces 2 and 4: one replayed fixed-shape forward of
-anchor and drafts, then the model keeps each sequence's accepted rows (``commit_verify``); nothing is undone.
+anchor and drafts, then the model keeps each sequence's accepted rows (``commit_verify``); nothing is undone, and
+a :class:`~deepinfer.spec.drafter.VerifyExtender` drafter's context was extended inside the replayed step.
 
 The step is read back before it returns (acceptance decides what the next step feeds), so the engine does not
 overlap speculative steps with the next schedule.
@@ -198,8 +199,9 @@ def _launch_verify_step(runner: ModelRunner, graphs: VerifyGraphs, step: StepInp
     device = model.device
     graphs.model.commit_verify(result.record, step.states, [1 + accepted.get(i, 0) for i in range(len(step.chunks))],
                                q, lambda t: runner.backend.to_device(t, device))
-    positions = [c.start + j for c in step.chunks for j in range(q)]
-    _extend(runner, step, anchors, accepted, result.features, positions)
+    if graphs.extender is None:
+        positions = [c.start + j for c in step.chunks for j in range(q)]
+        _extend(runner, step, anchors, accepted, result.features, positions)
     return _handle(step, per_chunk, specs, verified, RunnerOutput(), plain)
 
 

@@ -4,12 +4,15 @@ The engine owns the target model, the verifier and the budget; a drafter owns on
 Each step the runner asks the drafter for ``k`` tokens per decoding request (:meth:`Drafter.draft`, which must
 not change the context), verifies them with the target in one forward, and then appends the captured target
 features of the accepted positions to the drafter's context (:meth:`Drafter.extend`).  Rejected positions are
-never extended, so the drafter has nothing to roll back.
+never extended that way, so the drafter has nothing to roll back.
 
 A drafter whose greedy draft pass has fixed shapes once its batch is padded may also be a :class:`GraphDrafter`;
 the runner then captures that pass per (batch bucket, k) through the backend's graph service
 (:mod:`deepinfer.runner.draft_graphs`), as it captures a :class:`~deepinfer.models.base.GraphDecodable` model's
-decode steps.  The capability is optional, so a drafter that cannot offer it (or a stand-in) stays eager.
+decode steps.  The capability is optional, so a drafter that cannot offer it (or a stand-in) stays eager.  A
+:class:`VerifyExtender` also extends its context inside a captured verify step
+(:mod:`deepinfer.runner.verify_graphs`), so nothing of the drafter runs between the step's read-back and the next
+draft.
 """
 
 from __future__ import annotations
@@ -88,4 +91,22 @@ class GraphDrafter(Protocol):
     def draft_forward(self, inputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens ``[bucket, k]`` int64, confidence ``[bucket, k]`` fp32): greedy drafts of ``inputs`` (from
         ``draft_inputs``, on the device); must not change the context."""
+        ...
+
+
+@runtime_checkable
+class VerifyExtender(Protocol):
+    """A drafter that extends its context inside a captured verify step (optional, next to :class:`Drafter`).
+
+    The step runs ``q`` rows a sequence (its anchor at position P, then drafts) before the verifier decides what
+    it keeps, so every row is extended, a rejected draft's too.  The drafter must keep such rows out of any
+    draft's context until they are rewritten: the rows' positions are >= the next anchor (drafts read positions
+    before their anchor), and a later step extends them again before a draft reads them; what it must ensure is
+    that no such row replaces a position still in a draft's window (DSpark: spare ring rows).  Padding rows use
+    the null slot 0, which no request holds.
+    """
+
+    def extend_rows(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+        """:meth:`Drafter.extend` of device tensors (``slots`` / ``positions`` [N] int64, ``features`` [N, F]),
+        with no host data or synchronisation, so it can be captured."""
         ...

@@ -175,10 +175,11 @@ def test_truncate_free_and_fork(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [33], [0])
     at = [DraftRequest(0, int(sequence[30]), 30, 0.0, None)]
-    drafter.truncate(0, 30)  # positions 30..32 forgotten: the draft at 30 reads 9 .. 29 (10+ were kept)
+    # positions 30..32 forgotten: the draft at 30 reads its window 6 .. 29 (the ring's 24 + 4 spare rows kept 5+)
+    drafter.truncate(0, 30)
     with torch.no_grad():
         hidden, _ = drafter.block(at, 3)
-        visible = (torch.arange(60) >= 33 - 24) & (torch.arange(60) < 30)
+        visible = (torch.arange(60) >= 30 - 24) & (torch.arange(60) < 30)
         d_hidden, _ = dense.block(dense.contexts(feats), torch.zeros(1, dtype=torch.long), torch.tensor([30]),
                                   sequence[30:31], 3, target.embed.weight, target.head.weight, visible[None])
     assert float((hidden - d_hidden).abs().max()) <= TOL
@@ -197,6 +198,25 @@ def test_truncate_free_and_fork(setup, sequence):
                                  sequence[30:31], 3, target.embed.weight, target.head.weight,
                                  torch.zeros(1, 60, dtype=torch.bool))
     assert float((empty - d_empty).abs().max()) <= TOL
+
+
+def test_rows_a_verify_step_rejects_never_reach_a_draft(setup, sequence):
+    """A captured verify step extends all its rows (``extend_rows``), rejected drafts too: the next draft equals
+    the one after extending the kept rows alone.  Rows 41..44 land on ring rows that held 13..16 (R = 24 + 4
+    spare), outside the next window 17..40; without the spare rows they would replace 17..20 of it."""
+    target, dense, model = setup
+    _, feats = dense_features(target, dense, sequence)
+    k = SPEC.block_size
+    kept = drafter_for(model, feats[0], [41], [1])  # positions 0 .. 40: the anchor at 40 kept, its drafts rejected
+    verified = drafter_for(model, feats[0], [40], [1])
+    garbage = torch.randn(k, feats.shape[-1], generator=torch.Generator().manual_seed(5))
+    verified.extend_rows(torch.ones(k + 1, dtype=torch.int64), torch.arange(40, 41 + k),
+                         torch.cat([feats[0, 40:41], garbage]))
+    at = [DraftRequest(1, int(sequence[41]), 41, 0.0, None)]
+    with torch.no_grad():
+        want, got = kept.block(at, k), verified.block(at, k)
+    assert float((got[0] - want[0]).abs().max()) <= TOL and float((got[1] - want[1]).abs().max()) <= TOL
+    assert torch.equal(kept.draft(at, k).tokens, verified.draft(at, k).tokens)
 
 
 def test_bad_inputs_are_named(setup, sequence):

@@ -31,7 +31,7 @@ from deepinfer.models.deepseek_v41.model import DecoderLayer, DeepseekV41ForCaus
 from deepinfer.models.deepseek_v41.roles import SWA
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
-from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter
+from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
 
 Stored = torch.Tensor | QuantizedTensor
 
@@ -62,7 +62,9 @@ class DSparkDrafter:
         self.embed, self.head = embed, head
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # as the backbone: the first layer's input is the embedding itself
-        self.context = ContextRings(num_slots, n, cfg.sliding_window, cfg.head_dim, dtype, self.device)
+        # spare ring rows: a captured verify step extends up to a block of drafts past what it keeps
+        self.context = ContextRings(num_slots, n, cfg.sliding_window, cfg.head_dim, dtype, self.device,
+                                    spare=cfg.dspark_block_size)
         self.max_draft_len = cfg.dspark_block_size
         self.capture_layer_ids = cfg.dspark_target_layer_ids
 
@@ -89,12 +91,16 @@ class DSparkDrafter:
             self.context.check_slot(slot)
         if not slots:
             return
-        ops, positions = self.ops, positions.to(self.device)
+        self.extend_rows(torch.tensor(slots, dtype=torch.int64).to(self.device), positions.to(self.device), features)
+
+    def extend_rows(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+        """:meth:`extend` on the device (``slots`` / ``positions`` [N] int64 there, unchecked): no host data, so a
+        captured verify step extends every row it ran (:class:`~deepinfer.spec.drafter.VerifyExtender`)."""
+        ops = self.ops
         main_x = ops.rms_norm(ops.linear(features.to(self.dtype), self.main_proj), self.main_norm,
                               self.config.rms_norm_eps)
         latents = [layer.attn.latents(main_x, positions) for layer in self.layers]
-        rows = torch.tensor(slots, dtype=torch.int64).to(self.device)
-        self.context.write(rows, positions, latents)
+        self.context.write(slots, positions, latents)
 
     def truncate(self, slot: int, length: int) -> None:
         self.context.truncate(slot, length)
@@ -180,7 +186,7 @@ class DSparkDrafter:
         return hidden.view(b, k, -1), logits.view(b, k, -1)
 
     def _columns(self, valid: torch.Tensor, k: int) -> torch.Tensor:
-        """[B * k, W + k] columns into ``cat(context rows [B * W], block latents [B * k])``: each block row sees
+        """[B * k, R + k] columns into ``cat(context rows [B * R], block latents [B * k])``: each block row sees
         its sequence's valid context rows and every row of its own block."""
         b, w = valid.shape
         seq = torch.arange(b, device=valid.device)[:, None]
@@ -207,4 +213,9 @@ def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:
 
 def _implements_graph_drafting(drafter: DSparkDrafter) -> GraphDrafter:
     """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.GraphDrafter`."""
+    return drafter
+
+
+def _implements_verify_extension(drafter: DSparkDrafter) -> VerifyExtender:
+    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.VerifyExtender`."""
     return drafter
