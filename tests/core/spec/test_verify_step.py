@@ -59,7 +59,7 @@ def test_a_verify_step_keeps_what_decoding_the_kept_tokens_leaves(model, prompt_
         inputs["input_ids"].view(4, q)[0, 1:] = torch.tensor(block[1:])
         hidden, features, record = model.verify_forward(inputs)
         logits = model.compute_logits(hidden)
-        model.commit_verify(record, [verified, other], [kept, q], q, lambda t: t)
+        model.commit_verify(record, [verified, other], torch.tensor([kept, q]), q, lambda t: t)([kept, q])
         decoded = torch.cat([_feed(model, plain, [t]) for t in block[:kept]])
     assert verified.num_tokens == plain.num_tokens == prompt_len + kept
     assert features.shape[0] == 4 * q
@@ -84,8 +84,10 @@ def test_commit_refuses_a_kept_count_out_of_range(model):
     with torch.no_grad():
         _feed(model, state, [1, 2, 3])
         _, _, record = model.verify_forward(model.verify_inputs([state], [4], 1, 3, 256))
+    advance = model.commit_verify(record, [state], torch.tensor([3]), 3, lambda t: t)
     with pytest.raises(ValueError, match=r"kept\[0\] = 4: a verify step keeps 1 .. 3 rows"):
-        model.commit_verify(record, [state], [4], 3, lambda t: t)
+        advance([4])
+    assert state.num_tokens == 3  # not advanced
     state.release()
 
 

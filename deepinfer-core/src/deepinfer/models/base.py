@@ -142,8 +142,9 @@ class VerifyDecodable(Protocol):
 
     ``verify_inputs`` reserves the states' memory and builds host index tensors padded to ``bucket`` sequences;
     ``verify_forward`` runs on the device from those tensors alone (the runner writes the drafts into the
-    ``"input_ids"`` rows ``i * q + 1 ..`` first); ``commit_verify`` then keeps each sequence's first rows, writes
-    what they leave in the state and advances it."""
+    ``"input_ids"`` rows ``i * q + 1 ..`` first); ``commit_verify`` then keeps each sequence's first rows: it
+    queues what they leave in the state from device counts (before the step is read back), and the function it
+    returns advances the states once the host holds the counts."""
 
     @property
     def max_verify_rows(self) -> int:
@@ -159,9 +160,10 @@ class VerifyDecodable(Protocol):
         ``commit_verify``: device tensors a replay rewrites in place)."""
         ...
 
-    def commit_verify(self, record: Any, states: list[SequenceState], kept: list[int], q: int,
-                      upload: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Keep the first ``kept[i]`` (1 .. q) rows of sequence ``i``."""
+    def commit_verify(self, record: Any, states: list[SequenceState], kept: torch.Tensor, q: int,
+                      upload: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[list[int]], None]:
+        """Keep the first ``kept[i]`` (1 .. q; [n] int64 on the device) rows of sequence ``i``; returns what
+        advances the states given the same counts on the host."""
         ...
 
 

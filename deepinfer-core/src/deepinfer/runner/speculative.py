@@ -194,11 +194,18 @@ def _launch_verify_step(runner: ModelRunner, graphs: VerifyGraphs, step: StepInp
 
     anchors = [i * q for i in range(len(step.chunks))]  # each sequence's first row
     plain = _sample_plain(runner, step, per_chunk, anchors, logits_of)
-    verified = _verify(runner, specs, drafts, logits_of)
-    accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
     device = model.device
-    graphs.model.commit_verify(result.record, step.states, [1 + accepted.get(i, 0) for i in range(len(step.chunks))],
-                               q, lambda t: runner.backend.to_device(t, device))
+    advance: list[Callable[[list[int]], None]] = []
+
+    def commit(accepted: torch.Tensor) -> None:  # queued before the read-back, from the device's counts
+        kept = torch.ones(len(step.chunks), dtype=torch.int64, device=accepted.device)
+        kept.index_add_(0, runner._upload([s.chunk for s in specs]), accepted)
+        advance.append(graphs.model.commit_verify(result.record, step.states, kept, q,
+                                                  lambda t: runner.backend.to_device(t, device)))
+
+    verified = _verify(runner, specs, drafts, logits_of, commit)
+    accepted = {s.chunk: n for s, (n, _) in zip(specs, verified, strict=True)}
+    advance[0]([1 + accepted.get(i, 0) for i in range(len(step.chunks))])
     if graphs.extender is None:
         positions = [c.start + j for c in step.chunks for j in range(q)]
         _extend(runner, step, anchors, accepted, result.features, positions)
@@ -267,9 +274,10 @@ def _sample_plain(runner: ModelRunner, step: StepInput, per_chunk: list[list[Sch
     return runner._logprobs(logits, tokens, [r.params.logprobs or 0 for r in sampling])()
 
 
-def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
-            logits_of: LogitsOf) -> list[tuple[int, list[TokenLogprobs]]]:
-    """Per speculating chunk: (drafts accepted, the logprobs of every token it gets); sets ``_Spec.emitted``."""
+def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None, logits_of: LogitsOf,
+            before_read: Callable[[torch.Tensor], None] | None = None) -> list[tuple[int, list[TokenLogprobs]]]:
+    """Per speculating chunk: (drafts accepted, the logprobs of every token it gets); sets ``_Spec.emitted``.
+    ``before_read(accepted)``: device work on the counts ([len(specs)] int64) queued before the step's read-back."""
     if not specs:
         return []
     assert drafts is not None
@@ -300,6 +308,8 @@ def _verify(runner: ModelRunner, specs: list[_Spec], drafts: Drafts | None,
     logprobs = runner._logprobs(logits, chosen, [s.sample.row.params.logprobs or 0
                                                  for s in specs for _ in range(s.count + 1)])
     confidence = runner.backend.to_host_async(drafts.confidence[:, : drafts.tokens.shape[1]])
+    if before_read is not None:
+        before_read(accepted)
     read = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # the one wait for the step
     every, conf = logprobs(), confidence().tolist()
     out, start = [], 0

@@ -300,12 +300,13 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         """The most rows a sequence a verify step takes: its ring's spare rows and the anchor."""
         return self.pool.spec.ring_spare + 1 if self.pool is not None else 1
 
-    def commit_verify(self, record: VerifyRecord, states: list[PooledState], kept: list[int], q: int,
-                      upload: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Keep the first ``kept[i]`` rows of sequence ``i`` of the verify step ``record`` came from
-        (:func:`~.verify_step.commit`): the states then hold exactly those tokens."""
+    def commit_verify(self, record: VerifyRecord, states: list[PooledState], kept: torch.Tensor, q: int,
+                      upload: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[list[int]], None]:
+        """Queue what keeping the first ``kept[i]`` rows of sequence ``i`` of the verify step ``record`` came from
+        leaves (:func:`~.verify_step.commit`; ``kept`` on the device); the returned function advances the states
+        once the host holds the counts: they then hold exactly those tokens."""
         assert self.pool is not None
-        commit(record, self.pool.views.history, states, kept, q, upload)
+        return commit(record, self.pool.views.history, states, kept, q, upload)
 
     def _decode(self, step: DecodeStep, pool: StatePool, record: VerifyRecord | None = None) -> torch.Tensor:
         """A decode step, or with ``record`` a verify step (``step.starts``), whose carry-over is left to the

@@ -29,48 +29,41 @@ class VerifyRecord:
     pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-def commit(record: VerifyRecord, history: torch.Tensor | None, states: list[PooledState], kept: list[int], q: int,
-           upload: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Keep the first ``kept[i]`` rows of sequence ``i`` (rows ``i * q ..``): write the carry-over they leave and
-    advance the states.  ``history``: the pool's Engram history [slots, N - 1] (None: none)."""
-    index: list[int] = []  # flat rows of the step whose look-back gives each sequence's history
-    for i, n in enumerate(kept):
-        if not 1 <= n <= q:
-            raise ValueError(f"kept[{i}] = {n}: a verify step keeps 1 .. {q} rows of a sequence")
-        index.append(i * q + n - 1)
-    pieces = [torch.tensor(index, dtype=torch.int64), torch.tensor([s.slot or 0 for s in states], dtype=torch.int64)]
-    ratios = sorted({pending.shape[1] for pending, _ in record.pending})
-    for r in ratios:  # row of each carry-over row, per sequence: the newest kept token at position = i mod r
-        dst, src = _carry_rows(states, kept, q, r)
-        pieces += [dst, src]
-    flat = upload(torch.cat(pieces))
+def commit(record: VerifyRecord, history: torch.Tensor | None, states: list[PooledState], kept: torch.Tensor, q: int,
+           upload: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[list[int]], None]:
+    """Queue the carry-over writes of keeping the first ``kept[i]`` rows of sequence ``i`` (rows ``i * q ..``;
+    ``kept`` [n] int64 on the device, 1 .. q each, never read here: the runner queues this before the step's
+    read-back).  Returns what advances the states once the host holds the same counts.  ``history``: the pool's
+    Engram history [slots, N - 1] (None: none)."""
     n_seq = len(states)
-    last, slots = flat[:n_seq], flat[n_seq : 2 * n_seq]
-    if history is not None and record.lookback is not None:
-        history.index_copy_(0, slots, history_after(record.lookback, last))
-    at, rows = 2 * n_seq, {}
-    for r in ratios:
-        count = n_seq * r
-        rows[r] = (flat[at : at + count], flat[at + count : at + 2 * count])
-        at += 2 * count
+    host = upload(torch.tensor([s.num_tokens for s in states] + [s.slot or 0 for s in states], dtype=torch.int64))
+    starts, slots = host[:n_seq], host[n_seq:]
+    first = torch.arange(n_seq, device=kept.device) * q  # each sequence's first row in the step
+    if history is not None and record.lookback is not None:  # the look-back row of the last kept token
+        history.index_copy_(0, slots, history_after(record.lookback, first + kept - 1))
     for pending, proj in record.pending:
-        dst, src = rows[pending.shape[1]]
+        dst, src = _carry_rows(starts, slots, first, kept, pending.shape[1])
         carry = pending.view(-1, proj.shape[1])
         # src -1: the row keeps what it holds (its token is older than the step)
         carry.index_copy_(0, dst, torch.where((src >= 0)[:, None], proj[src.clamp(min=0)], carry[dst]))
-    for state, n in zip(states, kept, strict=True):
-        state.num_tokens += n
+
+    def advance(counts: list[int]) -> None:
+        for i, n in enumerate(counts):
+            if not 1 <= n <= q:
+                raise ValueError(f"kept[{i}] = {n}: a verify step keeps 1 .. {q} rows of a sequence")
+        for state, n in zip(states, counts, strict=True):
+            state.num_tokens += n
+
+    return advance
 
 
-def _carry_rows(states: list[PooledState], kept: list[int], q: int, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _carry_rows(starts: torch.Tensor, slots: torch.Tensor, first: torch.Tensor, kept: torch.Tensor, ratio: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(carry-over rows ``slot * ratio + j``, the step row holding the newest kept token at a position ``= j mod
-    ratio``, or -1 where that token is older than the step): after feeding tokens one at a time, row ``j`` holds
-    exactly that token."""
-    dst, src = [], []
-    for i, (state, n) in enumerate(zip(states, kept, strict=True)):
-        start, end = state.num_tokens, state.num_tokens + n  # the step's positions start .. end - 1 are kept
-        for j in range(ratio):
-            newest = end - 1 - (end - 1 - j) % ratio
-            dst.append((state.slot or 0) * ratio + j)
-            src.append(i * q + newest - start if newest >= start else -1)
-    return torch.tensor(dst, dtype=torch.int64), torch.tensor(src, dtype=torch.int64)
+    ratio``, or -1 where that token is older than the step), flat over (sequence, j): after feeding tokens one at
+    a time, row ``j`` holds exactly that token."""
+    j = torch.arange(ratio, device=kept.device)
+    end = (starts + kept)[:, None]  # the step's positions starts .. end - 1 are kept
+    newest = end - 1 - (end - 1 - j) % ratio  # (a tensor's % takes the divisor's sign, as Python's)
+    src = torch.where(newest >= starts[:, None], first[:, None] + newest - starts[:, None], -1)
+    return (slots[:, None] * ratio + j).flatten(), src.flatten()
