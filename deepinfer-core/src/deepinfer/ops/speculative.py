@@ -1,6 +1,6 @@
 """Speculative verification: accept a request's drafts against the target's distributions, then draw its own token.
 
-One op, row-wise per request (a backend fuses it into one kernel).  Greedy rows accept while the draft equals the
+One op, row-wise per request (a backend fuses it into a few kernels).  Greedy rows accept while the draft equals the
 target's argmax, then take the target's argmax.  Sampled rows follow Leviathan et al. / Chen et al.: draft ``x``
 drawn from ``q`` is accepted with probability ``min(1, p(x) / q(x))``; the first rejection draws from the residual
 ``max(p - q, 0)`` (normalised); when every verified draft passes, a bonus token is drawn from ``p``.  The output
