@@ -32,13 +32,15 @@ SCRIPT = textwrap.dedent(
 
     torch.set_num_threads(1)
     defs = op_defs()
-    for name in sorted(OVERRIDES):
+    for name in sorted(OVERRIDES):  # every kernel module first: a kernel may call another module's jitted helpers
         module = importlib.import_module(OVERRIDES[name].__module__)  # the kernel module the op's wrapper is in
         # the module of the kernel's Triton function too: a fused op runs another op's kernel with an epilogue
         for m in {module, importlib.import_module(module.KERNEL.jit_fn.fn.__module__)}:
             if hasattr(m, "libdevice"):
                 m.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x),
-                                                    log=lambda x: tl.log(x))
+                                                    log=lambda x: tl.log(x), exp=lambda x: tl.exp(x))
+    for name in sorted(OVERRIDES):
+        module = importlib.import_module(OVERRIDES[name].__module__)
         if hasattr(module, "INTERPRETED"):  # kernels that work around the interpreter's bf16 dot and casts
             module.INTERPRETED = True
         op, checked = defs[name], 0

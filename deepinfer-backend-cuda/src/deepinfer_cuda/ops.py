@@ -49,6 +49,7 @@ from deepinfer_cuda.kernels.rope_fp4_e2m1_fake_quant import rope_fp4_e2m1_fake_q
 from deepinfer_cuda.kernels.sample_tokens import sample_tokens
 from deepinfer_cuda.kernels.sparse_attention import sparse_attention, sparse_attention_inverse_rope
 from deepinfer_cuda.kernels.sparse_attention_packed import sparse_attention_packed_inverse_rope
+from deepinfer_cuda.kernels.verify_drafts import verify_drafts
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm,
@@ -73,6 +74,7 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
     "compress_pool": compress_pool,
     "compress_entries": compress_entries,
     "sample_tokens": sample_tokens,
+    "verify_drafts": verify_drafts,
     "fp8_e4m3_fake_quant": fp8_e4m3_fake_quant,
     "fp4_e2m1_fake_quant": fp4_e2m1_fake_quant,
     "engram_hash": engram_hash,

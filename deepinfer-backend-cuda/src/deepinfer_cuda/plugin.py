@@ -30,13 +30,15 @@ class CudaBackend(Backend):
     #: ``rms_norm_rope`` (``rope`` and so its fused FP4 form are not declared).  The released formats' GEMMs under
     #: the flag run their fixed-tile forms (the weight-only FP8 regime at every row count; MoE's fixed tiles); the
     #: KV packers are per block; attention over packed rows is sparse_attention's kernel (per query, fixed chunks),
-    #: its rows decoded.
+    #: its rows decoded.  verify_drafts: per request, fixed vocabulary chunks reduced in chunk order (declared by
+    #: construction; not yet run through check_batch_invariance on an H200).
     batch_invariant_ops = ("sparse_attention", "sparse_attention_inverse_rope", "compress_pool", "compress_entries",
                            "sample_tokens", "hc_pre", "rms_norm_rope", "moe_experts", "hc_pre_single_pass",
                            "hc_collapse", "fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", "engram_hash", "engram_gate",
                            "rms_norm_rope_fp8_e4m3_fake_quant", "fp8_block_linear", "fp8_block_grouped_linear",
                            "moe_experts_mxfp4", "fp8_e4m3_pack", "fp8_e4m3_unpack", "fp4_e2m1_pack", "fp4_e2m1_unpack",
-                           "sparse_attention_packed_inverse_rope", "embedding_fp8", "moe_experts_fp8")
+                           "sparse_attention_packed_inverse_rope", "embedding_fp8", "moe_experts_fp8",
+                           "verify_drafts")
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:

@@ -90,3 +90,50 @@ def test_rejection_sampling_reproduces_the_target_distribution(drafter):
     if b is not None:
         q = torch.softmax(b, -1)
         assert chi_square_p(counts, (q[0][:, None] * q).flatten()) < 1e-6
+
+
+def test_compare_forgives_only_near_ties():
+    """The op's compare (used against backend kernels): a sampled decision flipped within 1e-4 of its threshold
+    passes, one flipped 1% away fails, and so does any change to a greedy request."""
+    from deepinfer.ops.registry import OpSample
+    from deepinfer.ops.sampling import uniform_noise
+    from deepinfer.ops.speculative import ACCEPT_SALT, _compare_verified, _draft_tests, _own_scores
+
+    gen = torch.Generator().manual_seed(5)
+    target = torch.randn(2, K + 1, V, generator=gen)
+    greedy = torch.tensor([False, True])
+    drafts = target[:, :K].argmax(-1)
+    seeds, steps, num = torch.tensor([11, 12]), torch.tensor([40, 41]), torch.tensor([K, K])
+
+    def sample_with(scale: float) -> OpSample:
+        """Request 0's first draft q(x) = scale * p(x) / u: rejected for scale > 1 (near-tie for ~1)."""
+        q = torch.full((2, K, V), 1.0 / V)
+        p_x = torch.softmax(target[0, 0], -1)[drafts[0, 0]]
+        u = uniform_noise(seeds[:1], (steps[:1]) ^ ACCEPT_SALT, 1)[0, 0]
+        q[0, 0, drafts[0, 0]] = float(p_x / u * scale)
+        return OpSample((target, greedy, drafts, q, num, seeds, steps))
+
+    def accepting_one_more(sample: OpSample) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a kernel that accepted request 0's first draft would return."""
+        tokens, accepted = verify_drafts(*sample.args)
+        assert int(accepted[0]) == 0
+        ok, _ = _draft_tests(*sample.args)
+        ok[0, 0] = True
+        accepted = ok.long().cumprod(dim=1).sum(dim=1)
+        a = int(accepted[0])
+        tokens = tokens.clone()
+        tokens[0] = -1
+        tokens[0, :a] = drafts[0, :a]
+        tokens[0, a] = _own_scores(*sample.args, accepted)[0].argmax()
+        return tokens, accepted
+
+    near = sample_with(1.0 + 1e-6)
+    _compare_verified(accepting_one_more(near), verify_drafts(*near.args), near, torch.float32)
+    far = sample_with(1.01)
+    with pytest.raises(AssertionError, match="decided against its test"):
+        _compare_verified(accepting_one_more(far), verify_drafts(*far.args), far, torch.float32)
+    tokens, accepted = verify_drafts(*near.args)
+    changed = tokens.clone()
+    changed[1, int(accepted[1])] = (changed[1, int(accepted[1])] + 1) % V
+    with pytest.raises(AssertionError, match="greedy"):
+        _compare_verified((changed, accepted), (tokens, accepted), near, torch.float32)

@@ -42,6 +42,7 @@ from deepinfer_cuda.kernels import (
                                     sparse_attention,
                                     sparse_attention_packed,
                                     split_k_sum,
+                                    verify_drafts,
 )
 
 ALL: tuple[TritonKernel, ...] = (
@@ -59,4 +60,5 @@ ALL: tuple[TritonKernel, ...] = (
     moe_experts_mxfp4_scaled.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
     fp4_e2m1_unpack.KERNEL, split_k_sum.KERNEL, sparse_attention_packed.KERNEL, indexer_topk_packed.KERNEL,
     indexer_topk_in_blocks_packed.KERNEL, embedding_fp8.KERNEL, moe_experts_fp8.UP_KERNEL, moe_experts_fp8.DOWN_KERNEL,
+    verify_drafts.STATS_KERNEL, verify_drafts.KERNEL, verify_drafts.PICK_KERNEL,
 )

@@ -53,6 +53,20 @@ def _neg_log_uniform(h):
     return tl.where(low, -libdevice.log(u), -log1p_neg_v)
 
 
+@triton.jit
+def _row_key(seed, step):
+    """``deepinfer.ops.sampling.row_keys``: the uint32 key of an int64 seed and int64 output position."""
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    return _mix32((step & 0xFFFFFFFF).to(tl.uint32) ^ _mix32(hi ^ _mix32(lo)))
+
+
+@triton.jit
+def _token_hash(key, tokens):
+    """The uint32 hash behind ``uniform_noise`` of the row with ``key`` at token ids ``tokens``."""
+    return _mix32(key ^ _mix32(tokens.to(tl.uint32) + 0x9E3779B9))
+
+
 @triton.jit(do_not_specialize=["vocab", "row_stride", "n_chunks"])
 def _sample_kernel(logits_ptr, greedy_ptr, seeds_ptr, steps_ptr, best_score_ptr, best_token_ptr, vocab, row_stride,
                    n_chunks, BLOCK_V: tl.constexpr):
@@ -64,13 +78,8 @@ def _sample_kernel(logits_ptr, greedy_ptr, seeds_ptr, steps_ptr, best_score_ptr,
     if tl.load(greedy_ptr + row) != 0:
         score = logits
     else:
-        seed = tl.load(seeds_ptr + row)
-        step = (tl.load(steps_ptr + row) & 0xFFFFFFFF).to(tl.uint32)
-        lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-        hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-        key = _mix32(step ^ _mix32(hi ^ _mix32(lo)))
-        h = _mix32(key ^ _mix32(tokens.to(tl.uint32) + 0x9E3779B9))
-        score = logits - libdevice.log(_neg_log_uniform(h))
+        key = _row_key(tl.load(seeds_ptr + row), tl.load(steps_ptr + row))
+        score = logits - libdevice.log(_neg_log_uniform(_token_hash(key, tokens)))
     best = tl.max(score, axis=0)
     first = tl.min(tl.where(score == best, tokens, 0x7FFFFFFF), axis=0)  # the first token holding it, as argmax
     tl.store(best_score_ptr + row * n_chunks + chunk, best)
