@@ -55,7 +55,8 @@ def verify_cases(batch: int, k: int, vocab: int, seed: int = 0):
         drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(batch, k)
         greedy_drafts[1::4, 0] = (greedy_drafts[1::4, 0] + 1) % vocab  # some greedy requests reject their first
         drafts = torch.where(greedy[:, None], greedy_drafts, drafts)
-        drafts[2, 0] = target[2, 0].argmin()  # a sampled request whose first draft is (almost surely) rejected
+        if batch > 2:  # a sampled request whose first draft is (almost surely) rejected
+            drafts[2, 0] = target[2, 0].argmin()
         drafts[-1, -1] = -1  # no draft: always rejected
     num = torch.arange(batch) % (k + 1)
     num[:2] = k
