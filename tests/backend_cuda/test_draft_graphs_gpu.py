@@ -1,8 +1,9 @@
-"""On the GPU: greedy DSpark draft passes captured as CUDA graphs (``runner/draft_graphs.py``) replay what the eager
-pass computes.  The embedded tiny V4.1 with its trained drafter in bf16 on the CUDA op table.  A replay equals an
-eager ``draft_forward`` on the same padded rows bit for bit (same kernels, same shapes); against the unpadded eager
-``draft`` the tokens agree and the confidences are close (a GEMM's reduction order may change with the row count).
-Through the engine (``DEEPINFER_USE_NEXTN_DECODE=4``), greedy output with captured drafts equals plain decoding.
+"""On the GPU: DSpark draft passes captured as CUDA graphs (``runner/draft_graphs.py``), greedy and sampled, replay
+what the eager pass computes.  The embedded tiny V4.1 with its trained drafter in bf16 on the CUDA op table.  A
+replay equals an eager ``draft_forward`` on the same padded rows bit for bit (same kernels, same shapes); against
+the unpadded eager ``draft`` the tokens agree and the confidences are close (a GEMM's reduction order may change
+with the row count).  Through the engine (``DEEPINFER_USE_NEXTN_DECODE=4``), greedy output with captured drafts
+equals plain decoding, and a seeded sampled run replays captured sampled draft passes and repeats exactly.
 Skipped on CPU-only machines."""
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def drafter():
 
 def _requests(n: int, shift: int = 0) -> list[DraftRequest]:
     at = [(1, 17, 40), (2, 301, 7), (3, 5, 0), (4, 88, 200), (5, 120, 9), (6, 42, 64), (7, 9, 90)]
-    return [DraftRequest(slot, anchor + shift, position, 0.0, None) for slot, anchor, position in at[:n]]
+    return [DraftRequest(slot, anchor + shift, position, 0.0, 0) for slot, anchor, position in at[:n]]
 
 
 def test_captured_draft_passes_replay_the_eager_pass(drafter):
@@ -55,15 +56,52 @@ def test_captured_draft_passes_replay_the_eager_pass(drafter):
                 captured = graphs.run(requests, k)
                 tokens, confidence = captured.tokens.clone(), captured.confidence.clone()
                 padded = drafter.draft_inputs(requests, graphs.bucket(n)).to("cuda")
-                same_rows = drafter.draft_forward(padded, k)
-                assert torch.equal(tokens, same_rows[0][:n]), (k, n, shift)
-                assert torch.equal(confidence, same_rows[1][:n]), (k, n, shift)
+                same_rows = drafter.draft_forward(padded, k, False)
+                assert torch.equal(tokens, same_rows.tokens[:n]), (k, n, shift)
+                assert torch.equal(confidence, same_rows.confidence[:n]), (k, n, shift)
                 eager = drafter.draft(requests, k)
                 agree = float((tokens == eager.tokens).float().mean())
                 assert agree >= 0.9, (k, n, shift, agree)
                 assert float((confidence - eager.confidence).abs().max()) <= 2e-2
     assert graphs.eager_reason is None, graphs.eager_reason  # captured, not the eager fallback
-    assert sorted({rows for rows, _ in graphs._graphs}) == [1, 4, 8]  # 5 and 7 requests share the 8-row bucket
+    assert sorted({rows for rows, _, _ in graphs._graphs}) == [1, 4, 8]  # 5 and 7 requests share the 8-row bucket
+    graphs.close()
+
+
+def _mixed(n: int, seed: int = 0) -> list[DraftRequest]:
+    """``_requests(n)``, every other one sampled (temperature 0.8 or 1.2, seed ``seed + i``)."""
+    temps = [0.8, 0.0, 1.2, 0.0, 0.8, 1.2, 0.0]
+    return [DraftRequest(r.slot, r.anchor, r.position, temps[i], seed + i) for i, r in enumerate(_requests(n))]
+
+
+def test_captured_sampled_draft_passes_replay_the_eager_pass(drafter):
+    """Sampled passes (counter-based draws, sample_tokens' kernel) captured per (bucket, k): a replay equals the
+    eager pass on the same padded rows bit for bit (tokens, q, confidence), repeats for equal seeds, and mostly
+    agrees with the unpadded eager draft (its q within bf16 rounding where the drafts before agree)."""
+    from deepinfer.runner.draft_graphs import DraftGraphs
+
+    backend, drafter = drafter
+    graphs = DraftGraphs(drafter, backend, torch.device("cuda"), max_seqs=16)
+    with torch.inference_mode():
+        for k in (drafter.max_draft_len, 2):
+            for n, seed in [(1, 0), (3, 0), (5, 4), (7, 0), (3, 9), (3, 0)]:  # later ones replay
+                requests = _mixed(n, seed)
+                captured = graphs.run(requests, k)
+                tokens, probs = captured.tokens.clone(), captured.probs.clone()
+                confidence = captured.confidence.clone()
+                padded = drafter.draft_inputs(requests, graphs.bucket(n)).to("cuda")
+                same_rows = drafter.draft_forward(padded, k, True)
+                assert torch.equal(tokens, same_rows.tokens[:n]), (k, n, seed)
+                assert torch.equal(probs, same_rows.probs[:n]), (k, n, seed)
+                assert torch.equal(confidence, same_rows.confidence[:n]), (k, n, seed)
+                assert torch.equal(graphs.run(requests, k).tokens, tokens), (k, n, seed)  # seeded: repeats
+                eager = drafter.draft(requests, k)
+                agree = float((tokens == eager.tokens).float().mean())
+                assert agree >= 0.7, (k, n, seed, agree)
+                assert float((probs[:, 0] - eager.probs[:, 0]).abs().max()) <= 2e-2
+    assert graphs.eager_reason is None, graphs.eager_reason
+    assert {key for key in graphs._graphs if key[2]} == {(b, k, True) for k in (2, drafter.max_draft_len)
+                                                          for b in (1, 4, 8)}
     graphs.close()
 
 
@@ -90,3 +128,37 @@ def test_engine_greedy_output_with_captured_drafts_and_verify_steps_is_the_plain
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert b.spec_decoding_stats is not None and b.spec_decoding_stats.num_drafts > 0
         assert b.spec_decoding_stats.mean_acceptance_length > 2.5  # the trained drafter: 4.5 offline, 2.9-3.6 here
+
+
+def test_engine_seeded_sampled_run_with_captured_drafts_repeats(monkeypatch):
+    """Sampled and greedy requests together: every draft pass is a replayed graph (sampled passes included, no
+    eager fallback), the verify steps are captured, and the seeded run repeats token for token."""
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.spec.budget import SpecPolicy
+
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "4")
+    llm = LLM(str(TINY_V41_DIR), max_num_seqs=8)
+    engine = llm.engine
+    drafter = engine.drafter
+    assert drafter is not None and engine.runner.decode_graphs is not None
+    prompts = ["Once upon a time", "One day, a boy", "The cat", "A little girl named Lily"]
+    params = [SamplingParams(temperature=t, top_p=p, max_tokens=24, ignore_eos=True, seed=s)
+              for s, t, p in [(1, 1.0, 1.0), (2, 0.0, 1.0), (3, 0.7, 0.9), (4, 1.3, 1.0)]]
+    engine.set_drafter(drafter, SpecPolicy(4))
+    calls = {"eager": 0}
+    eager_draft = drafter.draft
+
+    def counted(*args, **kwargs):
+        calls["eager"] += 1
+        return eager_draft(*args, **kwargs)
+
+    monkeypatch.setattr(drafter, "draft", counted)
+    runs = [llm.generate(prompts, params, use_tqdm=False) for _ in range(2)]
+    graphs = engine.runner.draft_graphs
+    assert graphs is not None and graphs.eager_reason is None, graphs and graphs.eager_reason
+    assert any(sampled for _, _, sampled in graphs._graphs) and calls["eager"] == 0
+    verify = engine.runner.verify_graphs
+    assert verify is not None and verify._graphs and verify.eager_reason is None, verify and verify.eager_reason
+    for a, b in zip(*runs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert b.spec_decoding_stats is not None and b.spec_decoding_stats.num_drafts > 0

@@ -64,7 +64,7 @@ def measure(model, data: Sequences, k: int) -> dict[str, object]:
         drafter.extend([0] * first, torch.arange(first, device=model.device), data.features[i, :first])
         anchor = first  # the target's first greedy token: the first speculative step's anchor
         while anchor + k < length:
-            drafts = drafter.draft([DraftRequest(0, int(seq[anchor]), anchor, 0.0, None)], k)
+            drafts = drafter.draft([DraftRequest(0, int(seq[anchor]), anchor, 0.0, 0)], k)
             truth = seq[anchor + 1 : anchor + 1 + k]
             match = (drafts.tokens[0].cpu() == truth).int().cumprod(0)
             accepted = int(match.sum())

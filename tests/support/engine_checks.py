@@ -70,3 +70,14 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     stat = ((counts - expected) ** 2 / expected).sum()
     dof = torch.tensor((probs.numel() - 1) / 2, dtype=torch.float64)
     return float(torch.special.gammaincc(dof, stat / 2))
+
+
+def homogeneity_p(a: torch.Tensor, b: torch.Tensor) -> float:
+    """p-value of the chi-square test that two count vectors come from one distribution."""
+    keep = (a + b) > 0
+    a, b = a[keep].double(), b[keep].double()
+    total = a + b
+    ea, eb = total * a.sum() / total.sum(), total * b.sum() / total.sum()
+    stat = ((a - ea) ** 2 / ea).sum() + ((b - eb) ** 2 / eb).sum()
+    dof = torch.tensor((keep.sum().item() - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))

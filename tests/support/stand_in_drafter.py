@@ -1,9 +1,9 @@
 """A drafter that proposes tokens of its own, for testing the engine side of speculative decoding.
 
-Modes: ``random`` (tokens from a random distribution per position, drawn with the request's generator when it
-samples), ``oracle`` (the tokens a plain run produced: perfect drafts), ``mixed`` (the oracle, with some drafts
-replaced by random ones).  It ignores features but records what the engine extends, forks and frees, so tests
-can check the drafter's view of each sequence.
+Modes: ``random`` (tokens from a random distribution per position, drawn with a generator of the request's seed
+and anchor position when it samples, so seeded runs draft the same), ``oracle`` (the tokens a plain run produced:
+perfect drafts), ``mixed`` (the oracle, with some drafts replaced by random ones).  It ignores features but
+records what the engine extends, forks and frees, so tests can check the drafter's view of each sequence.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from deepinfer.spec.drafter import DraftRequest, Drafts
+
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 class StandInDrafter:
@@ -45,7 +47,9 @@ class StandInDrafter:
         tokens = torch.zeros(b, k, dtype=torch.int64)
         probs = torch.zeros(b, k, v)
         for i, r in enumerate(requests):
-            gen = r.generator if r.generator is not None else self.gen
+            gen = self.gen
+            if r.temperature > 0:
+                gen = torch.Generator().manual_seed((r.seed + (r.position + 1) * _GOLDEN) % (1 << 63))
             for j in range(k):
                 q = torch.softmax(torch.randn(v, generator=self.gen) * 2.0, dim=-1)
                 probs[i, j] = q

@@ -19,7 +19,7 @@ import deepinfer
 from deepinfer import LLM, SamplingParams
 from deepinfer.models.deepseek_v4.state import layer_view
 from deepinfer.spec.budget import CostTable, SpecPolicy
-from tests.support.engine_checks import assert_same_output, ragged_prompts
+from tests.support.engine_checks import assert_same_output, homogeneity_p, ragged_prompts
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES
@@ -103,17 +103,6 @@ def test_confidence_scheduling_verifies_fewer_drafts(llm):
     assert 1.0 <= drafted[True] < drafted[False] - 0.5
 
 
-def _homogeneity_p(a: torch.Tensor, b: torch.Tensor) -> float:
-    """p-value of the chi-square test that two count vectors come from one distribution."""
-    keep = (a + b) > 0
-    a, b = a[keep].double(), b[keep].double()
-    total = a + b
-    ea, eb = total * a.sum() / total.sum(), total * b.sum() / total.sum()
-    stat = ((a - ea) ** 2 / ea).sum() + ((b - eb) ** 2 / eb).sum()
-    dof = torch.tensor((keep.sum().item() - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, stat / 2))
-
-
 #: The embedded tiny V4.1 ships a drafter, so its state keeps spare ring rows and its pure-decode speculative steps
 #: run as verify steps (runner/verify_graphs.py); the other fixtures verify through the ragged forward.
 TINY_V41 = Path(deepinfer.__file__).parent / "assets" / "tiny_v41"
@@ -143,7 +132,7 @@ def test_sampled_tokens_have_the_plain_distribution(mode, model, varlen):
 
     for positions in ([1], [2], [1, 2], [3]):
         cells_all = {tuple(o.outputs[0].token_ids[p] for p in positions) for o in plain + spec}
-        p = _homogeneity_p(counts(plain, positions), counts(spec, positions))
+        p = homogeneity_p(counts(plain, positions), counts(spec, positions))
         assert p > 1e-3, (positions, p)
     _check_verify_steps(llm, model)
     # Negative control: the sampled tokens do vary (the trained tiny V4.1 is peaky: 15 distinct of 400).

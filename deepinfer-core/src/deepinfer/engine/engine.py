@@ -122,7 +122,7 @@ class Engine:
         self.state_cache.on_release = self._forget_draft_context if drafter is not None else None
 
     def _set_draft_graphs(self, drafter: Drafter | None) -> None:
-        """Capture greedy draft passes where decode steps are captured (not ``enforce_eager``) and the drafter
+        """Capture draft passes where decode steps are captured (not ``enforce_eager``) and the drafter
         offers it (:class:`~deepinfer.spec.drafter.GraphDrafter`).  The captures of the last such drafter are
         kept while speculation is off, so turning the same drafter on again does not capture again."""
         runner, kept = self.runner, self._draft_graphs

@@ -188,7 +188,7 @@ class LLM:
         """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
 
         Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
-        really captures, e.g. CUDA): verify steps (and sampled drafts) run eagerly, which can be slower than
+        really captures, e.g. CUDA): steps a verify graph cannot take run eagerly, which can be slower than
         captured plain decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
         if envs.nextn_decode() == 0:
             return

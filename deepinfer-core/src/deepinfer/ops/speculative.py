@@ -9,7 +9,8 @@ tokens are then distributed exactly as the target's.  A greedy drafter (``q`` ab
 Randomness is counter-based like :func:`~deepinfer.ops.sampling.sample_tokens`: the acceptance test of output
 position ``s`` uses a hash of (seed, ``s`` ^ ACCEPT_SALT), the residual draw the race noise of (seed, ``s`` ^
 RESIDUAL_SALT), and the bonus token the plain noise of (seed, ``s``), i.e. exactly the token non-speculative
-sampling draws there.  A seeded request is deterministic whatever its batch.
+sampling draws there.  A drafter that samples its drafts on the device draws them with the noise of (seed,
+position ^ DRAFT_SALT).  A seeded request is deterministic whatever its batch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from deepinfer.ops.sampling import _race_scores, uniform_noise
 #: Output positions are far below 2**30, so these salts give each draw its own noise stream.
 ACCEPT_SALT = 1 << 30
 RESIDUAL_SALT = 1 << 31
+#: The drafter's own draws (DSpark's sampled drafts).  A draft must be drawn independently of the acceptance test
+#: and of the residual / bonus draws that judge it: with a shared noise stream the accepted tokens' distribution
+#: would no longer be the target's.  ``3 << 30`` keeps its steps apart from the plain, accept and residual ones.
+DRAFT_SALT = 3 << 30
 
 
 def _verify_samples(dtype: torch.dtype, gen: torch.Generator):

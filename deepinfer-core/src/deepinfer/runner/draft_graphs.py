@@ -1,12 +1,14 @@
-"""Greedy draft passes replayed from captured graphs, one per (batch bucket, k).
+"""Draft passes replayed from captured graphs, one per (batch bucket, k, sampled).
 
-A :class:`~deepinfer.spec.drafter.GraphDrafter`'s greedy draft pass has fixed shapes once its requests are padded
-to a bucket of rows: the drafter reads one int64 tensor (``draft_inputs``: a row per request) and its own context.
-The first draft of a (bucket, k) captures ``draft_forward`` through the backend's graph service
-(``Backend.graph_capture``: CUDA graphs on NVIDIA, plain re-execution on the CPU) against a static input buffer;
-every later one copies its rows into that buffer (one host-to-device copy) and replays.  Capture runs on all-zero
-rows, padding that reads only the null slot, and drafting writes nothing, so capturing changes no context.
-Requests that sample (temperature > 0, with their own generators) are drafted eagerly by the runner.
+A :class:`~deepinfer.spec.drafter.GraphDrafter`'s draft pass has fixed shapes once its requests are padded to a
+bucket of rows: the drafter reads one int64 tensor (``draft_inputs``: a row per request, its seed and temperature
+included) and its own context.  The first draft of a (bucket, k, sampled) captures ``draft_forward`` through the
+backend's graph service (``Backend.graph_capture``: CUDA graphs on NVIDIA, plain re-execution on the CPU) against a
+static input buffer; every later one copies its rows into that buffer (one host-to-device copy) and replays.
+Capture runs on all-zero rows, padding that reads only the null slot, and drafting writes nothing, so capturing
+changes no context.  A step whose requests are all greedy replays the greedy pass (argmax only, no q); one with a
+sampled request replays the sampled pass, whose draws are counter-based noise of each row's seed (no generator),
+so they are captured like the rest, and whose q ``[bucket, k, V]`` the verifier reads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class _DraftGraph:
     #: from the previous draft is never overwritten (as :class:`~deepinfer.runner.decode_graphs.DecodeGraphs`).
     staging: tuple[torch.Tensor, torch.Tensor]
     replay: Callable[[], object]
-    outputs: list[torch.Tensor]  # (tokens, confidence) [bucket, k]; a captured graph rewrites them in place
+    outputs: list[Drafts]  # the pass's drafts [bucket, k(, V)]; a captured graph rewrites them in place
     turn: int = 0
 
     def stage(self, host: torch.Tensor) -> None:
@@ -39,40 +41,40 @@ class _DraftGraph:
 
 
 class DraftGraphs(CapturedSteps):
-    """Captures and replays ``drafter``'s greedy draft passes on ``backend``'s ``device``."""
+    """Captures and replays ``drafter``'s draft passes on ``backend``'s ``device``."""
 
     WHAT = "draft pass"
 
     def __init__(self, drafter: GraphDrafter, backend: Backend, device: torch.device, max_seqs: int):
         super().__init__(backend, device)
         self.drafter, self.max_seqs = drafter, max_seqs
-        self._graphs: dict[tuple[int, int], _DraftGraph] = {}
+        self._graphs: dict[tuple[int, int, bool], _DraftGraph] = {}
 
     def bucket(self, n: int) -> int:
         """Rows a draft of ``n`` requests is padded to (``n`` itself beyond ``max_seqs``)."""
         return max(n, min(bucket_size(n), self.max_seqs))
 
     def run(self, requests: list[DraftRequest], k: int) -> Drafts:
-        """Greedy drafts of ``requests`` (every temperature 0): tokens and confidence ``[len(requests), k]``,
-        views of the graph's outputs, valid until the next draft of the same (bucket, k)."""
-        if any(r.temperature > 0 for r in requests):
-            raise ValueError("DraftGraphs.run drafts greedy requests only (sampled ones draft eagerly)")
+        """The drafts of ``requests`` (tokens and confidence ``[len(requests), k]``, and q ``[len(requests), k, V]``
+        when any request samples, else None): views of the graph's outputs, valid until the next draft of the same
+        (bucket, k, sampled)."""
         rows = self.bucket(len(requests))
+        sampled = any(r.temperature > 0 for r in requests)
         host = self.drafter.draft_inputs(requests, rows)
-        graph = self._graphs.get((rows, k))
+        graph = self._graphs.get((rows, k, sampled))
         if graph is None:
-            graph = self._graphs[rows, k] = self._capture_graph(host, k)
+            graph = self._graphs[rows, k, sampled] = self._capture_graph(host, k, sampled)
         graph.stage(host)
         graph.replay()
-        tokens, confidence = graph.outputs
-        return Drafts(tokens[: len(requests)], None, confidence[: len(requests)])
+        out, n = graph.outputs[0], len(requests)
+        return Drafts(out.tokens[:n], out.probs[:n] if out.probs is not None else None, out.confidence[:n])
 
-    def _capture_graph(self, host: torch.Tensor, k: int) -> _DraftGraph:
+    def _capture_graph(self, host: torch.Tensor, k: int, sampled: bool) -> _DraftGraph:
         inputs = torch.zeros(host.shape, dtype=torch.int64, device=self.device)
-        out: list[torch.Tensor] = []
+        out: list[Drafts] = []
 
         def step() -> None:
-            out[:] = list(self.drafter.draft_forward(inputs, k))
+            out[:] = [self.drafter.draft_forward(inputs, k, sampled)]
 
         return _DraftGraph(inputs, self._staging(host.numel()), self._replayable(step), out)
 

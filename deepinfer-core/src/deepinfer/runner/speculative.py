@@ -1,9 +1,9 @@
 """A step with a drafter: draft, feed the drafts after each anchor in one target forward, verify, undo the rest.
 
 1. The drafter proposes ``chunk.num_drafts`` tokens per speculating sequence (from its context, which holds the
-   target features of every position the sequence has had accepted); a step whose requests are all greedy
-   replays a captured draft pass when the runner has :class:`~deepinfer.runner.draft_graphs.DraftGraphs`.  A
-   grammar keeps the leading drafts it allows.
+   target features of every position the sequence has had accepted), as a replayed captured draft pass when the
+   runner has :class:`~deepinfer.runner.draft_graphs.DraftGraphs` (greedy and sampled requests alike: sampled
+   drafts race counter-based noise of the request's seed).  A grammar keeps the leading drafts it allows.
 2. One ragged forward runs every chunk with its drafts appended (the model already takes several tokens per
    sequence); states of speculating sequences are checkpointed first (:class:`~deepinfer.models.base.Rewindable`).
 3. :func:`deepinfer.spec.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from deepinfer.runner.model_runner import ModelRunner, StepHandle
     from deepinfer.runner.verify_graphs import VerifyGraphs
 
-_GOLDEN = 0x9E3779B97F4A7C15
-
 
 @dataclass(slots=True)
 class _Spec:
@@ -60,13 +58,6 @@ class _Spec:
     confidence: list[float] = field(default_factory=list)  # the drafter's, every drafted position
 
 
-def draft_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
-    """The drafter's generator for one sampled request at one anchor position: seeded runs draft the same."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed((seed + (position + 1) * _GOLDEN) % (1 << 63))
-    return gen
-
-
 def _chunk_samples(step: StepInput) -> list[list[ScheduledSample]]:
     samples = iter(step.samples)
     return [[next(samples) for _ in range(1 + len(c.fork_to))] if c.sample else [] for c in step.chunks]
@@ -80,21 +71,16 @@ def _draft(runner: ModelRunner, step: StepInput, per_chunk: list[list[ScheduledS
     if not chosen:
         return [], None
     assert runner.drafter is not None
-    device, vocab = runner.model.device, runner.model.vocab_size
+    vocab = runner.model.vocab_size
     requests = []
     for i in chosen:
         chunk, row = step.chunks[i], per_chunk[i][0].row
         position = chunk.start + len(chunk.token_ids) - 1
-        sampled = not row.params.greedy
         requests.append(DraftRequest(getattr(step.states[i], "slot", None) or 0, chunk.token_ids[-1], position,
-                                     row.params.temperature if sampled else 0.0,
-                                     draft_generator(row.seed, position, device) if sampled else None))
+                                     0.0 if row.params.greedy else row.params.temperature, row.seed))
     k_max = max(step.chunks[i].num_drafts for i in chosen)
     graphs = runner.draft_graphs
-    if graphs is not None and all(r.temperature == 0 for r in requests):  # greedy: a captured draft pass
-        drafts = graphs.run(requests, k_max)
-    else:
-        drafts = runner.drafter.draft(requests, k_max)
+    drafts = graphs.run(requests, k_max) if graphs is not None else runner.drafter.draft(requests, k_max)
     drafts.tokens = drafts.tokens[:, :k_max].clamp(0, vocab - 1)
     specs = [_Spec(i, per_chunk[i][0], n, step.chunks[i].num_drafts) for n, i in enumerate(chosen)]
     wanted = [s for s in specs if s.sample.row.grammar is not None or s.sample.row.params.has_penalties]

@@ -6,8 +6,8 @@ not change the context), verifies them with the target in one forward, and then 
 features of the accepted positions to the drafter's context (:meth:`Drafter.extend`).  Rejected positions are
 never extended that way, so the drafter has nothing to roll back.
 
-A drafter whose greedy draft pass has fixed shapes once its batch is padded may also be a :class:`GraphDrafter`;
-the runner then captures that pass per (batch bucket, k) through the backend's graph service
+A drafter whose draft pass has fixed shapes once its batch is padded may also be a :class:`GraphDrafter`; the
+runner then captures that pass per (batch bucket, k, whether any request samples) through the backend's graph service
 (:mod:`deepinfer.runner.draft_graphs`), as it captures a :class:`~deepinfer.models.base.GraphDecodable` model's
 decode steps.  The capability is optional, so a drafter that cannot offer it (or a stand-in) stays eager.  A
 :class:`VerifyExtender` also extends its context inside a captured verify step
@@ -40,7 +40,7 @@ class DraftRequest:
     anchor: int  # the last accepted token (the block's first input)
     position: int  # the anchor's position
     temperature: float  # 0 = greedy
-    generator: torch.Generator | None  # the request's seeded generator if any
+    seed: int  # the request's 64-bit sampling seed (``SamplingRow.seed``): a sampled draft's noise stream
 
 
 class Drafter(Protocol):
@@ -74,23 +74,27 @@ class Drafter(Protocol):
 
 @runtime_checkable
 class GraphDrafter(Protocol):
-    """A drafter whose greedy draft pass the runner can capture and replay (optional, next to :class:`Drafter`).
+    """A drafter whose draft pass the runner can capture and replay (optional, next to :class:`Drafter`).
 
-    ``draft_inputs`` is the host side (checks, and the requests as one int64 tensor padded to ``bucket`` rows);
-    ``draft_forward`` is the device side, reading only that tensor (which the runner keeps in a static buffer)
-    and the drafter's context, with no host synchronisation.  For greedy requests ``draft`` must give what
-    ``draft_forward`` gives on the same rows, bit for bit where the backend's ops are batch invariant.
+    ``draft_inputs`` is the host side (checks, and the requests as one int64 tensor padded to ``bucket`` rows,
+    their seeds and temperatures included); ``draft_forward`` is the device side, reading only that tensor (which
+    the runner keeps in a static buffer) and the drafter's context, with no host synchronisation, so sampled drafts
+    draw counter-based noise (:func:`~deepinfer.ops.sampling.sample_tokens`), not a generator's.  ``draft`` must
+    give what ``draft_forward`` gives on the same rows (``sampled``: whether any request samples), bit for bit
+    where the backend's ops are batch invariant.
     """
 
     def draft_inputs(self, requests: list[DraftRequest], bucket: int) -> torch.Tensor:
         """Host int64 ``[bucket, C]``: one row per request, then padding rows that read only the null slot 0
-        (never handed out) and whose drafts nobody reads.  All-zero rows must be valid padding (capture runs on
-        them)."""
+        (never handed out), draft greedily, and whose drafts nobody reads.  All-zero rows must be valid padding
+        (capture runs on them)."""
         ...
 
-    def draft_forward(self, inputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens ``[bucket, k]`` int64, confidence ``[bucket, k]`` fp32): greedy drafts of ``inputs`` (from
-        ``draft_inputs``, on the device); must not change the context."""
+    def draft_forward(self, inputs: torch.Tensor, k: int, sampled: bool) -> Drafts:
+        """The drafts of ``inputs`` (from ``draft_inputs``, on the device): tokens ``[bucket, k]`` int64 and
+        confidence ``[bucket, k]`` fp32, and with ``sampled`` the distributions q ``[bucket, k, V]`` fp32 the
+        tokens were drawn from (greedy rows: one-hot; without ``sampled``: None, and every row drafts greedily).
+        Must not change the context."""
         ...
 
 

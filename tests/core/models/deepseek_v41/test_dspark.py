@@ -16,6 +16,7 @@ from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp_shapes
 from deepinfer.ops import OpTable
+from deepinfer.ops.speculative import DRAFT_SALT
 from deepinfer.spec.drafter import DraftRequest
 from tests.support import dspark_dense as dd
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -125,7 +126,7 @@ def test_draft_block_matches_the_dense_drafter(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     anchors, slots, k = [5, 30, 47], [1, 4, 7], SPEC.block_size
     drafter = drafter_for(model, feats[0], anchors, slots)
-    requests = [DraftRequest(s, int(sequence[p]), p, 0.0, None) for s, p in zip(slots, anchors, strict=True)]
+    requests = [DraftRequest(s, int(sequence[p]), p, 0.0, 0) for s, p in zip(slots, anchors, strict=True)]
     with torch.no_grad():
         hidden, logits = drafter.block(requests, k)
         drafts = drafter.draft(requests, k)
@@ -146,17 +147,21 @@ def test_draft_block_matches_the_dense_drafter(setup, sequence):
 
 
 def test_sampled_drafts_follow_the_markov_chain(setup, sequence):
+    """A sampled row's q is softmax(Markov-biased logits / T) given the token drawn before it, and its token is
+    sample_tokens' race over that with the request's seed at step (P + j + 1) ^ DRAFT_SALT; a greedy row in the
+    same batch takes the argmax (q one-hot).  Equal seeds draft equal tokens, other seeds other tokens."""
     target, dense, model = setup
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [40, 40], [2, 3])
-    temps = [0.8, 0.0]
-    requests = [DraftRequest(s, int(sequence[40]), 40, t, torch.Generator().manual_seed(7))
-                for s, t in zip([2, 3], temps, strict=True)]
+    temps, seeds = [0.8, 0.0], [7, 7]
+    requests = [DraftRequest(s, int(sequence[40]), 40, t, seed)
+                for s, t, seed in zip([2, 3], temps, seeds, strict=True)]
     with torch.no_grad():
         drafts = drafter.draft(requests, SPEC.block_size)
         hidden, logits = drafter.block(requests, SPEC.block_size)
     assert drafts.probs is not None and drafts.probs.shape == (2, SPEC.block_size, 384)
     prev = torch.full((2,), int(sequence[40]))
+    ops = OpTable()
     for j in range(SPEC.block_size):
         with torch.no_grad():
             step, _ = dense.heads(hidden[:, j], logits[:, j], prev)
@@ -164,17 +169,59 @@ def test_sampled_drafts_follow_the_markov_chain(setup, sequence):
                             torch.nn.functional.one_hot(step[1].argmax(), 384).float()])
         assert float((drafts.probs[:, j] - want).abs().max()) <= TOL
         assert bool((drafts.probs[torch.arange(2), j, drafts.tokens[:, j]] > 0).all())
+        drawn = ops.sample_tokens(step[:1] / temps[0], torch.tensor([False]), torch.tensor([7]),
+                                  torch.tensor([(40 + j + 1) ^ DRAFT_SALT]))
+        assert int(drafts.tokens[0, j]) == int(drawn[0]) and int(drafts.tokens[1, j]) == int(step[1].argmax())
         prev = drafts.tokens[:, j]
-    seeded = [DraftRequest(r.slot, r.anchor, r.position, r.temperature, torch.Generator().manual_seed(7))
-              for r in requests]
-    assert torch.equal(drafter.draft(seeded, SPEC.block_size).tokens, drafts.tokens)
+    again = drafter.draft([DraftRequest(r.slot, r.anchor, r.position, r.temperature, r.seed) for r in requests],
+                          SPEC.block_size)
+    assert torch.equal(again.tokens, drafts.tokens) and torch.equal(again.probs, drafts.probs)
+    other = [drafter.draft([DraftRequest(2, requests[0].anchor, 40, 0.8, seed)], SPEC.block_size).tokens[0]
+             for seed in range(8, 16)]
+    assert any(not torch.equal(t, drafts.tokens[0]) for t in other)
+
+
+def test_sampled_drafts_are_distributed_as_q(setup, sequence):
+    """Over 2000 seeds (one request each, one batch), the first two drafts' counts fit the Markov chain's
+    distribution: the first by q_0, the second given the first x by q_1(. | x) (chi-square tests, cells of expected
+    count >= 5, the rest pooled)."""
+    target, dense, model = setup
+    _, feats = dense_features(target, dense, sequence)
+    drafter = drafter_for(model, feats[0], [40], [2])
+    n, t = 2000, 1.5
+    requests = [DraftRequest(2, int(sequence[40]), 40, t, seed) for seed in range(n)]
+    with torch.no_grad():
+        drafts = drafter.draft(requests, 2)
+    q0 = drafts.probs[0, 0].double()
+    assert float((drafts.probs[:, 0] - drafts.probs[:1, 0]).abs().max()) <= 1e-6  # one anchor: one q_0
+    first = drafts.tokens[:, 0]
+    assert _chi_square_p(torch.bincount(first, minlength=384).double(), q0 * n) > 1e-3
+    # the second draft given the first: q_1 of each row (conditioned on its own first draft)
+    pair = first * 384 + drafts.tokens[:, 1]
+    expected = torch.zeros(384 * 384, dtype=torch.float64)
+    for x in first.unique().tolist():  # given the first draft x, the second follows q_1(. | x)
+        rows = (first == x).nonzero()[:, 0]
+        expected[x * 384 : (x + 1) * 384] = drafts.probs[rows[0], 1].double() * len(rows)
+    assert _chi_square_p(torch.bincount(pair, minlength=384 * 384).double(), expected) > 1e-3
+    assert len(first.unique()) > 5  # negative control: the drafts do vary
+
+
+def _chi_square_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """p-value of observed counts against expected ones (cells below 5 pooled into one)."""
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    dof = torch.tensor((len(exp) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))
 
 
 def test_truncate_free_and_fork(setup, sequence):
     target, dense, model = setup
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [33], [0])
-    at = [DraftRequest(0, int(sequence[30]), 30, 0.0, None)]
+    at = [DraftRequest(0, int(sequence[30]), 30, 0.0, 0)]
     # positions 30..32 forgotten: the draft at 30 reads its window 6 .. 29 (the ring's 24 + 4 spare rows kept 5+)
     drafter.truncate(0, 30)
     with torch.no_grad():
@@ -189,7 +236,7 @@ def test_truncate_free_and_fork(setup, sequence):
     assert float((hidden - d_hidden).abs().max()) <= TOL
     drafter.fork(0, 5)
     with torch.no_grad():
-        forked, _ = drafter.block([DraftRequest(5, at[0].anchor, 30, 0.0, None)], 3)
+        forked, _ = drafter.block([DraftRequest(5, at[0].anchor, 30, 0.0, 0)], 3)
     assert torch.equal(forked, hidden)
     drafter.free(0)
     with torch.no_grad():
@@ -212,7 +259,7 @@ def test_rows_a_verify_step_rejects_never_reach_a_draft(setup, sequence):
     garbage = torch.randn(k, feats.shape[-1], generator=torch.Generator().manual_seed(5))
     verified.extend_rows(torch.ones(k + 1, dtype=torch.int64), torch.arange(40, 41 + k),
                          torch.cat([feats[0, 40:41], garbage]))
-    at = [DraftRequest(1, int(sequence[41]), 41, 0.0, None)]
+    at = [DraftRequest(1, int(sequence[41]), 41, 0.0, 0)]
     with torch.no_grad():
         want, got = kept.block(at, k), verified.block(at, k)
     assert float((got[0] - want[0]).abs().max()) <= TOL and float((got[1] - want[1]).abs().max()) <= TOL
@@ -223,11 +270,11 @@ def test_bad_inputs_are_named(setup, sequence):
     _, _, model = setup
     drafter = DSparkDrafter.from_model(model, num_slots=2)
     assert drafter.max_draft_len == SPEC.block_size and drafter.capture_layer_ids == (3, 6, 8)
-    request = DraftRequest(0, 5, 3, 0.0, None)
+    request = DraftRequest(0, 5, 3, 0.0, 0)
     with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
         drafter.draft([request], 5)
     with pytest.raises(ValueError, match=r"slot must be in \[0, 2\)"):
-        drafter.draft([DraftRequest(2, 5, 3, 0.0, None)], 2)
+        drafter.draft([DraftRequest(2, 5, 3, 0.0, 0)], 2)
     with pytest.raises(ValueError, match="expected 192"):
         drafter.extend([0], torch.tensor([0]), torch.zeros(1, 64))
     with pytest.raises(ValueError, match="one slot and position per row"):
@@ -276,7 +323,7 @@ def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequenc
         feats = captured(model, sequence, [60])
         drafter = drafter_for(model, feats, [30], [0])
         with torch.no_grad():
-            outs.append(drafter.block([DraftRequest(0, int(sequence[30]), 30, 0.0, None)], SPEC.block_size))
+            outs.append(drafter.block([DraftRequest(0, int(sequence[30]), 30, 0.0, 0)], SPEC.block_size))
     assert float((outs[0][0] - outs[1][0]).abs().max()) <= TOL
     assert float((outs[0][1] - outs[1][1]).abs().max()) <= TOL
 
@@ -288,5 +335,5 @@ def test_bf16_load_keeps_the_confidence_head_and_norms_in_fp32(checkpoint):
     assert mtp["mtp.0.main_norm.weight"].dtype == torch.float32 and mtp["mtp.0.hc_attn_fn"].dtype == torch.float32
     assert mtp["mtp.0.attn.wq_a.weight"].dtype == torch.bfloat16
     drafter = DSparkDrafter.from_model(model, num_slots=1)
-    drafts = drafter.draft([DraftRequest(0, 5, 0, 0.0, None)], SPEC.block_size)
+    drafts = drafter.draft([DraftRequest(0, 5, 0, 0.0, 0)], SPEC.block_size)
     assert drafts.confidence.dtype == torch.float32 and bool(((drafts.confidence > 0) & (drafts.confidence < 1)).all())

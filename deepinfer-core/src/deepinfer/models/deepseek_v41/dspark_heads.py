@@ -6,14 +6,15 @@ on the one drawn before it (vLLM ``DSparkSpeculator._sample_sequential``, DeepSp
     code_j  = markov_embed[prev_j]                     # [r]; prev_0 = the anchor, prev_j = draft_{j-1}
     logit_j = base_j + markov_head @ code_j            # [V]
     conf_j  = sigmoid(w . [hidden_j, code_j])          # fp32, hidden_j before the final norm (vLLM's V4.1)
-    draft_j ~ softmax(logit_j / T)  (argmax at T = 0)
+    draft_j ~ softmax(logit_j / T)  (argmax at T = 0; noise of (seed, (P + j + 1) ^ DRAFT_SALT), P the anchor's
+                                       position: see deepinfer.ops.speculative)
 
 ``conf_j`` estimates P(draft_j accepted | drafts before it accepted): the budget multiplies them into survival.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -46,24 +47,17 @@ class ConfidenceHead:
         return torch.sigmoid(self.ops.linear(features, self.weight)[:, 0])
 
 
-def draw(logits: torch.Tensor, temperatures: Sequence[float], generators: Sequence[torch.Generator | None]
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(tokens [B] int64, the distributions they were drawn from [B, V] fp32, or None when every row is greedy)
-    from logits [B, V] fp32.
+def draw(ops: Ops, logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B] int64, the distributions they were drawn from [B, V] fp32) from logits [B, V] fp32, on the
+    device with no host data (a captured draft pass draws this way).
 
-    A row with temperature 0 takes the argmax (its distribution: one-hot); the others sample
-    ``softmax(logits / T)`` by an exponential race (``argmax q / E``, E ~ Exp(1)) with the row's generator
-    (the global one if None), so a seeded request drafts the same tokens every run."""
-    tokens = logits.argmax(dim=-1)
-    sampled = [b for b, t in enumerate(temperatures) if t > 0]
-    if not sampled:
-        return tokens, None
-    probs = torch.nn.functional.one_hot(tokens, logits.shape[1]).float()
-    for b in sampled:
-        q = torch.softmax(logits[b] / temperatures[b], dim=-1)
-        gen = generators[b]
-        device = gen.device if gen is not None else logits.device
-        noise = torch.empty(logits.shape[1], dtype=torch.float32, device=device).exponential_(generator=gen)
-        tokens[b] = (q / noise.to(q.device)).argmax()
-        probs[b] = q
-    return tokens, probs
+    temperatures [B] fp32 (0: greedy); seeds [B] int64 (the requests' seeds as signed 64-bit); steps [B] int64
+    (the draws' noise counters).  A row with temperature 0 takes the argmax (its distribution: one-hot); the others
+    sample ``softmax(logits / T)`` by :func:`~deepinfer.ops.sampling.sample_tokens`' exponential race over
+    counter-based noise of (seed, step), so a seeded request drafts the same tokens every run."""
+    sampled = temperatures > 0
+    scaled = logits / torch.where(sampled, temperatures, torch.ones_like(temperatures))[:, None]
+    tokens = ops.sample_tokens(scaled, ~sampled, seeds, steps)
+    one_hot = torch.zeros_like(scaled).scatter_(1, tokens[:, None], 1.0)  # F.one_hot may check on the host
+    return tokens, torch.where(sampled[:, None], torch.softmax(scaled, dim=-1), one_hot)
