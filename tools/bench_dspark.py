@@ -321,7 +321,7 @@ def graphs_line(llm, rows: list[dict[str, object]]) -> str:
     if drafts is None:
         line += "; draft passes eager (the drafter is not a GraphDrafter)"
     else:
-        line += f"; greedy draft passes {how} per (bucket, k): {sorted(drafts._graphs)}"
+        line += f"; draft passes {how} per (bucket, k, sampled): {sorted(drafts._graphs)}"
         if drafts.eager_reason:
             line += f" (a capture failed, they ran eagerly: {drafts.eager_reason})"
     return line
