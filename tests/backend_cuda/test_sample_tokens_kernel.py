@@ -13,13 +13,12 @@ the GPU the CPU's tokens.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.interpreter import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -86,9 +85,8 @@ print("OK")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the GPU tests below check the kernel")
 def test_sampling_kernel_draws_the_reference_tokens_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+    out = run_interpreted(SCRIPT, timeout=300)
+    assert "OK" in out, out
 
 
 @requires_cuda

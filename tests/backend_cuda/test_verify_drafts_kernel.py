@@ -13,13 +13,12 @@ GPU host: V4's vocabulary (129280), up to 64 requests x 4 drafts; no host sync, 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.interpreter import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -125,9 +124,8 @@ print("OK")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the GPU tests below check the kernels")
 def test_verify_kernels_decide_as_the_reference_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+    out = run_interpreted(SCRIPT, timeout=300)
+    assert "OK" in out, out
 
 
 def test_verify_launches_have_aot_variants():
