@@ -2,4 +2,6 @@
 
 import logging
 
+import deepinfer  # noqa: F401  (first, before torch: it asks OpenMP for passive waiting; deepinfer.host_threads)
+
 logging.getLogger("deepinfer").setLevel(logging.INFO)

@@ -2,7 +2,8 @@
 
 ``from deepinfer import LLM, SamplingParams``.  Importing the package is cheap: the engine (and torch)
 load on first use of these names, and no backend is selected until an ``LLM`` is built.  It gives the
-``deepinfer`` logger its default handler (:mod:`deepinfer.logger`).
+``deepinfer`` logger its default handler (:mod:`deepinfer.logger`) and, unless the user chose, asks OpenMP
+for passive waiting (:mod:`deepinfer.host_threads`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from deepinfer.host_threads import prefer_passive_waiting
 from deepinfer.logger import configure_logging
 
 __version__ = "0.1.0"
@@ -28,6 +30,7 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 configure_logging()
+prefer_passive_waiting()  # before anything loads torch (and OpenMP with it): deepinfer.host_threads
 
 if TYPE_CHECKING:
     from deepinfer.engine.args import EngineArgs as EngineArgs

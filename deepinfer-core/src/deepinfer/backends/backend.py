@@ -55,6 +55,11 @@ class Backend:
         return {}
 
     # --- device services ----------------------------------------------------------------------
+    def configure_host(self) -> str:
+        """Set up this process's host side for the backend, once, when it is selected (e.g. the CPU backend sizes
+        torch's thread pool); return what was done for the start-up log line ('' if nothing)."""
+        return ""
+
     def device(self, index: int = 0) -> torch.device:
         """The torch device for local device ``index``."""
         return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")

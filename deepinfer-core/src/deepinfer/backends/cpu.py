@@ -8,6 +8,7 @@ import torch
 
 from deepinfer.backends.backend import Backend
 from deepinfer.backends.hookspecs import hookimpl
+from deepinfer.host_threads import configure_host_threads
 
 
 def _available_host_memory() -> int:
@@ -29,6 +30,10 @@ class CpuBackend(Backend):
     device_type = "cpu"
     auto_priority = 0
     dist_backend = "gloo"
+
+    def configure_host(self) -> str:
+        """Every op runs on host threads here: size the pool by the usable cores, waiting passively."""
+        return configure_host_threads()
 
     def memory_info(self, device: torch.device) -> tuple[int, int]:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

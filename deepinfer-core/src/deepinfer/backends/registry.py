@@ -122,7 +122,11 @@ def select_backend(name: str | None = None) -> Backend:
 
 @functools.cache
 def _cached(name: str | None) -> Backend:
-    return select_backend(name)
+    backend = select_backend(name)
+    note = backend.configure_host()
+    if note:
+        logger.info("backend %r: %s", backend.name, note)
+    return backend
 
 
 def current_backend() -> Backend:

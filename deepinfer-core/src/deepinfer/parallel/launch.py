@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepinfer.backends.backend import Backend
+from deepinfer.host_threads import share_host_threads
 from deepinfer.parallel.comm import RankFailure
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.plan import ParallelConfig, plan_parallel
@@ -81,14 +82,6 @@ def join_world(config: ParallelConfig, backend: Backend, model_config: Any, time
                 plan.world_size, device, backend.dist_backend, plan.dp_rank, plan.dp_size, plan.ep_rank, plan.ep_size,
                 plan.cp_rank, plan.cp_size)
     return Joined(ParallelContext.create(plan, timeout_s), env.local_rank, peers)
-
-
-def share_host_threads(ranks: int) -> None:
-    """Split the host's cores between ``ranks`` processes on one host (as torchrun's ``OMP_NUM_THREADS=1``
-    default does): host ops of ranks that each take every core run many times slower."""
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
 
 
 def _free_port() -> int:
