@@ -13,12 +13,12 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import threading
 import time
 from typing import Any
 
 from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine_lock import EngineLock
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.scheduler import Scheduler
@@ -91,8 +91,9 @@ class Engine:
         self.num_generated_tokens = 0
         #: The step queued on the device whose results the host has not read yet (async scheduling).
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
-        #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it).
-        self.lock = threading.Lock()
+        #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it; the same thread's
+        #: call inside its own open ``generate_stream`` raises).
+        self.lock = EngineLock()
         #: Speculative decoding's drafter, when it is on (:meth:`set_drafter`).
         self.drafter: Drafter | None = None
         self._draft_graphs: DraftGraphs | None = None  # the captured draft passes of the last graph drafter

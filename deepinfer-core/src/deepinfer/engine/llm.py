@@ -257,8 +257,9 @@ class LLM:
         so far, ``DELTA`` only the new tokens and text, ``FINAL_ONLY`` one output at the end).  A request's
         last output has ``finished == True``; a rejected request yields its error output first.
 
-        The engine is held while the generator runs (so do not call ``generate`` on the same ``LLM`` inside the
-        loop: it would wait forever); closing it early (``break``) drops this call's requests."""
+        The engine is held while the generator runs: ``generate``, ``chat`` or another ``generate_stream`` on the
+        same ``LLM`` from inside the loop (the same thread) raises ``RuntimeError``; from another thread it waits
+        for this stream to finish.  Closing it early (``break``, ``close()``) drops this call's requests."""
         if self.parallel is not None:
             raise NotImplementedError("generate_stream runs one rank's engine step by step; with several ranks "
                                       "(docs/parallel.md) use generate")
