@@ -73,8 +73,8 @@ class ToyCausalLM:
     def configure_state(self, max_seqs: int, capacity_bytes: int) -> StateCapacity:
         return StateCapacity(capacity_bytes, max_seqs)  # states are plain tensors allocated as they grow
 
-    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
-        return max_seqs * self.state_bytes(num_tokens)
+    def state_pool_bytes(self, max_seqs: int, num_tokens: int, sequences: int | None = None) -> int:
+        return (max_seqs if sequences is None else sequences) * self.state_bytes(num_tokens)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         assert sum(batch.seq_lens) == batch.input_ids.numel() == batch.positions.numel()

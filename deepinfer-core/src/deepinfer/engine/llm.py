@@ -157,7 +157,7 @@ class LLM:
             logger.info("max_num_seqs lowered to %d: the state cache budget holds that many sequence slots",
                         capacity.max_seqs)
         config = EngineConfig(
-            max_model_len=fit_max_model_len(args.max_model_len, model, capacity.nbytes),
+            max_model_len=fit_max_model_len(args.max_model_len, model, capacity.nbytes, args.max_num_seqs),
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
             eos_token_ids=eos, async_scheduling=args.async_scheduling,

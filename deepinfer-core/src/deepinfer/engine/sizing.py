@@ -44,15 +44,17 @@ def default_state_budget(args: EngineArgs, model: CausalLM, backend: Any, device
     return min(want, int(args.gpu_memory_utilization * free))
 
 
-def fit_max_model_len(requested: int | None, model: CausalLM, budget: int) -> int:
-    """``requested`` if one sequence of it fits the state budget; else the largest length that does."""
+def fit_max_model_len(requested: int | None, model: CausalLM, budget: int, max_num_seqs: int) -> int:
+    """``requested`` if one sequence of it fits the ``budget`` bytes the state cache admits (configured for
+    ``max_num_seqs`` slots); else the largest length that does."""
     model_max = model_max_len(getattr(model, "config", None))
     check_max_model_len(requested, model_max)
     if requested is not None:
         if model.state_bytes(requested) > budget:
+            enough = model.state_pool_bytes(max_num_seqs, requested, sequences=1)
             raise ValueError(f"max_model_len={requested} needs {model.state_bytes(requested)} bytes of state for one "
-                             f"sequence; the state cache budget is {budget} bytes: "
-                             "lower max_model_len or raise the budget")
+                             f"sequence; the state cache admits {budget} bytes: lower max_model_len or raise "
+                             f"state_cache_bytes to at least {enough} (with max_num_seqs={max_num_seqs})")
         return requested
     if model.state_bytes(model_max) <= budget:
         return model_max

@@ -16,38 +16,78 @@ class PoolPlan:
     nbytes: int  # bytes the pool allocates
 
 
-def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan | None:
-    """The pool for at most ``live`` sequences within ``capacity`` bytes, or None if it does not fit.
+def _plan_admitting(spec: StateSpec, size: int, live: int, admissible: int) -> PoolPlan:
+    """The pool for at most ``live`` sequences whose ``state_bytes`` sum to at most ``admissible``.
 
-    Any set of at most ``live`` sequences whose ``state_bytes`` sum to at most ``admissible`` fits: each holds
-    a slot, and per ratio the pages of ``T`` tokens in all plus one partly filled page per sequence, where ``T``
-    bounds the tokens that many reserved bytes can describe (entries are ``floor(n / ratio)``, hence the slack).
-    """
+    Any such set fits: each holds a slot, and per ratio the pages of ``T`` tokens in all plus one partly filled
+    page per sequence, where ``T`` bounds the tokens that many reserved bytes can describe (entries are
+    ``floor(n / ratio)``, hence the slack).  Its ``nbytes`` is monotone in ``admissible``."""
     ratios = spec.paged_ratios
     slot_bytes, page_bytes = spec.byte_sizes(size)
-    per_token = sum(page_bytes[r] / (r * spec.page_size) for r in ratios)
-    slack_tokens = live * sum(page_bytes[r] / spec.page_size for r in ratios) / per_token if ratios else 0.0
+    pages: dict[int, int] = {}
+    if ratios:
+        per_token = sum(page_bytes[r] / (r * spec.page_size) for r in ratios)
+        slack_tokens = live * sum(page_bytes[r] / spec.page_size for r in ratios) / per_token
+        tokens = int(admissible / per_token + slack_tokens) + 1
+        pages = {r: ceil_div(tokens, r * spec.page_size) + live + 1 for r in ratios}
+    nbytes = (live + 1) * slot_bytes + sum(n * page_bytes[r] for r, n in pages.items())
+    return PoolPlan(live + 1, pages, admissible, nbytes)
 
-    def pages_for(admissible: int) -> dict[int, int]:
-        tokens = int(admissible / per_token + slack_tokens) + 1 if ratios else 0
-        return {r: ceil_div(tokens, r * spec.page_size) + live + 1 for r in ratios}
 
-    def total(admissible: int) -> int:
-        return (live + 1) * slot_bytes + sum(n * page_bytes[r] for r, n in pages_for(admissible).items())
+def _least_admissible(spec: StateSpec, size: int) -> int:
+    """What a usable pool admits at least: one sequence of 2 tokens (the shortest ``max_model_len``)."""
+    return max(spec.byte_sizes(size)[0], spec.state_bytes(2, size))
 
-    admissible = capacity - total(0)
-    while admissible > 0 and total(admissible) > capacity:
-        admissible -= max(1, total(admissible) - capacity)
-    if admissible < slot_bytes or admissible <= 0:
+
+def _least_capacity(spec: StateSpec, size: int, live: int) -> int:
+    """The least budget a pool of ``live`` slots is usable in."""
+    return _plan_admitting(spec, size, live, _least_admissible(spec, size)).nbytes
+
+
+def _plan_for(spec: StateSpec, size: int, live: int, capacity: int) -> PoolPlan | None:
+    """The pool for at most ``live`` sequences within ``capacity`` bytes admitting the most bytes (a binary
+    search: ``nbytes`` is monotone in them, so this never falls as ``capacity`` grows), or None if unusable."""
+    lo, hi = _least_admissible(spec, size), capacity  # the answer is in [lo, hi] if lo fits
+    if _plan_admitting(spec, size, live, lo).nbytes > capacity:
         return None
-    return PoolPlan(live + 1, pages_for(admissible), admissible, total(admissible))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _plan_admitting(spec, size, live, mid).nbytes <= capacity else (lo, mid - 1)
+    return _plan_admitting(spec, size, live, lo)
+
+
+def _fixed_bytes(spec: StateSpec, size: int) -> int:
+    """What a slot costs before its tokens: the slot and a partly filled page per ratio."""
+    slot_bytes, page_bytes = spec.byte_sizes(size)
+    return max(1, slot_bytes + sum(page_bytes.values()))
+
+
+def _slots_for(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> int:
+    """Sequence slots for ``capacity`` bytes (0: unusable): at most ``max_seqs``, their fixed costs at most half
+    the budget, and no more than leave the pool usable."""
+    live = max(1, min(max_seqs, capacity // (2 * _fixed_bytes(spec, size))))
+    while live > 0 and _least_capacity(spec, size, live) > capacity:
+        live -= 1
+    return live
 
 
 def _try_plan(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan | None:
-    slot_bytes, page_bytes = spec.byte_sizes(size)
-    fixed = slot_bytes + sum(page_bytes.values())
-    live = max(1, min(max_seqs, capacity // (2 * max(1, fixed))))
-    return _plan_for(spec, size, live, capacity)
+    """The pool for ``capacity`` bytes with :func:`_slots_for`'s slots, monotone in ``capacity``: more bytes never
+    give fewer slots or admit fewer bytes.  A budget below the one where the next slot comes admits no more than
+    that one will (the slot costs bytes the budget has not grown by), so the bytes past that level stay
+    unallocated."""
+    live = _slots_for(spec, size, max_seqs, capacity)
+    if live == 0:
+        return None
+    plan = _plan_for(spec, size, live, capacity)
+    assert plan is not None
+    if live == max_seqs:
+        return plan
+    # the least budget with more slots: both of _slots_for's bounds are monotone step functions
+    next_at = max(2 * _fixed_bytes(spec, size) * (live + 1), _least_capacity(spec, size, live + 1))
+    level = _plan_for(spec, size, live + 1, next_at)
+    assert level is not None
+    return plan if level.admissible >= plan.admissible else _plan_admitting(spec, size, live, level.admissible)
 
 
 def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolPlan:
@@ -64,7 +104,7 @@ def plan_pool(spec: StateSpec, size: int, max_seqs: int, capacity: int) -> PoolP
 
 def _smallest(enough: Callable[[int], bool], start: int, per_mille: int) -> int:
     """The smallest budget ``enough`` accepts, within ``per_mille`` thousandths (0: to the byte), searching up
-    from ``start``; the value returned is one ``enough`` accepted."""
+    from ``start``; the value returned is one ``enough`` accepted.  ``enough`` must be monotone."""
     lo, hi = 0, max(1, start)
     while not enough(hi):
         lo, hi = hi, 2 * hi
@@ -74,30 +114,24 @@ def _smallest(enough: Callable[[int], bool], start: int, per_mille: int) -> int:
     return hi
 
 
-def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int) -> int:
-    """The smallest budget (within 0.1%) whose :func:`plan_pool` has ``max_seqs`` slots and admits
-    ``max_seqs`` sequences of ``num_tokens`` tokens each."""
-    want = max_seqs * spec.state_bytes(num_tokens, size)
+def pool_bytes_for(spec: StateSpec, size: int, max_seqs: int, num_tokens: int, sequences: int | None = None,
+                   per_mille: int = 1) -> int:
+    """The smallest budget (within ``per_mille`` thousandths) whose :func:`plan_pool` for at most ``max_seqs``
+    slots admits ``sequences`` (default ``max_seqs``) sequences of ``num_tokens`` tokens each."""
+    n = max_seqs if sequences is None else sequences
+    want = n * spec.state_bytes(num_tokens, size)
 
     def enough(capacity: int) -> bool:
         plan = _try_plan(spec, size, max_seqs, capacity)
-        return plan is not None and plan.slots - 1 >= max_seqs and plan.admissible >= want
+        return plan is not None and plan.slots - 1 >= n and plan.admissible >= want
 
-    return _smallest(enough, 2 * want, 1)
+    return _smallest(enough, 2 * want, per_mille)
 
 
 def min_pool_bytes(spec: StateSpec, size: int, max_seqs: int = 1 << 31) -> int:
-    """The smallest budget (to the byte, where the plan is monotone in the budget) that holds one sequence of
-    2 tokens, the shortest ``max_model_len``, with at most ``max_seqs`` slots: the least ``state_cache_bytes``
-    an engine of that ``max_num_seqs`` accepts.  The default bounds every ``max_seqs`` (more slots only lower
-    what one sequence may take); it is not the least for one slot where a second slot's pages outweigh it."""
-    want = spec.state_bytes(2, size)
-
-    def enough(capacity: int) -> bool:
-        plan = _try_plan(spec, size, max_seqs, capacity)
-        return plan is not None and plan.admissible >= want
-
-    return _smallest(enough, want, 0)
+    """The smallest budget (to the byte) that holds one sequence of 2 tokens, the shortest ``max_model_len``, with
+    at most ``max_seqs`` slots: the least ``state_cache_bytes`` an engine of that ``max_num_seqs`` accepts."""
+    return pool_bytes_for(spec, size, max_seqs, 2, sequences=1, per_mille=0)
 
 
 #: The sequence length :func:`tokens_per_gib` reports at (the default state budget's, ``EngineArgs``).

@@ -91,8 +91,9 @@ class CausalLM(Protocol):
         state exists; states made by ``new_state`` afterwards live there."""
         ...
 
-    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
-        """The ``capacity_bytes`` under which ``max_seqs`` sequences of ``num_tokens`` tokens all fit."""
+    def state_pool_bytes(self, max_seqs: int, num_tokens: int, sequences: int | None = None) -> int:
+        """The ``capacity_bytes`` under which, configured for ``max_seqs`` sequences, ``sequences`` (default
+        ``max_seqs``) sequences of ``num_tokens`` tokens all fit; a larger budget never holds less."""
         ...
 
     def new_state(self) -> SequenceState:

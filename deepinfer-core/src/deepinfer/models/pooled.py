@@ -59,9 +59,10 @@ class PooledCausalLM:
                                                                                       self._element_size))
         return StateCapacity(plan.admissible, plan.slots - 1)
 
-    def state_pool_bytes(self, max_seqs: int, num_tokens: int) -> int:
-        """The ``configure_state`` budget under which ``max_seqs`` sequences of ``num_tokens`` tokens all fit."""
-        return pool_bytes_for(self.state_spec, self._element_size, max_seqs, num_tokens)
+    def state_pool_bytes(self, max_seqs: int, num_tokens: int, sequences: int | None = None) -> int:
+        """The ``configure_state`` budget under which ``sequences`` (default ``max_seqs``) sequences of
+        ``num_tokens`` tokens all fit."""
+        return pool_bytes_for(self.state_spec, self._element_size, max_seqs, num_tokens, sequences)
 
     def new_state(self) -> PooledState:
         if self.pool is None:  # not configured (tests, tools): a pool that grows on demand
