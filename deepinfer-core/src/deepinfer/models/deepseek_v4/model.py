@@ -20,9 +20,10 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.ep_moe import build_moe
 from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoESpec, build_moe
+from deepinfer.layers.moe import MoESpec
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v4.attention import Attention
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, HCA, SLIDING, DeepseekV4Config
