@@ -37,13 +37,14 @@ from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.deepseek_v41.verify_step import VerifyRecord, commit
 from deepinfer.models.pooled import PooledCausalLM, verify_step
+from deepinfer.models.weight_reader import Stored
 from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.quant import QuantizedTensor
 from deepinfer.spec.drafter import Drafter
 
-Stored = torch.Tensor | QuantizedTensor
+
 class DeepseekV41ForCausalLM(PooledCausalLM):
     """Implements :class:`deepinfer.models.base.CausalLM` and :class:`~deepinfer.models.base.GraphDecodable`.
 
