@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,11 +30,9 @@ from deepinfer.models.deepseek_v4.state import layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.quant import QuantizedTensor
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
 
 
 class DecoderLayer:
