@@ -48,8 +48,8 @@ def _all_to_all_seconds(llm: Any, rows_per_peer: int, width: int, dtype: torch.d
 
 
 def _eplb_effect(llm: Any) -> dict[str, float] | None:
+    from deepinfer.layers.ep_moe import ExpertParallelMoE
     from deepinfer.parallel import eplb
-    from deepinfer.parallel.ep_moe import ExpertParallelMoE
 
     context = llm.parallel.context
     layers = [m for m in context.moe_layers if isinstance(m, ExpertParallelMoE)]

@@ -156,8 +156,8 @@ def _random_tensors(shapes: dict[str, tuple[int, ...]], rand: Any, gen: Any, dev
     """Random tensors of ``shapes`` (norms 1, fp32 where the loader keeps fp32, Engram tables N(0, 1))."""
     import torch
 
-    from deepinfer.models.deepseek_v4.weights import keeps_fp32
     from deepinfer.models.deepseek_v41.weights import MTP_FP32
+    from deepinfer.models.weight_reader import keeps_fp32
 
     tensors = {}
     for name, dims in shapes.items():
@@ -277,8 +277,8 @@ def count_bytes(cfg: Any, shape: Shape, released: bool = False) -> Bytes:
     ``released``: as stored in the released formats."""
     import math
 
-    from deepinfer.models.deepseek_v4.weights import keeps_fp32
     from deepinfer.models.deepseek_v41.weights import expected_shapes
+    from deepinfer.models.weight_reader import keeps_fp32
 
     dense = dense_params = fp8_params = 0
     for name, dims in expected_shapes(cfg).items():

@@ -165,7 +165,8 @@ def deepinfer_from_hf(hf_model, ops, dtype, device):
 
     from deepinfer.models.deepseek_v4 import DeepseekV4Config as V4Config
     from deepinfer.models.deepseek_v4 import DeepseekV4ForCausalLM as V4Model
-    from deepinfer.models.deepseek_v4.weights import V4Weights, canonical_name, expected_shapes, keeps_fp32
+    from deepinfer.models.deepseek_v4.weights import V4Weights, expected_shapes
+    from deepinfer.models.weight_reader import canonical_name, keeps_fp32
 
     cfg = V4Config.from_dict(hf_model.config.to_dict())
     released = revert_weight_conversion(hf_model, dict(hf_model.state_dict()))

@@ -21,12 +21,12 @@ import torch
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends import select_backend
+from deepinfer.layers.ep_rebalance import rebalance_experts
 from deepinfer.models import load_model, read_model_config
 from deepinfer.ops import OpTable
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.placement import ExpertPlacement
 from deepinfer.parallel.plan import ParallelConfig, plan_parallel
-from deepinfer.parallel.rebalance import rebalance_experts
 from tests.support.model_runs import run_chunked
 from tests.support.ranks import free_port
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import torch
 
 from deepinfer.models.deepseek_v41.engram import EngramWeights, local_rows
+from deepinfer.models.deepseek_v41.engram_shard import EngramShard
 from deepinfer.ops import OpTable
 from deepinfer.parallel.context import ParallelContext
-from deepinfer.parallel.engram_shard import EngramShard
 from deepinfer.parallel.plan import ParallelConfig, plan_parallel
 from tests.support.ranks import results, run_ranks
 

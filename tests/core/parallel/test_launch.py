@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer import LLM
-from deepinfer.parallel.launch import RankEnv
+from deepinfer.engine.rank_launch import RankEnv
 from tests.support.toy_model import ToyCausalLM, toy_tokenizer
 
 

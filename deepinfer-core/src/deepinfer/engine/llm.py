@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -19,16 +20,16 @@ from deepinfer.backends.backend import Backend
 from deepinfer.engine.args import EngineArgs, resolve_dtype
 from deepinfer.engine.chat import render_chat
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.data_parallel import DataParallelEngine
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
+from deepinfer.engine.rank_launch import Joined, PeerMain, RankEnv, join_world, serve_peer, stop_peers
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
 from deepinfer.models.base import CausalLM, DraftingModel, PrefixCacheable
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
-from deepinfer.parallel.dp import DataParallelEngine
-from deepinfer.parallel.launch import Joined, RankEnv, join_world, stop_peers
 from deepinfer.parallel.plan import ParallelConfig
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
@@ -106,7 +107,7 @@ class LLM:
         dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
-        joined = _join_ranks(args, backend, model_config, (model, kwargs))
+        joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs))
         device = backend.device(joined.local_rank if joined is not None else 0)
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
                         parallel=joined.context if joined is not None else None)
@@ -348,15 +349,22 @@ class LLM:
             stop_peers(self.parallel.context, peers)
 
 
-def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_args: tuple[Any, dict[str, Any]]
+def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_main: PeerMain
                 ) -> Joined | None:
     """This process's place among the ranks the arguments ask for, or torchrun's (even a world of one, which
-    runs the collectives on one device); None: one process."""
+    runs the collectives on one device); None: one process.  ``peer_main``: what a rank this one starts runs."""
     config = ParallelConfig(args.data_parallel_size, args.expert_parallel_size, args.context_parallel_size,
                             args.num_redundant_experts)
     if not config.enabled and RankEnv.from_environ() is None:
         return None
-    return join_world(config, backend, model_config, args.distributed_timeout, peer_args)
+    return join_world(config, backend, model_config, args.distributed_timeout, peer_main)
+
+
+def _serve_as_peer(model: str | os.PathLike[str] | None, kwargs: dict[str, Any]) -> None:
+    """A self-launched rank (started by rank 0's ``LLM``): the same ``LLM``, serving rank 0's calls."""
+    llm = LLM(model, **kwargs)
+    assert llm.parallel is not None, "a self-launched rank joins a parallel world"
+    serve_peer(llm.parallel.context, functools.partial(llm.generate, use_tqdm=False))
 
 
 def _pair(prompts: Any, sampling_params: SamplingParams | Seq[SamplingParams] | None

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from deepinfer.layers.linear import GetWeight, Weight, stack_rows, swiglu_mlp
 from deepinfer.ops import Ops
 from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
 
 
 @dataclass(slots=True, frozen=True)
@@ -154,15 +150,3 @@ def kept_format(stored: Sequence[Weight]) -> str | None:
         return FP8_BLOCK
     return None
 
-
-def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
-              parallel: ParallelContext | None = None, layer: int = 0, weight: GetWeight | None = None) -> MoE:
-    """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
-    share, exchanging tokens with the ranks that hold the others.  ``weight``: the experts as the model keeps them
-    (MXFP4 / FP8 experts stay as stored without expert parallelism; with it they are dequantized, for now: the
-    expert-parallel layer and EPLB's weight moves handle dense experts only)."""
-    if parallel is None or parallel.plan.placement is None:
-        return MoE(ops, spec, prefix, get, weight=weight)
-    from deepinfer.parallel.ep_moe import ExpertParallelMoE
-
-    return ExpertParallelMoE(ops, spec, prefix, get, parallel, layer)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from deepinfer.models.base import CausalLM
 from deepinfer.models.registry import entry_for
 from deepinfer.ops import OpTable
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
+from deepinfer.parallel.context import ParallelContext
 
 
 def read_model_config(path: str | Path) -> Any:

@@ -10,7 +10,7 @@ import torch
 
 from deepinfer.models import UnsupportedModelError, load_model, read_model_config
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, HCA, MOE, SLIDING, ConfigError, DeepseekV4Config
-from deepinfer.models.deepseek_v4.rope import inv_freq
+from deepinfer.models.rope import inv_freq
 from deepinfer.ops import OpTable
 
 # The released V4-Flash config.json fields that matter (legacy names; compress_ratios lists the MTP layer too).

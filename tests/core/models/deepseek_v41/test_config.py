@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v41 import FULL, REINDEX, REUSE, SWA, ConfigError, DeepseekV41Config, LayerRole
+from deepinfer.models.rope import inv_freq
 
 FIXTURES = Path(__file__).parents[3] / "fixtures" / "deepseek_v41"
 

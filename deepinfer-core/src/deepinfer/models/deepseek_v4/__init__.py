@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,9 +13,7 @@ from deepinfer.models.deepseek_v4.model import DeepseekV4ForCausalLM
 from deepinfer.models.deepseek_v4.state import DeepseekV4State
 from deepinfer.models.deepseek_v4.weights import read_weights
 from deepinfer.ops import Ops
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
+from deepinfer.parallel.context import ParallelContext
 
 __all__ = ["DeepseekV4Config", "DeepseekV4ForCausalLM", "DeepseekV4State", "load"]
 

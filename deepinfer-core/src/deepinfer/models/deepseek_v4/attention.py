@@ -22,8 +22,8 @@ from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linea
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer.models.deepseek_v4.indexer import Indexer
-from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v4.state import DeepseekV4State, LayerCache
+from deepinfer.models.rope import inv_freq
 from deepinfer.ops import Ops
 
 

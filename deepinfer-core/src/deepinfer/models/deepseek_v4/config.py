@@ -14,7 +14,9 @@ from typing import Any
 
 from deepinfer.models.checkpoint_files import read_json_object
 from deepinfer.models.config_fields import ConfigError, Fields
-from deepinfer.models.deepseek_v4.rope_config import RopeSpec, rope_dim_of, rope_specs
+from deepinfer.models.deepseek_v4.rope_config import rope_dim_of, rope_specs
+from deepinfer.models.quant_config import QuantSpec, quant_spec
+from deepinfer.models.rope import RopeSpec
 from deepinfer.ops.moe import SCORE_FUNCS
 
 SLIDING = "sliding_attention"
@@ -28,16 +30,7 @@ MLP_LAYER_TYPES = (HASH_MOE, MOE)
 _DEFAULT_RATES = {CSA: 4, HCA: 128}
 _LEGACY_RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
-__all__ = ["ConfigError", "DeepseekV4Config", "QuantSpec", "RopeSpec"]  # ConfigError: raised for a bad field
-
-
-@dataclass(slots=True, frozen=True)
-class QuantSpec:
-    """``quantization_config`` of a released checkpoint (which tensors are quantized is read from the files)."""
-
-    weight_block_size: tuple[int, int] = (128, 128)
-    scale_fmt: str | None = "ue8m0"
-    expert_dtype: str = "fp8"  # "fp8" or "fp4" (MXFP4) for the routed experts
+__all__ = ["ConfigError", "DeepseekV4Config"]  # ConfigError: raised for a bad field
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,17 +129,6 @@ def _mlp_layer_types(f: Fields, n: int) -> tuple[str, ...]:
     return types[:n]
 
 
-def _quant_spec(f: Fields) -> QuantSpec | None:
-    qc = f.section("quantization_config")
-    if qc is None:
-        return None
-    rows, cols = qc.integers("weight_block_size", lengths=(2,), lo=1) if qc.has("weight_block_size") else (128, 128)
-    choices = ("fp8", "fp4")
-    where = qc if qc.has("expert_dtype") else f  # V4.1 moved it into the quantization config
-    expert_dtype = where.string("expert_dtype", choices=choices) if where.has("expert_dtype") else "fp8"
-    return QuantSpec((rows, cols), qc.optional_string("scale_fmt"), expert_dtype)
-
-
 def _parse(f: Fields) -> DeepseekV4Config:
     f.string("model_type", "deepseek_v4", choices=("deepseek_v4",))
     n = f.integer("num_hidden_layers", 43, lo=1)
@@ -206,5 +188,5 @@ def _parse(f: Fields) -> DeepseekV4Config:
         pad_token_id=f.optional_integer("pad_token_id", lo=0),
         num_nextn_predict_layers=f.integer("num_nextn_predict_layers", 1, lo=0),
         tie_word_embeddings=f.boolean("tie_word_embeddings", False),
-        quant=_quant_spec(f),
+        quant=quant_spec(f),
     )

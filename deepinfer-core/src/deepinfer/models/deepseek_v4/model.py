@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,9 +19,10 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
+from deepinfer.layers.ep_moe import build_moe
 from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoESpec, build_moe
+from deepinfer.layers.moe import MoESpec
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v4.attention import Attention
 from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, HCA, SLIDING, DeepseekV4Config
@@ -30,11 +30,9 @@ from deepinfer.models.deepseek_v4.state import layer_caches, spec_for
 from deepinfer.models.deepseek_v4.weights import V4Weights
 from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
+from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.quant import QuantizedTensor
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
 
 
 class DecoderLayer:

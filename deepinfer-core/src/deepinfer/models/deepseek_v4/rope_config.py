@@ -2,28 +2,14 @@
 
 Sliding layers use plain RoPE at ``rope_theta``; compressed layers (and their compressors and indexer) use
 ``compress_rope_theta``, YaRN-scaled.  Released configs give one flat ``rope_scaling`` dict (for the compressed
-family only); transformers writes ``rope_parameters`` with ``main`` and ``compress`` sections.
+family only); transformers writes ``rope_parameters`` with ``main`` and ``compress`` sections.  Each family is
+read by :func:`deepinfer.models.rope.rope_spec`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from deepinfer.models.config_fields import Fields
-
-
-@dataclass(slots=True, frozen=True)
-class RopeSpec:
-    """One RoPE family: plain (``default``) or YaRN-scaled; ``attention_scaling`` multiplies cos and sin."""
-
-    rope_type: str
-    theta: float
-    factor: float = 1.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attention_scaling: float = 1.0
+from deepinfer.models.rope import RopeSpec, rope_spec
 
 
 def rope_dim_of(f: Fields, head_dim: int) -> int:
@@ -41,36 +27,6 @@ def rope_dim_of(f: Fields, head_dim: int) -> int:
     return rope_dim
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _rope_spec(p: Fields | None, theta: float, max_pos: int, attention_factor: float | None = None) -> RopeSpec:
-    """One rope family from its parameters (None: plain rope at ``theta``); ``attention_factor`` is the
-    default when the parameters name none."""
-    if p is None:
-        return RopeSpec("default", theta)
-    kinds = ("default", "yarn")
-    key = "rope_type" if p.has("rope_type") else "type"  # transformers' name, or the legacy one
-    rope_type = p.string(key, "default", choices=kinds)
-    if rope_type == "default":
-        return RopeSpec("default", theta)
-    original = p.integer("original_max_position_embeddings", lo=1)
-    factor = p.optional_number("factor", lo=0, lo_open=True)
-    factor = max_pos / original if factor is None else factor
-    scaling = p.optional_number("attention_factor", attention_factor, lo=0, lo_open=True)
-    if scaling is None:  # transformers derives it; V4's own configs pin it to 1
-        mscale = p.optional_number("mscale", lo=0)
-        mscale_all_dim = p.optional_number("mscale_all_dim", lo=0)
-        if mscale and mscale_all_dim:
-            scaling = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-        else:
-            scaling = _yarn_mscale(factor)
-    beta_fast = p.number("beta_fast", 32.0, lo=0, lo_open=True) if p.has("beta_fast") else 32.0
-    beta_slow = p.number("beta_slow", 1.0, lo=0, lo_open=True) if p.has("beta_slow") else 1.0
-    return RopeSpec("yarn", theta, factor, original, beta_fast, beta_slow, scaling)
-
-
 def rope_specs(f: Fields, rope_dim: int, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec]:
     """(sliding layers' rope, compressed layers' rope) from either dialect."""
     rope_theta = f.number("rope_theta", 10000.0, lo=1, lo_open=True)
@@ -84,10 +40,10 @@ def rope_specs(f: Fields, rope_dim: int, head_dim: int, max_pos: int) -> tuple[R
             factor = params.optional_number("partial_rotary_factor", lo=0, lo_open=True, hi=1)
             if factor is not None and int(head_dim * factor) != rope_dim:
                 raise params.error("partial_rotary_factor", f"the rope dim over head_dim = {rope_dim}/{head_dim}")
-        return (_rope_spec(main, main.number("rope_theta", rope_theta, lo=1, lo_open=True), max_pos),
-                _rope_spec(compress, compress.number("rope_theta", compress_theta, lo=1, lo_open=True), max_pos))
+        return (rope_spec(main, main.number("rope_theta", rope_theta, lo=1, lo_open=True), max_pos),
+                rope_spec(compress, compress.number("rope_theta", compress_theta, lo=1, lo_open=True), max_pos))
     # Legacy / flat: the scaling dict applies to the compressed branches only (plain rope on sliding layers),
     # and a YaRN compress rope defaults to attention_factor 1 (V4 does not scale cos / sin).
     flat = f.section("rope_scaling")
     flat = flat if flat is not None and flat.raw else nested
-    return RopeSpec("default", rope_theta), _rope_spec(flat, compress_theta, max_pos, attention_factor=1.0)
+    return RopeSpec("default", rope_theta), rope_spec(flat, compress_theta, max_pos, attention_factor=1.0)

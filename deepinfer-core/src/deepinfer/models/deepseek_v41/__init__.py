@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,9 +15,7 @@ from deepinfer.models.deepseek_v41.token_map import CompressedTokenMap
 from deepinfer.models.deepseek_v41.truncation import cut_layer
 from deepinfer.models.deepseek_v41.weights import read_weights
 from deepinfer.ops import Ops
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
+from deepinfer.parallel.context import ParallelContext
 
 __all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config", "DeepseekV41ForCausalLM",
            "LayerRole", "load"]

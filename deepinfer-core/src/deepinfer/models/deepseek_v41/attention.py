@@ -23,13 +23,13 @@ from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.state import PooledState
 from deepinfer.kv.store import PackedRows, PagedRows, RowStore
 from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
-from deepinfer.models.deepseek_v4.rope import inv_freq
 from deepinfer.models.deepseek_v41.compressor import Compressor
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.indexer import Indexer, IndexerSpec, Published
 from deepinfer.models.deepseek_v41.roles import FULL, REUSE, LayerRole
 from deepinfer.models.deepseek_v41.state import LayerCache
 from deepinfer.models.deepseek_v41.verify_step import VerifyRecord
+from deepinfer.models.rope import inv_freq
 from deepinfer.ops import Ops
 from deepinfer.ops.fake_quant import ScaleFormat
 

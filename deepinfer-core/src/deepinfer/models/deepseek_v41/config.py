@@ -21,9 +21,9 @@ from typing import Any
 
 from deepinfer.models.checkpoint_files import read_json_object
 from deepinfer.models.config_fields import ConfigError, Fields
-from deepinfer.models.deepseek_v4.config import QuantSpec, _quant_spec
-from deepinfer.models.deepseek_v4.rope_config import RopeSpec, _rope_spec
 from deepinfer.models.deepseek_v41.roles import LayerRole, derive_schedule
+from deepinfer.models.quant_config import QuantSpec, quant_spec
+from deepinfer.models.rope import RopeSpec, rope_spec
 from deepinfer.ops.moe import SCORE_FUNCS
 
 __all__ = ["ConfigError", "DeepseekV41Config", "LayerRole"]
@@ -153,7 +153,7 @@ def _rope(f: Fields, head_dim: int, max_pos: int) -> tuple[RopeSpec, RopeSpec, i
     for label, params in families.items():
         where = f"{f.prefix}rope_parameters.{label}." if is_nested else f"{f.prefix}rope_scaling."
         family = Fields.of(params, f.source, where)
-        specs.append(_rope_spec(family, family.number("rope_theta", lo=0, lo_open=True), max_pos))
+        specs.append(rope_spec(family, family.number("rope_theta", lo=0, lo_open=True), max_pos))
         dims.append(int(head_dim * params["partial_rotary_factor"]))
     if dims[0] != dims[1] or dims[0] % 2 or not 0 < dims[0] <= head_dim:
         raise ConfigError(f"rope dims (head_dim * partial_rotary_factor) of main / compress are {dims}: they must "
@@ -243,7 +243,7 @@ def _parse(raw: Any, source: str) -> DeepseekV41Config:
         pad_token_id=_token_id(f, outer, "pad_token_id", None),  # type: ignore[arg-type]  # one id, not a list
         tie_word_embeddings=f.boolean("tie_word_embeddings", False),
         # top level in the released composite config (transformers' text config alone would miss it)
-        quant=_quant_spec(outer if outer.has("quantization_config") else f),
+        quant=quant_spec(outer if outer.has("quantization_config") else f),
     )
 
 

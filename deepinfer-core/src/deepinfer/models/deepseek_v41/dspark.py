@@ -11,7 +11,7 @@
 
 Every block position is a prediction ("anchor as first prediction": position j drafts the token at P+j+1), so a
 block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
-target's.  The layers are :class:`~.model.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
+target's.  The layers are :class:`~.layer.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
 :meth:`~.attention.Attention.block` and :meth:`~.attention.Attention.latents`; the MoE, mHC and norms are the
 backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter` and its optional
 :class:`~deepinfer.spec.drafter.GraphDrafter` (draft passes captured per (batch bucket, k, sampled)).
@@ -20,6 +20,7 @@ backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter` and its o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -28,7 +29,7 @@ from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
 from deepinfer.models.deepseek_v41.dspark_context import ContextRings
 from deepinfer.models.deepseek_v41.dspark_heads import ConfidenceHead, MarkovHead, draw
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, layer_prefix
-from deepinfer.models.deepseek_v41.model import DecoderLayer, DeepseekV41ForCausalLM, moe_spec
+from deepinfer.models.deepseek_v41.layer import DecoderLayer, moe_spec
 from deepinfer.models.deepseek_v41.roles import SWA
 from deepinfer.ops import Ops
 from deepinfer.ops.speculative import DRAFT_SALT
@@ -37,6 +38,18 @@ from deepinfer.sample.sampler import signed64
 from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
 
 Stored = torch.Tensor | QuantizedTensor
+
+
+class DraftTarget(Protocol):
+    """What the drafter takes from its target, a loaded :class:`~.model.DeepseekV41ForCausalLM`."""
+
+    config: DeepseekV41Config
+    mtp_weights: dict[str, Stored]
+    embed: torch.Tensor
+    head: torch.Tensor
+    ops: Ops
+    dtype: torch.dtype
+    device: torch.device
 
 
 def draft_role(layer_id: int) -> LayerRole:
@@ -72,7 +85,7 @@ class DSparkDrafter:
         self.capture_layer_ids = cfg.dspark_target_layer_ids
 
     @classmethod
-    def from_model(cls, model: DeepseekV41ForCausalLM, num_slots: int) -> DSparkDrafter:
+    def from_model(cls, model: DraftTarget, num_slots: int) -> DSparkDrafter:
         """The drafter of a loaded model (its ``mtp.*`` tensors, its embedding and head)."""
         if model.config.num_nextn_predict_layers == 0 or not model.mtp_weights:
             raise ValueError("this DeepSeek-V4.1 checkpoint has no DSpark drafter (num_nextn_predict_layers = "

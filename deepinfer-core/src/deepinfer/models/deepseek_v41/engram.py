@@ -59,7 +59,7 @@ def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor, gathe
     An FP8 table is dequantized with its per-32-column scales (``fp8 * scale`` in fp32); a float table's
     ``scale`` tensor is ignored, as the reference does.  ``gather``: None for the table held here, whose FP8
     rows are gathered and scaled in one op (``ops.embedding_fp8``); else where the stored rows come from (an
-    expert-parallel rank's shard and the other ranks', :mod:`deepinfer.parallel.engram_shard`), dequantized once
+    expert-parallel rank's shard and the other ranks', :mod:`.engram_shard`), dequantized once
     they arrived (``ops.dequant_fp8_block``: the same values)."""
     flat, dtype = hash_ids.reshape(-1), weights.wkv.dtype
     if gather is None and weights.table.dtype == torch.float8_e4m3fn:

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from deepinfer.models.config_fields import ConfigError
-
-if TYPE_CHECKING:
-    from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 
 #: Witnesses that make Miller-Rabin exact below 3.3e24 (far beyond any table size).
 _WITNESSES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)

@@ -15,8 +15,6 @@ Attention is the causal encoder-decoder of CSA2 groups (see :mod:`.attention`, :
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,95 +22,27 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import StatePool
 from deepinfer.kv.state import PooledState
-from deepinfer.layers.linear import GetWeight, stored_weight
-from deepinfer.layers.mhc import HcSpec, HyperConnection
-from deepinfer.layers.moe import MoESpec, build_moe
+from deepinfer.layers.linear import stored_weight
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
 from deepinfer.models.deepseek_v41.capture import Capture
-from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.deepseek_v41.engram import Engram
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after
+from deepinfer.models.deepseek_v41.engram_shard import shard_engrams
 from deepinfer.models.deepseek_v41.indexer import Published
+from deepinfer.models.deepseek_v41.layer import Attend, DecoderLayer
 from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.deepseek_v41.verify_step import VerifyRecord, commit
 from deepinfer.models.pooled import PooledCausalLM, verify_step
+from deepinfer.models.weight_reader import Stored
 from deepinfer.ops import Ops
+from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
-from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
 from deepinfer.spec.drafter import Drafter
-
-if TYPE_CHECKING:
-    from deepinfer.parallel.context import ParallelContext
-
-Stored = torch.Tensor | QuantizedTensor
-#: attend(attention, x, layer index) -> the attention sublayer's output
-Attend = Callable[[Attention, torch.Tensor, int], torch.Tensor]
-
-
-def moe_spec(cfg: DeepseekV41Config, experts: int, top_k: int) -> MoESpec:
-    """The MoE of a backbone layer (``n_routed_experts`` / ``num_experts_per_tok``) or of a DSpark draft layer
-    (``dspark_n_routed_experts`` / ``dspark_num_experts_per_tok``): the rest is shared."""
-    limit = cfg.swiglu_limit if cfg.swiglu_limit > 0 else None
-    return MoESpec(experts, top_k, cfg.routed_scaling_factor, cfg.scoring_func, limit, gate_temp=cfg.gate_temp)
-
-
-class DecoderLayer:
-    """One block: mHC sites, attention, MoE.  Backbone layer N reads ``layers.N.*``; the DSpark drafter builds
-    its draft layers from the same class with ``prefix="mtp.i."``, a sliding-only role and its own MoE spec.
-    ``weight``: the projections' and experts' weights as the model keeps them (FP8 / MXFP4); None: ``get``."""
-
-    def __init__(self, ops: Ops, cfg: DeepseekV41Config, role: LayerRole, get: Callable[[str], torch.Tensor],
-                 engram: Engram | None, *, prefix: str | None = None, moe: MoESpec | None = None,
-                 parallel: ParallelContext | None = None, weight: GetWeight | None = None):
-        p = prefix if prefix is not None else f"layers.{role.layer_id}."
-        self.ops, self.eps, self.engram = ops, cfg.rms_norm_eps, engram
-        hc = HcSpec(cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters)
-        self.attn_hc = HyperConnection(ops, hc, get, p + "hc_attn")
-        self.ffn_hc = HyperConnection(ops, hc, get, p + "hc_ffn")
-        self.attn_norm, self.ffn_norm = get(p + "attn_norm.weight"), get(p + "ffn_norm.weight")
-        self.attn = Attention(ops, cfg, role, get, prefix=p + "attn.", weight=weight)
-        moe = moe if moe is not None else moe_spec(cfg, cfg.n_routed_experts, cfg.num_experts_per_tok)
-        self.ffn = build_moe(ops, moe, p + "ffn.", get, parallel, role.layer_id, weight)
-
-    def __call__(self, streams: torch.Tensor, pre: torch.Tensor, input_ids: torch.Tensor,
-                 lookback: torch.Tensor | None, attend: Attend, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(streams, the FFN site's pre) after this layer; ``pre``: the previous site's."""
-        site = self.attention_input(streams, pre, lookback)
-        return self.finish(site, input_ids, attend, index)
-
-    def attention_input(self, streams: torch.Tensor, pre: torch.Tensor, lookback: torch.Tensor | None) -> Site:
-        """Engram, then the attention site's mixing: (streams, normalised input, pre, post, comb)."""
-        if self.engram is not None:
-            assert lookback is not None
-            streams = self.engram(streams, lookback)
-        x, pre, post, comb = self.attn_hc.pre_single_pass(streams, pre)
-        return Site(streams, self.ops.rms_norm(x, self.attn_norm, self.eps), pre, post, comb)
-
-    def finish(self, site: Site, input_ids: torch.Tensor, attend: Attend, index: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention on the site's input, then the FFN site: (streams, the FFN site's pre)."""
-        ops = self.ops
-        streams = ops.hc_post(attend(self.attn, site.x, index), site.streams, site.post, site.comb)
-        x, pre, post, comb = self.ffn_hc.pre_single_pass(streams, site.pre)
-        out = self.ffn(ops.rms_norm(x, self.ffn_norm, self.eps), input_ids)
-        return ops.hc_post(out, streams, post, comb), pre
-
-
-@dataclass(slots=True)
-class Site:
-    """An attention site's residual streams and mixing, and the sublayer input it collapsed [T, D]."""
-
-    streams: torch.Tensor
-    x: torch.Tensor
-    pre: torch.Tensor
-    post: torch.Tensor
-    comb: torch.Tensor
-
-    def rows(self, rows: torch.Tensor) -> Site:
-        return Site(self.streams[rows], self.x[rows], self.pre[rows], self.post[rows], self.comb[rows])
 
 
 class DeepseekV41ForCausalLM(PooledCausalLM):
@@ -186,8 +116,6 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
         when the checkpoint has none (:class:`deepinfer.models.base.DraftingModel`)."""
         if not self.config.num_nextn_predict_layers or not self.mtp_weights:
             return None
-        from deepinfer.models.deepseek_v41.dspark import DSparkDrafter  # (it builds on this module)
-
         if self.pool is None or self.pool.growable:
             raise RuntimeError("make_drafter: configure_state first (the drafter keeps a context per state slot)")
         return DSparkDrafter.from_model(self, self.pool.slots)

@@ -13,13 +13,10 @@ from collections.abc import Callable
 import torch
 
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
-from deepinfer.models.deepseek_v4.weights import _Reader as V4Reader
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.roles import FULL
 from deepinfer.models.layer_shapes import mlp_shapes, shared_layer_shapes
-from deepinfer.quant import QuantizedTensor
-
-Stored = torch.Tensor | QuantizedTensor
+from deepinfer.models.weight_reader import Stored, WeightReader
 
 #: Prefixes of tensors a text model never reads.
 IGNORED_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
@@ -86,8 +83,8 @@ def fp8_block(name: str, shape: tuple[int, ...], scale_shape: tuple[int, ...]) -
                           f"{list(candidates)} gives that scale grid")
 
 
-class _Reader(V4Reader):
-    """V4's reader with V4.1's formats: each FP8 tensor's block read off its shapes, and float Engram tables
+class _Reader(WeightReader):
+    """The shared reader with V4.1's formats: each FP8 tensor's block read off its shapes, and float Engram tables
     whose (unused) ``scale`` is ignored, as the reference does."""
 
     def quant_format(self, weight: str) -> str | None:
@@ -112,7 +109,7 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
     experts), the DSpark drafter's ``mtp.*``), checked by name and shape from the headers first; raises
     :class:`CheckpointError` listing each missing, unexpected or mis-shaped tensor.  ``rows(name, n)``: the rows
     of Engram table ``name`` (of ``n``) to load (a rank's shard), or None for all."""
-    reader = _Reader(ckpt, cfg, dtype, device)  # type: ignore[arg-type]
+    reader = _Reader(ckpt, dtype, device, cfg.n_routed_experts)
     expected = expected_shapes(cfg)
     scales = {n.removesuffix(".weight") + ".scale" for n in reader.on_disk if n.endswith(".weight")}
     scales &= set(reader.on_disk)

@@ -14,6 +14,8 @@ Per step, with ``T`` tokens routed to ``k`` experts each (every rank routes its 
 A rank with no tokens still joins every exchange (:meth:`idle`).  A token's hidden row goes once to each rank
 that holds any of its experts (its pairs there point at it); outputs come back once per pair, so each token's sum
 keeps the reference's order (a per-rank partial sum would halve that traffic but change the fp32 rounding).
+
+:func:`build_moe` is how a model builds its MoE layers: this layer under expert parallelism, else the plain one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.layers.linear import swiglu_mlp
+from deepinfer.layers.linear import GetWeight, swiglu_mlp
 from deepinfer.layers.moe import MoE, MoESpec
 from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
@@ -130,3 +132,14 @@ class Received:
     x: torch.Tensor
     slots: torch.Tensor
     weights: torch.Tensor
+
+
+def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
+              parallel: ParallelContext | None = None, layer: int = 0, weight: GetWeight | None = None) -> MoE:
+    """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
+    share, exchanging tokens with the ranks that hold the others.  ``weight``: the experts as the model keeps them
+    (MXFP4 / FP8 experts stay as stored without expert parallelism; with it they are dequantized, for now: the
+    expert-parallel layer and EPLB's weight moves handle dense experts only)."""
+    if parallel is None or parallel.plan.placement is None:
+        return MoE(ops, spec, prefix, get, weight=weight)
+    return ExpertParallelMoE(ops, spec, prefix, get, parallel, layer)

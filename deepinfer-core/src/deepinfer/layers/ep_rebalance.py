@@ -1,4 +1,5 @@
-"""An EPLB rebalance between steps: global load -> new placement (:mod:`.eplb`) -> expert weights moved.
+"""An EPLB rebalance between steps: global load -> new placement (:mod:`deepinfer.parallel.eplb`) -> expert
+weights moved between the ranks' :class:`~deepinfer.layers.ep_moe.ExpertParallelMoE` layers.
 
 Runs on every rank of an EP group at the same step boundary (the data-parallel loop decides it from the step
 count, which every rank shares).  Only MoE weights move; no request, state or scheduler entry is touched, so
@@ -12,9 +13,9 @@ import logging
 
 import torch
 
+from deepinfer.layers.ep_moe import ExpertParallelMoE
 from deepinfer.parallel import eplb
 from deepinfer.parallel.context import ParallelContext
-from deepinfer.parallel.ep_moe import ExpertParallelMoE
 from deepinfer.parallel.placement import ExpertPlacement
 
 logger = logging.getLogger(__name__)

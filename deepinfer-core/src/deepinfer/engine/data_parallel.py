@@ -6,7 +6,7 @@ cache and sampler.  The loop is lock-stepped because expert-parallel MoE layers 
 forward: per iteration every rank runs exactly one forward, a real step when it has work, else an idle one
 that joins the MoE exchanges with no tokens, until no rank has work (one small all-reduce per iteration).
 Every ``eplb_step_interval`` iterations the experts are rebalanced from the load counted meanwhile
-(:mod:`.rebalance`), between steps.  At the end every rank gathers every output, in prompt order.
+(:mod:`deepinfer.layers.ep_rebalance`), between steps.  At the end every rank gathers every output, in prompt order.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from deepinfer.engine.engine import Engine
+from deepinfer.layers.ep_rebalance import rebalance_experts
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.context import ParallelContext
-from deepinfer.parallel.rebalance import rebalance_experts
 from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 class DataParallelEngine:
     """Drives one rank's :class:`~deepinfer.engine.engine.Engine` in step with the other ranks."""
 
-    def __init__(self, engine: Any, context: ParallelContext, eplb_step_interval: int | None = None):
+    def __init__(self, engine: Engine, context: ParallelContext, eplb_step_interval: int | None = None):
         self.engine, self.context, self.eplb_step_interval = engine, context, eplb_step_interval
         #: Lock-stepped iterations so far (the same on every rank); rebalances so far.
         self.steps = 0
@@ -40,8 +41,8 @@ class DataParallelEngine:
         plan = self.context.plan
         return index % plan.dp_size == plan.dp_rank
 
-    def generate(self, prompts: list[Any], params: list[Any], request_ids: list[str], announce: bool = False
-                 ) -> list[RequestOutput]:
+    def generate(self, prompts: list[Any], params: list[SamplingParams | None], request_ids: list[str],
+                 announce: bool = False) -> list[RequestOutput]:
         """Run this rank's share of the prompts in step with the other ranks; every rank returns every output.
         ``announce``: first send the call to the other ranks (rank 0 of a self-launched world).  Once a call
         fails (an error here, or a rank that died), every later call raises: the ranks' collectives are out of
@@ -57,7 +58,8 @@ class DataParallelEngine:
             self.failed = f"{type(exc).__name__}: {exc}"
             raise
 
-    def _generate(self, prompts: list[Any], params: list[Any], request_ids: list[str]) -> list[RequestOutput]:
+    def _generate(self, prompts: list[Any], params: list[SamplingParams | None], request_ids: list[str]
+                  ) -> list[RequestOutput]:
         engine, context = self.engine, self.context
         counts = context.host.all_gather_object(len(prompts))
         if len(set(counts)) > 1:
@@ -91,7 +93,7 @@ class DataParallelEngine:
             everything.update(part)
         return [everything[i] for i in range(len(prompts))]
 
-    def _seeded(self, params: Any) -> Any:
+    def _seeded(self, params: SamplingParams | None) -> SamplingParams | None:
         """``params`` with the seed the single-process engine would draw for it (from ``LLM(seed=...)``, in
         prompt order) when it has none.  A request the engine then rejects has drawn one (one process would
         not), so unseeded sampling after a rejected request differs from one process's."""

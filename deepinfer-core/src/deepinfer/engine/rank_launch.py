@@ -4,8 +4,8 @@
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` (set by torchrun) say who it is.  Every
   rank calls ``LLM.generate`` with the same prompts and gets every output.
 - **self-launched** (no ``WORLD_SIZE`` in the environment): the calling process becomes rank 0 and starts the
-  other ranks (torch.multiprocessing, ``spawn``); each builds the same ``LLM`` and waits for rank 0 to broadcast
-  the prompts of each ``generate`` call (:func:`serve_peer`).
+  other ranks (torch.multiprocessing, ``spawn``); each runs the entry point the caller gives (``LLM``'s builds
+  the same ``LLM``) and waits for rank 0 to broadcast the prompts of each ``generate`` call (:func:`serve_peer`).
 
 The plan is checked before any process starts.  Collectives fail after ``distributed_timeout`` seconds (a peer
 that died closes its connections, which fails them at once), so no rank hangs on a dead one.
@@ -16,16 +16,36 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+import torch.multiprocessing as mp
 
 from deepinfer.backends.backend import Backend
 from deepinfer.host_threads import share_host_threads
 from deepinfer.parallel.comm import RankFailure
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.plan import ParallelConfig, plan_parallel
+from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+#: A self-launched rank's work once it has joined the world (picklable: ``spawn`` sends it to the new process).
+PeerMain = Callable[[], None]
+#: One ``generate`` call a peer runs: (prompts, one ``SamplingParams`` or None per prompt).
+GenerateCall = Callable[[list[Any], list[SamplingParams | None]], object]
+
+
+class ExpertShape(Protocol):
+    """What planning the ranks needs of the model's config."""
+
+    @property
+    def n_routed_experts(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,24 +76,24 @@ class Joined:
 
     context: ParallelContext
     local_rank: int
-    peers: list[Any]
+    peers: list[BaseProcess]
 
 
-def join_world(config: ParallelConfig, backend: Backend, model_config: Any, timeout_s: float,
-               peer_args: tuple[Any, dict[str, Any]]) -> Joined:
+def join_world(config: ParallelConfig, backend: Backend, model_config: ExpertShape, timeout_s: float,
+               peer_main: PeerMain) -> Joined:
     """Plan this rank, start the other ranks if nobody launched them, and initialise the collectives.
-    ``peer_args``: ``(model, kwargs)`` a self-launched peer builds its ``LLM`` from."""
+    ``peer_main``: what a self-launched peer runs once it has joined (builds its engine, then :func:`serve_peer`)."""
     env = RankEnv.from_environ()
     world = config.world_size
     rank = env.rank if env is not None else 0
     size = env.world_size if env is not None else world
     plan = plan_parallel(config, size, rank, n_routed_experts=model_config.n_routed_experts,
                          num_moe_layers=model_config.num_hidden_layers)
-    peers: list[Any] = []
+    peers: list[BaseProcess] = []
     if env is None:
         env = RankEnv(world, 0, 0, f"tcp://127.0.0.1:{_free_port()}")
         share_host_threads(world)
-        peers = _start_peers(env, peer_args)
+        peers = _start_peers(env, peer_main)
         logger.info("started %d ranks for data_parallel_size=%d, expert_parallel_size=%d", world - 1,
                     config.data_parallel_size, config.expert_parallel_size)
     device = backend.device(env.local_rank)
@@ -90,40 +110,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_peers(env: RankEnv, peer_args: tuple[Any, dict[str, Any]]) -> list[Any]:
-    import torch.multiprocessing as mp
-
+def _start_peers(env: RankEnv, peer_main: PeerMain) -> list[BaseProcess]:
     ctx = mp.get_context("spawn")
     port = env.init_method.rsplit(":", 1)[1]
-    procs = []
+    procs: list[BaseProcess] = []
     for rank in range(1, env.world_size):
-        proc = ctx.Process(target=_peer_main, args=(rank, env.world_size, port, peer_args), daemon=True,
+        proc = ctx.Process(target=_peer_main, args=(rank, env.world_size, port, peer_main), daemon=True,
                            name=f"deepinfer-rank-{rank}")
         proc.start()
         procs.append(proc)
     return procs
 
 
-def _peer_main(rank: int, world: int, port: str, peer_args: tuple[Any, dict[str, Any]]) -> None:
-    """A self-launched rank: torchrun's variables, the same ``LLM``, then serve rank 0's calls."""
+def _peer_main(rank: int, world: int, port: str, peer_main: PeerMain) -> None:
+    """A self-launched rank: torchrun's variables, then the caller's work (which joins through them)."""
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=port)
     share_host_threads(world)
-    from deepinfer.engine.llm import LLM
-
-    model, kwargs = peer_args
-    serve_peer(LLM(model, **kwargs))
+    peer_main()
 
 
-def serve_peer(llm: Any) -> None:
+def serve_peer(context: ParallelContext, generate: GenerateCall) -> None:
     """Run each ``generate`` call rank 0 broadcasts, until it broadcasts None (shutdown)."""
-    context = llm.parallel.context
     while (call := context.host.broadcast_object(None)) is not None:
         prompts, params = call
-        llm.generate(prompts, params, use_tqdm=False)
+        generate(prompts, params)
 
 
-def stop_peers(context: ParallelContext, peers: list[Any], timeout_s: float = 30.0) -> None:
+def stop_peers(context: ParallelContext, peers: list[BaseProcess], timeout_s: float = 30.0) -> None:
     """Tell self-launched ranks to exit, and wait for them (killing those that do not exit: a rank died)."""
     try:
         if all(proc.is_alive() for proc in peers):

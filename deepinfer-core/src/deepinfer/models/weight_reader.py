@@ -1,0 +1,173 @@
+"""Reading DeepSeek-V4-family checkpoint tensors by their released names: a tensor's name as stored, its
+quantized form (``X.weight`` + ``X.scale``: FP8 e4m3 with block scales, or MXFP4, e2m1 packed in int8/uint8 with
+one e8m0 scale per 32 columns), its shape and dtype checked from the headers, then loaded and its values checked.
+Both models read their checkpoints through :class:`WeightReader` (V4.1's subclass adds its formats); each model's
+``weights.py`` says which tensors there are.
+
+A ``model.`` prefix is accepted, and so are the few top-level names transformers writes differently
+(``embed_tokens.weight``, ``hc_head.hc_fn``, ...).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
+from deepinfer.models.tensor_checks import (
+    FLOAT_DTYPES,
+    FP4_DTYPES,
+    FP8_DTYPES,
+    FP8_SCALE_DTYPES,
+    INT_DTYPES,
+    MXFP4_SCALE_DTYPES,
+    check_finite,
+    check_ids,
+    dtype_problem,
+)
+from deepinfer.ops.quant import scale_values
+from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor
+
+#: A tensor as the model receives it: dense, or quantized as stored.
+Stored = torch.Tensor | QuantizedTensor
+#: The FP8 block when a checkpoint's config names none.
+DEFAULT_BLOCK = (128, 128)
+
+_ALIASES = {
+    "embed_tokens.weight": "embed.weight",
+    "lm_head.weight": "head.weight",
+    "hc_head.hc_fn": "hc_head_fn",
+    "hc_head.hc_base": "hc_head_base",
+    "hc_head.hc_scale": "hc_head_scale",
+}
+#: Kept in fp32 whatever the model dtype (mHC, sinks, position biases, router bias, norms), as the reference does.
+_FP32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|gate\.bias|\w*norm\.weight)$")
+
+
+def canonical_name(name: str) -> str:
+    """The released checkpoint's name for a tensor name as found on disk."""
+    name = name.removeprefix("model.")
+    return _ALIASES.get(name, name)
+
+
+def keeps_fp32(name: str) -> bool:
+    return _FP32.search(name) is not None
+
+
+def _mismatch(name: str, expected: tuple[int, ...], actual: tuple[int, ...]) -> str:
+    return f"{name}: expected shape {tuple(expected)}, checkpoint has {tuple(actual)}"
+
+
+def is_id_table(name: str) -> bool:
+    """Hash-routing tables hold expert ids (integers); every other tensor holds real numbers."""
+    return name.endswith(".tid2eid")
+
+
+class WeightReader:
+    """Pairs ``X.weight`` with ``X.scale``, checks shapes and dtypes against the expected dense shapes, loads and
+    converts tensors, checking their values (finite; expert ids below ``n_routed_experts``) as they arrive.
+    ``block``: the FP8 block of every FP8 weight (V4's config gives one; V4.1 overrides :meth:`block_of`)."""
+
+    def __init__(self, ckpt: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device, n_routed_experts: int,
+                 block: tuple[int, int] = DEFAULT_BLOCK):
+        self.ckpt, self.dtype, self.device = ckpt, dtype, device
+        self.n_routed_experts, self.block = n_routed_experts, block
+        self.on_disk: dict[str, str] = {}
+        for raw in ckpt.names():
+            name = canonical_name(raw)
+            if name in self.on_disk:
+                raise CheckpointError(f"{name}: stored twice, as {self.on_disk[name]!r} and {raw!r}")
+            self.on_disk[name] = raw
+
+    def where(self, name: str, full: bool = False) -> str:
+        """``<file>: <name>`` for messages (the shard's name, or its whole path when ``full``)."""
+        raw = self.on_disk[name]
+        path = self.ckpt.file_of(raw)
+        stored = f" (stored as {raw!r})" if full and raw != name else ""
+        return f"{path if full else path.name}: {name}{stored}"
+
+    def quant_format(self, weight: str) -> str | None:
+        scale = weight.removesuffix(".weight") + ".scale"
+        if not weight.endswith(".weight") or scale not in self.on_disk or weight not in self.on_disk:
+            return None
+        dtype = self.ckpt.dtype_name(self.on_disk[weight])
+        if dtype in FP8_DTYPES:
+            return FP8_BLOCK
+        if dtype in FP4_DTYPES:
+            return MXFP4
+        raise CheckpointError(f"{self.where(weight, full=True)}: has a .scale but dtype {dtype} is neither "
+                              f"FP8 e4m3 ({'/'.join(FP8_DTYPES)}) nor packed FP4 ({'/'.join(FP4_DTYPES)})")
+
+    def dtype_problems(self, name: str) -> list[str]:
+        """The stored dtype against the tensor's role: float weight, id table, quantized data and scale."""
+        found = self.ckpt.dtype_name(self.on_disk[name])
+        fmt = self.quant_format(name)
+        if is_id_table(name):
+            problem = dtype_problem(found, INT_DTYPES, "expert ids")
+        elif fmt is None and found in FP8_DTYPES:
+            problem = f"expected dtype {'/'.join(FLOAT_DTYPES)}, found {found} without a .scale beside it"
+        elif fmt is None:
+            problem = dtype_problem(found, FLOAT_DTYPES, "a floating-point tensor")
+        else:
+            scale = name.removesuffix(".weight") + ".scale"
+            allowed = FP8_SCALE_DTYPES if fmt == FP8_BLOCK else MXFP4_SCALE_DTYPES
+            problem = dtype_problem(self.ckpt.dtype_name(self.on_disk[scale]), allowed, f"{fmt} scales")
+            return [] if problem is None else [f"{self.where(scale)}: {problem}"]
+        return [] if problem is None else [f"{self.where(name)}: {problem}"]
+
+    def block_of(self, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The FP8 block of weight ``name``: :attr:`block` (V4 uses one block size throughout)."""
+        return self.block
+
+    def check(self, name: str, shape: tuple[int, ...]) -> list[str]:
+        """Problems with tensor ``name`` (and its scale) against its dense ``shape``, and their dtypes."""
+        problems = self.dtype_problems(name)
+        actual = self.ckpt.shape(self.on_disk[name])
+        fmt = self.quant_format(name)
+        if fmt is None:
+            return problems + ([] if actual == shape else [_mismatch(self.where(name), shape, actual)])
+        scale = name.removesuffix(".weight") + ".scale"
+        actual_scale = self.ckpt.shape(self.on_disk[scale])
+        if len(shape) != 2:
+            return [f"{self.where(name)}: only 2-D weights can be quantized, expected dense shape {shape}"]
+        rows, cols = shape
+        if fmt == FP8_BLOCK:
+            bn, bk = self.block_of(name, shape)
+            data_shape, scale_shape = shape, (-(-rows // bn), -(-cols // bk))
+        else:
+            data_shape, scale_shape = (rows, cols // 2), (rows, cols // 32)
+        if actual != data_shape:
+            problems.append(_mismatch(f"{self.where(name)} ({fmt} data)", data_shape, actual))
+        if actual_scale != scale_shape:
+            problems.append(_mismatch(f"{self.where(scale)} ({fmt} scales)", scale_shape, actual_scale))
+        return problems
+
+    def load(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
+        """``rows``: only these rows go to the device (an expert-parallel rank's shard of a table whose scales
+        are per row); the tensor is read whole on the host."""
+        fmt = self.quant_format(name)
+        stored = self.ckpt.get(self.on_disk[name])
+        if rows is not None:
+            stored = stored[rows]
+            shape = (stored.shape[0], *shape[1:]) if shape is not None else None
+        stored = stored.to(self.device)
+        if fmt is not None:
+            scale_name = name.removesuffix(".weight") + ".scale"
+            scale = self.ckpt.get(self.on_disk[scale_name])
+            scale = (scale[rows] if rows is not None else scale).to(self.device)
+            check_finite(self.where(scale_name, full=True), scale_values(scale))
+            logical = shape or (stored.shape[0], stored.shape[1] * (2 if fmt == MXFP4 else 1))
+            block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)
+            if rows is not None and block[0] != 1:
+                raise CheckpointError(f"{self.where(name)}: a row shard of a weight with {block} blocks")
+            return QuantizedTensor(fmt, stored, scale, tuple(logical), block)
+        if is_id_table(name):
+            ids = stored.long()
+            check_ids(self.where(name, full=True), ids, self.n_routed_experts, "n_routed_experts")
+            return ids
+        tensor = stored.to(torch.float32 if keeps_fp32(name) else self.dtype)
+        check_finite(self.where(name, full=True), tensor, stored)
+        return tensor
+
+
