@@ -16,6 +16,7 @@ that would (:func:`deepinfer.engine.plan_fit.check_fits`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,7 +90,7 @@ class PlanRequest:
         parts = [f"data_parallel_size={self.data_parallel_size}", f"expert_parallel_size={self.expert_parallel_size}"]
         if self.context_parallel_size > 1:
             parts.append(f"context_parallel_size={self.context_parallel_size}")
-        parts.append(f"Engram tables in {'host memory' if self.engram == 'host' else 'GPU memory'} "
+        parts.append(f"Engram tables in {'host memory' if self.engram == 'host' else 'device memory'} "
                      f"(--engram {self.engram})")
         parts.append(f"weights {self.quantized_weights} (DEEPINFER_QUANTIZED_WEIGHTS={self.quantized_weights})")
         return ", ".join(parts)
@@ -145,18 +146,20 @@ class MemoryPlan:
         if self.weights_device > memory:
             big = sorted(self.roles, key=lambda r: -r.device)[:3]
             largest = "; ".join(f"{r.role} {human(r.device)}" for r in big if r.device)
-            return (f"each rank holds {human(self.weights_device)} of weights on its GPU ({largest}), more than the "
-                    f"GPU's {human(memory)}")
+            return (f"each rank holds {human(self.weights_device)} of weights on its device ({largest}), more than the "
+                    f"device's {human(memory)}")
         rest = [f"the workspace (~{human(self.workspace)})", f"the smallest state pool ({human(self.state_min)})"]
         if self.drafter_context:
             rest.insert(1, f"the drafter's context ({human(self.drafter_context)})")
         fixed = self.weights_device + self.drafter_context + self.workspace
         if fixed + self.state_min > memory or self.state < self.state_min:
             return (f"after {human(self.weights_device)} of weights, {human(memory - self.weights_device)} of the "
-                    f"GPU's {human(memory)} remain; {', '.join(rest[:-1])} and {rest[-1]} need more")
+                    f"device's {human(memory)} remain; {', '.join(rest[:-1])} and {rest[-1]} need more")
         if self.device_total > memory:
+            most = (memory - fixed) / (memory - self.weights_device)
             return (f"gpu_memory_utilization={self.request.gpu_memory_utilization} gives the state pool "
-                    f"{human(self.state)}, which leaves less than the workspace's ~{human(self.workspace)}: lower it")
+                    f"{human(self.state)}, which leaves less than the workspace's ~{human(self.workspace)}: lower it "
+                    f"to {math.floor(most * 100) / 100} or less")
         return None
 
 

@@ -17,11 +17,11 @@ def check_fits(plan: MemoryPlan, planner: MemoryPlanner, what: str = "the model"
     if problem is None:
         return
     request = plan.request
-    where = f"{plan.world_size} x {human(request.gpu_memory)}" if request.gpu_memory else "the GPUs"
+    where = f"{plan.world_size} x {human(request.gpu_memory)}" if request.gpu_memory else "the devices"
     found = suggest(planner, request)
-    hint = (f"a configuration that fits: {found.request.describe()} ({found.world_size} GPUs, "
-            f"{human(found.device_total)} a GPU)" if found is not None else
-            f"no configuration of up to {_WORLDS[-1]} such GPUs with expert parallelism and host Engram fits")
+    hint = (f"a configuration that fits: {found.request.describe()} ({found.world_size} devices, "
+            f"{human(found.device_total)} a device)" if found is not None else
+            f"no configuration of up to {_WORLDS[-1]} such devices with expert parallelism and host Engram fits")
     raise MemoryPlanError(f"{what} does not fit {where} ({request.describe()}): {problem}; {hint}")
 
 

@@ -12,7 +12,7 @@ def _amount(n: int, unit: int) -> str:
 
 def describe_request(plan: MemoryPlan) -> str:
     r = plan.request
-    engram = "on the GPU" if r.engram == "device" else "in host memory"
+    engram = "on the device" if r.engram == "device" else "in host memory"
     shards = f"row-sharded over {r.expert_parallel_size} EP ranks" if r.shards_engram and r.expert_parallel_size > 1 \
         else "whole on every rank"
     weights = "as stored (native)" if r.quantized_weights == "native" else f"dequantized to {_dtype(plan)}"
@@ -34,7 +34,7 @@ def format_plan(plan: MemoryPlan) -> str:
     def _gib(n: int) -> str:
         return _amount(n, unit)
 
-    rows = [("role", "tensors", f"checkpoint {name}", f"GPU {name}", f"host {name}", f"of which scales {name}")]
+    rows = [("role", "tensors", f"checkpoint {name}", f"device {name}", f"host {name}", f"of which scales {name}")]
     for b in plan.roles:
         rows.append((b.role, f"{b.tensors:,}", _gib(b.stored), _gib(b.device), _gib(b.host), _gib(b.scales)))
     tokens = min(r.max_model_len or 1 << 62, 8192)
@@ -63,11 +63,11 @@ def verdict(plan: MemoryPlan) -> str:
     host = (f"host memory {human(plan.weights_host)} a rank, {human(plan.weights_host * plan.world_size)} for "
             f"{plan.world_size} rank(s)" if plan.weights_host else "nothing in host memory")
     if r.gpu_memory is None:
-        return f"GPU memory not given (--gpu-memory GiB): fit not checked; {host}"
+        return f"device memory not given (--gpu-memory GiB): fit not checked; {host}"
     problem = plan.problem()
     if problem is not None:
-        return f"does NOT fit {human(r.gpu_memory)} a GPU: {problem}; {host}"
-    return (f"fits {human(r.gpu_memory)} a GPU ({human(plan.device_total)} planned, "
+        return f"does NOT fit {human(r.gpu_memory)} a device: {problem}; {host}"
+    return (f"fits {human(r.gpu_memory)} a device ({human(plan.device_total)} planned, "
             f"{human(r.gpu_memory - plan.device_total)} to spare); {host}")
 
 
