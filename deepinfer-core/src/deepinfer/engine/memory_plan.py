@@ -211,11 +211,6 @@ def _element_size(request: PlanRequest) -> int:
     return torch.empty(0, dtype=request.dtype).element_size()
 
 
-def plan_memory(inputs: PlanInputs, request: PlanRequest) -> MemoryPlan:
-    """The plan of ``request`` for the checkpoint ``inputs`` describe."""
-    return MemoryPlanner(inputs).plan(request)
-
-
 def _rank_roles(weights: dict[str, tuple[wr.RoleWeights, wr.RoleWeights]], request: PlanRequest,
                 placement: ExpertPlacement | None, n_experts: int, ep_rank: int) -> tuple[RoleBytes, ...]:
     """Rank ``ep_rank``'s bytes of every role (the same for ranks of other EP groups)."""

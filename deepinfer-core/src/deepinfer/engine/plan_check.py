@@ -17,6 +17,7 @@ from deepinfer.engine.plan_inputs import read_plan_inputs
 from deepinfer.engine.plan_table import format_plan, summary
 from deepinfer.models.deepseek_v41.config import MODEL_TYPES
 from deepinfer.models.registry import model_type_of
+from deepinfer.parallel.launch import RankEnv
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,9 @@ def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend:
     if model_type_of(path) not in MODEL_TYPES:
         logger.debug("no memory plan for %s: the plan covers DeepSeek-V4.1 checkpoints", path)
         return None
+    rank = RankEnv.from_environ()  # under torchrun: this rank's own device, not the first one
     try:
-        free: int | None = backend.memory_info(backend.device(0))[0]
+        free: int | None = backend.memory_info(backend.device(rank.local_rank if rank is not None else 0))[0]
     except NotImplementedError:
         free = None
     planner = MemoryPlanner(read_plan_inputs(path))

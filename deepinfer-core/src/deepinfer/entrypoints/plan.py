@@ -4,7 +4,6 @@ weight (config.json and the safetensors headers only; a hub repo's headers are r
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,12 +76,13 @@ def plan_inputs(model: str | None, revision: str | None) -> PlanInputs:
 def run_plan(ns: argparse.Namespace) -> None:
     from deepinfer import envs
     from deepinfer.engine.args import EngineArgs, resolve_dtype
+    from deepinfer.engine.model_source import ModelSourceError
     from deepinfer.engine.plan_check import plan_request
     from deepinfer.engine.plan_table import format_plan
 
     try:
         args = EngineArgs.from_kwargs(_engine_kwargs(ns), caller="deepinfer plan")
-        inputs = plan_inputs(os.fspath(ns.model) if ns.model is not None else None, args.revision)
+        inputs = plan_inputs(ns.model, args.revision)
         extra: dict[str, Any] = {"engram": ns.engram, "engram_sharded": ns.engram_sharded,
                                  "speculative": ns.speculative,
                                  "gpu_memory": int(ns.gpu_memory * GiB) if ns.gpu_memory is not None else None}
@@ -93,7 +93,7 @@ def run_plan(ns: argparse.Namespace) -> None:
         envs.validate()
         planner = MemoryPlanner(inputs)
         plan = planner.plan(plan_request(args, resolve_dtype(args.dtype, inputs.path), **extra))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ModelSourceError) as exc:
         sys.exit(f"deepinfer plan: {exc}")
     print(format_plan(plan))
     try:

@@ -41,7 +41,7 @@ from deepinfer.models.deepseek_v41.released_layout import (
 QUANTIZATION_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(FP8_BLOCK),
                        "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
 
-#: The released model's text config (``../shared/RELEASED_CHECKPOINT.md``).
+#: The released model's text config, as published with the checkpoint.
 RELEASED_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "deepseek_v41_text", "vocab_size": 129280, "hidden_size": 5120, "num_hidden_layers": 40,
     "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1280,
@@ -110,7 +110,7 @@ def write_released_checkpoint(directory: str | Path, *, text_config: Mapping[str
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in _dense_weights(released_layout(cfg, options)).items():
-        tensors.update(_stored(name, _random(name, shape, gen), stored_format(name, options)))
+        tensors.update(as_released(name, _random(name, shape, gen), stored_format(name, options)))
     if vision:
         tensors.update(_vision_stubs(cfg.hidden_size, gen))
     _write_shards(directory, tensors, _shard_keys(tensors, cfg, backbone_shards))
@@ -144,7 +144,7 @@ def _random(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Te
     return noise / math.sqrt(shape[-1])  # projections and experts: [out, in]
 
 
-def _stored(name: str, value: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+def as_released(name: str, value: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
     """``value`` as the release stores it: quantized (with its ``.scale``) or in a plain dtype."""
     from deepinfer.quant import quantize_fp8_block, quantize_mxfp4
 

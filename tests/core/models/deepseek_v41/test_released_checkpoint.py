@@ -41,7 +41,7 @@ def _headers(path) -> dict[str, tuple[str, StoredTensor]]:
 
 
 def test_the_real_layout_matches_the_published_sizes():
-    """The layout at the real config against ``RELEASED_CHECKPOINT.md``: 96,085 tensors (ours: all but the vision
+    """The layout at the real config against the release's published sizes: 96,085 tensors (ours: all but the vision
     tower's), ~475 GiB; Engram tables 183-189 GiB; DSpark ~7.4 GiB; UE8M0 scales ~22 GiB; experts MXFP4 ~260 GiB."""
     from deepinfer.testing.released_checkpoint import RELEASED_TEXT_CONFIG
 
@@ -81,10 +81,10 @@ def test_files_names_dtypes_and_grids_as_released(checkpoint):
 
 
 def test_mxfp4_is_packed_low_nibble_first():
-    from deepinfer.testing.released_checkpoint import _stored
+    from deepinfer.testing.released_checkpoint import as_released
 
     row = torch.tensor([[0.5, 6.0] + [0.0] * 30])  # e2m1 codes 1 and 7, scale 1
-    packed = _stored("layers.0.ffn.experts.0.w1.weight", row, "mxfp4")["layers.0.ffn.experts.0.w1.weight"]
+    packed = as_released("layers.0.ffn.experts.0.w1.weight", row, "mxfp4")["layers.0.ffn.experts.0.w1.weight"]
     assert packed.dtype == torch.int8 and int(packed[0, 0]) == 0x71
 
 

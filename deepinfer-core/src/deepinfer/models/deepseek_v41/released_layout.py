@@ -10,7 +10,7 @@ loaders of it).  The names are the loader's own (:func:`.weights.expected_shapes
 - F32: the mHC weights, sinks, ``q_norm`` / ``kv_norm``, router biases, Engram's ``q_weight`` / ``k_weight``;
 - BF16: everything else (embedding, head, routers, norms, the compressor unless ``compressor_dtype`` says).
 
-Where the sources disagree (``../shared/RELEASED_CHECKPOINT.md`` marks them (?)), :class:`LayoutOptions` picks.
+Where those loaders disagree (compressor dtype, the confidence head's name), :class:`LayoutOptions` picks.
 Used by the synthetic checkpoint of :mod:`deepinfer.testing.released_checkpoint` and by the memory plan when a
 checkpoint's shard headers are not at hand (:mod:`deepinfer.engine.plan_inputs`).
 """
