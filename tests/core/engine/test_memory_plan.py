@@ -264,9 +264,17 @@ def test_llm_logs_the_plan_and_refuses_before_reading_weights(tiny, monkeypatch,
         raise AssertionError("weights were read")
 
     monkeypatch.setattr(llm_module, "load_model", no_weights)
-    monkeypatch.setattr(CpuBackend, "memory_info", lambda self, device: (64 << 20, 64 << 20), raising=False)
-    with pytest.raises(MemoryPlanError, match=r"the model in .* does not fit 1 x 64\.0 MiB"):
+    monkeypatch.setattr(CpuBackend, "memory_info", lambda self, device: (2 << 20, 2 << 20), raising=False)
+    with pytest.raises(MemoryPlanError, match=r"the model in .* does not fit 1 x 2\.0 MiB .* weights on its device"):
         llm_module.LLM(tiny, dtype="float32")
+    monkeypatch.undo()  # weights fit, the workspace estimate does not: a warning, and the engine runs
+    monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
+    monkeypatch.setattr(CpuBackend, "memory_info", lambda self, device: (64 << 20, 64 << 20), raising=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        llm_module.LLM(tiny, dtype="float32", max_num_seqs=2, max_model_len=64)
+    assert any(r.levelname == "WARNING" and "may not fit: after" in r.message and "the workspace (~1.1 GiB)"
+               in r.message for r in caplog.records)
 
 
 def test_a_hub_repo_is_planned_from_its_headers_without_its_weights(tiny, tmp_path, monkeypatch):

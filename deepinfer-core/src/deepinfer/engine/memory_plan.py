@@ -138,8 +138,10 @@ class MemoryPlan:
     def role(self, name: str) -> RoleBytes:
         return next(r for r in self.roles if r.role == name)
 
-    def problem(self) -> str | None:
-        """Why this plan does not fit one GPU (None: it fits, or the GPU's memory is unknown)."""
+    def problem(self, workspace: bool = True) -> str | None:
+        """Why this plan does not fit one device (None: it fits, or the device's memory is unknown).
+        ``workspace=False``: only what certainly does not fit (the weights, the drafter's context, the smallest
+        state pool), not the workspace estimate."""
         memory = self.request.gpu_memory
         if memory is None:
             return None
@@ -148,19 +150,25 @@ class MemoryPlan:
             largest = "; ".join(f"{r.role} {human(r.device)}" for r in big if r.device)
             return (f"each rank holds {human(self.weights_device)} of weights on its device ({largest}), more than the "
                     f"device's {human(memory)}")
-        rest = [f"the workspace (~{human(self.workspace)})", f"the smallest state pool ({human(self.state_min)})"]
-        if self.drafter_context:
-            rest.insert(1, f"the drafter's context ({human(self.drafter_context)})")
-        fixed = self.weights_device + self.drafter_context + self.workspace
+        estimate = self.workspace if workspace else 0
+        rest = [f"the workspace (~{human(self.workspace)})"] if workspace else []
+        rest += [f"the drafter's context ({human(self.drafter_context)})"] if self.drafter_context else []
+        rest.append(f"the smallest state pool ({human(self.state_min)})")
+        fixed = self.weights_device + self.drafter_context + estimate
         if fixed + self.state_min > memory or self.state < self.state_min:
             return (f"after {human(self.weights_device)} of weights, {human(memory - self.weights_device)} of the "
-                    f"device's {human(memory)} remain; {', '.join(rest[:-1])} and {rest[-1]} need more")
-        if self.device_total > memory:
+                    f"device's {human(memory)} remain; {_listing(rest)} need more")
+        if workspace and self.device_total > memory:
             most = (memory - fixed) / (memory - self.weights_device)
             return (f"gpu_memory_utilization={self.request.gpu_memory_utilization} gives the state pool "
                     f"{human(self.state)}, which leaves less than the workspace's ~{human(self.workspace)}: lower it "
                     f"to {math.floor(most * 100) / 100} or less")
         return None
+
+
+def _listing(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def human(n: int) -> str:

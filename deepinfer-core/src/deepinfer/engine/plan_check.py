@@ -38,9 +38,10 @@ def plan_request(args: EngineArgs, dtype: torch.dtype, **overrides: Any) -> Plan
 
 
 def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend: Any) -> MemoryPlan | None:
-    """Log the plan of loading ``path`` with ``args``; raise :class:`~.memory_plan.MemoryPlanError` if it cannot
-    fit the memory the backend reports free (a backend that reports none: logged only).  None for a model the
-    plan does not cover."""
+    """Log the plan of loading ``path`` with ``args``; raise :class:`~.memory_plan.MemoryPlanError` if its weights,
+    the drafter's context and the smallest state pool cannot fit the memory the backend reports free (a backend
+    that reports none: logged only); warn if only the workspace estimate does not fit.  None for a model the plan
+    does not cover."""
     if model_type_of(path) not in MODEL_TYPES:
         logger.debug("no memory plan for %s: the plan covers DeepSeek-V4.1 checkpoints", path)
         return None
@@ -53,5 +54,7 @@ def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend:
     plan = planner.plan(plan_request(args, dtype, gpu_memory=free))
     logger.info("%s", summary(plan))
     logger.debug("%s", format_plan(plan))
-    check_fits(plan, planner, f"the model in {path}")
+    check_fits(plan, planner, f"the model in {path}", workspace=False)  # what certainly cannot fit: refused
+    if plan.problem() is not None:  # only with the workspace estimate: the engine may still run
+        logger.warning("the memory plan may not fit: %s", plan.problem())
     return plan

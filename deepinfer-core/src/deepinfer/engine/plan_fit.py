@@ -6,26 +6,27 @@ import dataclasses
 
 from deepinfer.engine.memory_plan import MemoryPlan, MemoryPlanError, MemoryPlanner, PlanRequest, human
 
-#: GPU counts :func:`suggest` tries beyond the requested world, with expert parallelism over all of them.
+#: Device counts :func:`suggest` tries beyond the requested world, with expert parallelism over all of them.
 _WORLDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def check_fits(plan: MemoryPlan, planner: MemoryPlanner, what: str = "the model") -> None:
-    """Raise :class:`MemoryPlanError` if ``plan`` does not fit its GPU: what does not fit, and the first
-    configuration of :func:`suggest` that would."""
-    problem = plan.problem()
+def check_fits(plan: MemoryPlan, planner: MemoryPlanner, what: str = "the model", workspace: bool = True) -> None:
+    """Raise :class:`MemoryPlanError` if ``plan`` does not fit its device: what does not fit, and the first
+    configuration of :func:`suggest` that would.  ``workspace=False``: the workspace estimate is not held against
+    it (:meth:`MemoryPlan.problem`)."""
+    problem = plan.problem(workspace)
     if problem is None:
         return
     request = plan.request
     where = f"{plan.world_size} x {human(request.gpu_memory)}" if request.gpu_memory else "the devices"
-    found = suggest(planner, request)
+    found = suggest(planner, request, workspace)
     hint = (f"a configuration that fits: {found.request.describe()} ({found.world_size} devices, "
             f"{human(found.device_total)} a device)" if found is not None else
             f"no configuration of up to {_WORLDS[-1]} such devices with expert parallelism and host Engram fits")
     raise MemoryPlanError(f"{what} does not fit {where} ({request.describe()}): {problem}; {hint}")
 
 
-def suggest(planner: MemoryPlanner, request: PlanRequest) -> MemoryPlan | None:
+def suggest(planner: MemoryPlanner, request: PlanRequest, workspace: bool = True) -> MemoryPlan | None:
     """The first of these that fits: the requested sizes with host Engram; expert parallelism over the requested
     world; then more GPUs, each one a data- and expert-parallel rank; all with host Engram and native weights
     where the requested ones do not fit."""
@@ -43,6 +44,6 @@ def suggest(planner: MemoryPlanner, request: PlanRequest) -> MemoryPlan | None:
             plan = planner.plan(candidate)
         except ValueError:  # sizes the planner refuses
             continue
-        if plan.problem() is None:
+        if plan.problem(workspace) is None:
             return plan
     return None
