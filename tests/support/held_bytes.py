@@ -64,7 +64,9 @@ def role_of_path(path: tuple[str, ...]) -> str:
     if head == "mtp_weights":
         return wr.role_of(path[1])  # keyed by the checkpoint name: the drafter's (image-only biases excepted)
     if head == "drafter":  # the DSpark drafter's own tensors (the target's embedding and head are the model's)
-        return DRAFTER_CONTEXT if path[1] == "context" else wr.DRAFTER
+        if path[1] == "context":
+            return DRAFTER_CONTEXT
+        return BUFFERS if path[1] == "first_pre" or {"inv_freq", "shared_slot"} & set(path) else wr.DRAFTER
     if head == "quantized":
         return SECOND_COPIES
     if head == "pool":

@@ -6,8 +6,9 @@ The plan models issue 29's design; where today's code holds more, the difference
 of issue 29 that changes the loader removes these lines):
 
 - native weights: attention keeps a second FP8 copy of ``wkv`` (read by the drafter's context latents) beside the
-  stacked ``wq_a | wkv``; Engram's ``wkv`` is dequantized; the DSpark drafter, once built, holds dense copies
-  beside the stored ``mtp.*`` (``model.mtp_weights``, which is what the plan counts);
+  stacked ``wq_a | wkv``; Engram's ``wkv`` is dequantized;
+- either mode: the DSpark drafter, once built, holds dense copies beside the stored ``mtp.*`` the model keeps
+  (``model.mtp_weights``, which is what the plan counts with native weights);
 - dequantize: ``model.quantized`` keeps the stored form of every quantized weight beside its dense copy; the
   shared expert runs as one more routed expert (stacked with them), so those two roles are compared together.
 """
@@ -55,6 +56,13 @@ def _roles(plan) -> dict[str, int]:
 
 def _stored(inputs: PlanInputs, suffixes: tuple[str, ...]) -> int:
     return sum(t.nbytes for t in inputs.tensors if t.name.startswith("layers.") and t.name.endswith(suffixes))
+
+
+def _stored_quantized(inputs: PlanInputs, prefix: str) -> int:
+    """Bytes of the quantized tensors under ``prefix`` and their scales, as stored (Engram tables excepted)."""
+    names = {t.name for t in inputs.tensors}
+    return sum(t.nbytes for t in inputs.tensors if t.name.startswith(prefix) and ".engram.embed." not in t.name
+               and (t.name.endswith(".scale") or t.dtype in ("F8_E4M3", "I8") and t.name[:-7] + ".scale" in names))
 
 
 def _meta_model(text_config, monkeypatch):
@@ -121,17 +129,16 @@ def test_plan_equals_the_tiny_model_with_its_drafter_and_pool(tiny, mode, monkey
     held = held_by_role(model, model.make_drafter())
     assert held[DRAFTER_CONTEXT] == plan.drafter_context
     assert plan.state_wanted * 0.99 <= held[STATE_POOL] <= plan.state_wanted
-    roles = _roles(plan)
+    dense = _roles(planner.plan(_request(quantized_weights="dequantize", max_num_seqs=4, max_model_len=64)))
+    assert held[wr.DRAFTER] == dense[wr.DRAFTER] + _stored_quantized(planner.inputs, "mtp.")  # dense beside stored
     if mode == "native":
         _check_native(held_by_role(model), planner, request)
         return
+    roles = _roles(plan)
     for role in (wr.EMBED_HEAD, wr.ATTENTION, wr.NORMS, wr.ENGRAM_PROJ, wr.ENGRAM_TABLES):
         assert held[role] == roles[role], role
     assert held[wr.ROUTED] + held[wr.DENSE_FFN] == roles[wr.ROUTED] + roles[wr.DENSE_FFN]
-    names = {t.name for t in planner.inputs.tensors}
-    kept = [t for t in planner.inputs.tensors if t.name.startswith("layers.") and ".engram.embed." not in t.name
-            and (t.name.endswith(".scale") or t.dtype in ("F8_E4M3", "I8") and t.name[:-7] + ".scale" in names)]
-    assert held[SECOND_COPIES] == sum(t.nbytes for t in kept)
+    assert held[SECOND_COPIES] == _stored_quantized(planner.inputs, "layers.")
 
 
 def _loaded_bytes(inputs: PlanInputs, context) -> tuple[int, int]:
