@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
+import torch
 
 from deepinfer.engine import model_source
 from deepinfer.engine.model_source import DEFAULT_MODEL, ModelSourceError, resolve_model
@@ -65,13 +67,59 @@ def test_env_dir_overrides_the_default(offline_hub, tmp_path, monkeypatch):
         resolve_model(None)
 
 
-def test_default_repo_used_when_cached(offline_hub):
-    repo_dir = offline_hub / ("models--" + DEFAULT_MODEL.replace("/", "--"))
-    snap = _checkpoint(repo_dir / "snapshots" / "f00d", model_type="deepseek_v41")
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text("f00d")
-    src = resolve_model(None)
-    assert src.path == snap and DEFAULT_MODEL in src.origin
+def _weights(path, shards=None):
+    """A loadable-looking checkpoint: config.json and one safetensors file (or an index of ``shards``, absent)."""
+    from safetensors.torch import save_file
+
+    _checkpoint(path, model_type="deepseek_v41")
+    save_file({"embed.weight": torch.zeros(2, 2)}, str(path / "model.safetensors"))
+    if shards is not None:
+        weight_map = {f"t{i}": name for i, name in enumerate(shards)}
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return path
+
+
+def test_default_repo_used_when_cached(offline_hub, tmp_path, caplog):
+    from tests.support.hf_cache import add_snapshot, commit_hash
+
+    snap = add_snapshot(offline_hub, DEFAULT_MODEL, commit_hash("f00d"), _weights(tmp_path / "w"), ("main",))
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        src = resolve_model(None)
+    assert src.path == snap and DEFAULT_MODEL in src.origin and src.commit == commit_hash("f00d")
+    assert any(f"{DEFAULT_MODEL}: using commit {src.commit}" in r.message for r in caplog.records)
+
+
+def test_any_cached_revision_of_the_released_repo_is_used(offline_hub, tmp_path, caplog):
+    """``deepseek-ai/DeepSeek-V4.1-Flash`` (not our default's dated name), fetched by commit (no ref names it); an
+    incomplete revision is skipped, saying so; the default repo wins over others, ``main`` over a newer one."""
+    from tests.support.hf_cache import add_snapshot, commit_hash
+
+    released = "deepseek-ai/DeepSeek-V4.1-Flash"
+    add_snapshot(offline_hub, released, commit_hash("partial"), _weights(tmp_path / "p", ["model-00001.safetensors"]))
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        assert resolve_model(None).origin == "embedded"
+    assert any(f"{released}@{commit_hash('partial')} in the HF cache is incomplete (1 of 1 shards missing)"
+               in r.message for r in caplog.records)
+    snap = add_snapshot(offline_hub, released, commit_hash("dba1be0a"), _weights(tmp_path / "r"))
+    assert resolve_model(None).path == snap
+    main = add_snapshot(offline_hub, released, commit_hash("older"), _weights(tmp_path / "o"), ("main",))
+    os.utime(main, (1, 1))  # older than the other revision, but main names it
+    assert resolve_model(None).path == main
+    default = add_snapshot(offline_hub, DEFAULT_MODEL, commit_hash("1017"), _weights(tmp_path / "d"))
+    assert resolve_model(None).path == default
+    add_snapshot(offline_hub, "deepseek-ai/DeepSeek-V4-Flash", commit_hash("v4"), _weights(tmp_path / "v4"))
+    assert resolve_model(None).path == default
+
+
+def test_downloads_fetch_the_index_and_encoding_files():
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = ["config.json", "model.safetensors.index.json", "model-00001-of-00048.safetensors", "tokenizer.json",
+             "tokenizer_config.json", "encoding/encoding.py", "encoding/README.md",
+             "encoding/tests/test_input_1.json", "encoding/tests/test_output_1.txt", "inference/model.py",
+             "inference/convert.py", "DeepSeek_V4_1.pdf", "model.bin"]
+    fetched = set(filter_repo_objects(files, allow_patterns=model_source.CHECKPOINT_PATTERNS))
+    assert fetched == set(files) - {"inference/model.py", "inference/convert.py", "DeepSeek_V4_1.pdf", "model.bin"}
 
 
 def test_embedded_fallback_is_logged_once(offline_hub, tmp_path, monkeypatch, caplog):

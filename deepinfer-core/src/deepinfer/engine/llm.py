@@ -23,6 +23,7 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.data_parallel import DataParallelEngine
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
+from deepinfer.engine.plan_check import check_memory_plan
 from deepinfer.engine.rank_launch import Joined, PeerMain, RankEnv, join_world, serve_peer, stop_peers
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
@@ -107,6 +108,7 @@ class LLM:
         dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
+        check_memory_plan(source.path, args, dtype, backend)  # logged; refused here, before any weight is read
         joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs))
         device = backend.device(joined.local_rank if joined is not None else 0)
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device,

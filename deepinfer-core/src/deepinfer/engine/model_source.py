@@ -7,9 +7,14 @@
   there when offline); if neither works, the error says how to point at local weights.  ``revision`` (a
   branch, tag or commit) pins what is fetched; the commit actually used is logged and kept in
   :attr:`ModelSource.commit`;
-- ``None``: ``DEEPINFER_HF_MODEL_DIR`` if set; else the default repo (``DEFAULT_MODEL``) if it is
-  already in the HF cache; else the tiny DeepSeek-V4.1 checkpoint shipped in the package (logged).
-  ``None`` never starts a download: the default model is hundreds of GB; ask for it by name.
+- ``None``: ``DEEPINFER_HF_MODEL_DIR`` if set; else any complete revision of ``deepseek-ai/DeepSeek-V4.1-Flash*``
+  in the HF cache (``DEFAULT_MODEL`` first; of a repo, the revision ``main`` names first, then the newest;
+  logged); else the tiny DeepSeek-V4.1 checkpoint shipped in the package (logged).  ``None`` never starts a
+  download: the default model is hundreds of GB; ask for it by name.
+
+A download fetches the checkpoint's files (:data:`CHECKPOINT_PATTERNS`): the JSON files (config, shard index,
+tokenizer), the shards, the tokenizer, and ``encoding/*`` (the release's chat format, read by people and tests;
+DeepInfer never executes it, nor any other code from a checkpoint).
 
 Whatever the source, the directory's JSON files are checked here (regular files, valid JSON, objects where
 one is expected), before anything else reads them.
@@ -30,9 +35,12 @@ from deepinfer.models.config_fields import Fields
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "deepseek-ai/DeepSeek-V4.1-Flash-1017"
+#: Repos whose cached revisions ``LLM()`` uses when no model is named (the released repo and its dated names).
+DEFAULT_REPOS = "deepseek-ai/DeepSeek-V4.1-Flash*"
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_v41"
 #: Files a checkpoint needs; nothing else of a repo is downloaded.
-CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+CHECKPOINT_PATTERNS = ["*.json", "model.safetensors.index.json", "*.safetensors", "tokenizer*", "*.model", "*.txt",
+                       "encoding/*"]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HOW_TO_POINT = (
@@ -117,14 +125,47 @@ def _fetch(repo_id: str, revision: str | None) -> ModelSource:
     return _hub_source(repo_id, revision, path, "HF hub")
 
 
-def _cached(repo_id: str) -> ModelSource | None:
-    try:
-        path = _from_hub(repo_id, None, True)
-    except Exception:  # not cached (or an unusable cache entry): fall through
-        return None
-    if not (path / "config.json").is_file():
-        return None
-    return _hub_source(repo_id, None, path, "HF cache")
+def cached_default() -> ModelSource | None:
+    """A complete cached revision of :data:`DEFAULT_REPOS` (see the module docstring), or None."""
+    from huggingface_hub import constants
+
+    owner, pattern = DEFAULT_REPOS.split("/")
+    cache = Path(constants.HF_HUB_CACHE)
+    default = _cache_dir(DEFAULT_MODEL)
+    repos = sorted(cache.glob(f"models--{owner}--{pattern}"), key=lambda p: (p.name != default, p.name))
+    for repo in repos:
+        repo_id = repo.name.removeprefix("models--").replace("--", "/", 1)
+        for snapshot in _revisions(repo):
+            missing = _missing_files(snapshot)
+            if missing is None:
+                return _hub_source(repo_id, None, snapshot, "HF cache")
+            logger.info("%s@%s in the HF cache is incomplete (%s): not used", repo_id, snapshot.name, missing)
+    return None
+
+
+def _cache_dir(repo_id: str) -> str:
+    return "models--" + repo_id.replace("/", "--")
+
+
+def _revisions(repo: Path) -> list[Path]:
+    """A cached repo's snapshots: the one ``refs/main`` names, then the other refs', then the rest, newest first."""
+    snapshots = sorted((p for p in (repo / "snapshots").glob("*") if p.is_dir()), key=lambda p: -p.stat().st_mtime)
+    refs = sorted((repo / "refs").glob("*"), key=lambda p: p.name != "main") if (repo / "refs").is_dir() else []
+    named = [repo / "snapshots" / ref.read_text().strip() for ref in refs if ref.is_file()]
+    return list(dict.fromkeys([p for p in named if p.is_dir()] + snapshots))
+
+
+def _missing_files(snapshot: Path) -> str | None:
+    """What a cached snapshot lacks to be loaded (None: nothing): config.json, or shards its index lists."""
+    if not (snapshot / "config.json").is_file():
+        return "no config.json"
+    index = snapshot / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json_object(index).get("weight_map")
+        shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+        absent = sorted(s for s in shards if not (snapshot / str(s)).is_file())
+        return f"{len(absent)} of {len(shards)} shards missing" if absent else None
+    return None if any(snapshot.glob("*.safetensors")) else "no safetensors files"
 
 
 def resolve_model(model: str | os.PathLike | None, revision: str | None = None) -> ModelSource:
@@ -152,12 +193,13 @@ def resolve_model(model: str | os.PathLike | None, revision: str | None = None) 
     env_dir = envs.hf_model_dir()
     if env_dir is not None:
         return ModelSource(_checked_dir(Path(env_dir).expanduser(), "DEEPINFER_HF_MODEL_DIR"), "DEEPINFER_HF_MODEL_DIR")
-    cached = _cached(DEFAULT_MODEL)
+    cached = cached_default()
     if cached is not None:
         return cached
     if not (EMBEDDED_MODEL_DIR / "config.json").is_file():
         raise ModelSourceError(f"no model configured and the embedded tiny model is missing from {EMBEDDED_MODEL_DIR}; "
                                f"pass model='{DEFAULT_MODEL}' to download the default, or {_HOW_TO_POINT}")
-    logger.info("no model configured and %s is not in the HF cache: using the embedded tiny DeepSeek-V4.1 checkpoint "
-                "(a toy for smoke tests); pass model=... or set DEEPINFER_HF_MODEL_DIR for real weights", DEFAULT_MODEL)
+    logger.info("no model configured and no revision of %s is in the HF cache: using the embedded tiny DeepSeek-V4.1 "
+                "checkpoint (a toy for smoke tests); pass model=... or set DEEPINFER_HF_MODEL_DIR for real weights",
+                DEFAULT_REPOS)
     return ModelSource(_checked_dir(EMBEDDED_MODEL_DIR, "embedded model"), "embedded")

@@ -1,5 +1,6 @@
 """``deepinfer``: the command line.  ``deepinfer serve [MODEL]`` starts the OpenAI-compatible server;
-``deepinfer bench offline|serve`` measures throughput and latency (``docs/serving.md``)."""
+``deepinfer bench offline|serve`` measures throughput and latency (``docs/serving.md``); ``deepinfer plan [MODEL]``
+prints the memory plan (``docs/parallel.md``)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     from deepinfer.bench.cli import add_bench_parser
+    from deepinfer.entrypoints.plan import add_plan_parser
 
     add_bench_parser(sub)
+    add_plan_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         from deepinfer.engine.args import EngineArgs
