@@ -7,6 +7,10 @@ others run: continuous batching across callers.  Each caller iterates ``generate
 ``RequestOutput`` shaped by its ``SamplingParams.output_kind``; a caller that stops iterating (a client that
 disconnected) aborts its request, which frees its state at the next step.
 
+Per-request work that grows with the prompt (tokenizing it, checking its token ids and length) runs in a small
+worker pool before the request reaches the engine thread, so a megabyte prompt delays only itself, never the
+steps of requests already running.  The server renders chat templates in the same pool (:meth:`run_in_worker`).
+
 The thread holds ``Engine.lock`` while it has work, so an offline ``LLM.generate`` on the same engine from
 another thread waits until the async requests are done (and vice versa).  If a step raises, every request in
 flight fails with that error and the engine is emptied (``Engine.abort_all``); the loop keeps serving.
@@ -15,20 +19,30 @@ flight fails with that error and the engine is emptied (``Engine.abort_all``); t
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from deepinfer.engine.engine import rejected_output
 from deepinfer.engine.llm import LLM
 from deepinfer.engine.stats import EngineStats
 from deepinfer.engine.stream import OutputStream
-from deepinfer.outputs import RequestOutput
+from deepinfer.engine.validation import RequestError, check_prompt_length, normalize_prompt
+from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Threads that tokenize prompts and render chat templates (fast tokenizers release the GIL while they work).
+NUM_PREP_WORKERS = 4
 
 
 class EngineDeadError(RuntimeError):
@@ -45,6 +59,14 @@ class _Caller:
     last_token_time: float | None = None
 
 
+@dataclass(slots=True)
+class _Unprepared:
+    """A prompt the worker refused (it does not tokenize, or it is longer than the engine takes)."""
+
+    prompt: Any
+    error: str
+
+
 class AsyncLLM:
     """An ``LLM`` served to asyncio callers by an engine thread (see the module docstring)."""
 
@@ -59,6 +81,9 @@ class AsyncLLM:
         self._wake = threading.Condition()
         self._callers: dict[str, _Caller] = {}
         self._stopping = False
+        self._prep = ThreadPoolExecutor(NUM_PREP_WORKERS, thread_name_prefix="deepinfer-prep")
+        if self.tokenizer is not None:  # a tokenizer's settings may be fixed on its first call: not concurrently
+            self.tokenizer.encode("warm up")
         self._thread = threading.Thread(target=self._loop, name="deepinfer-engine", daemon=True)
         self._thread.start()
 
@@ -76,16 +101,23 @@ class AsyncLLM:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
+        self._prep.shutdown(wait=False, cancel_futures=True)
+
+    async def run_in_worker(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in the prep pool (work that grows with the request: chat rendering)."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, functools.partial(fn, *args, **kwargs))
 
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as the engine produces them (per ``params.output_kind``); the last one has
         ``finished == True`` (a rejected request: one output with ``error``).  Leaving early aborts it."""
         if not self.is_running:
             raise EngineDeadError("the engine loop is not running")
+        arrival_time = time.time()
         caller = _Caller(asyncio.get_running_loop(), asyncio.Queue(), OutputStream(params))
-        self._submit("add", (prompt, params, request_id, caller))
         finished = False
         try:
+            prepared = await self.run_in_worker(self._prepare, prompt)
+            self._submit("add", (prepared, params, request_id, caller, arrival_time))
             while not finished:
                 item = await caller.queue.get()
                 if isinstance(item, BaseException):
@@ -95,6 +127,19 @@ class AsyncLLM:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def _prepare(self, prompt: Any) -> dict[str, Any] | _Unprepared:
+        """(A worker.)  ``prompt`` as a tokens prompt whose ids are checked and short enough for the engine, which
+        then only re-checks at most ``max_model_len`` ids; a prompt that fails comes back as :class:`_Unprepared`."""
+        try:
+            text, ids = normalize_prompt(prompt, self.tokenizer)
+            check_prompt_length(ids, self.engine.config.max_model_len)
+        except RequestError as exc:
+            return _Unprepared(prompt, str(exc))
+        except Exception as exc:  # noqa: BLE001 - as Engine.add_request: whatever fails fails this request alone
+            logger.warning("could not prepare a prompt", exc_info=True)
+            return _Unprepared(prompt, f"could not prepare the request ({type(exc).__name__}: {exc})")
+        return {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
 
     def abort(self, request_id: str) -> None:
         """Drop ``request_id`` (queued or running) and free its state; nothing if it already finished."""
@@ -146,13 +191,17 @@ class AsyncLLM:
                 self._fail_all(RuntimeError(f"engine step failed ({type(exc).__name__}: {exc})"))
             commands = self._take_commands(block=False)
 
-    def _add(self, prompt: Any, params: SamplingParams, request_id: str, caller: _Caller) -> None:
+    def _add(self, prompt: Any, params: SamplingParams, request_id: str, caller: _Caller,
+             arrival_time: float) -> None:
         rejected: RequestOutput | None
         if request_id in self._callers:
-            rejected = RequestOutput(request_id, None, [], None, finished=True,
-                                     error=f"request_id {request_id!r} is already running")
+            rejected = rejected_output(request_id, None, f"request_id {request_id!r} is already running",
+                                       arrival_time)
+        elif isinstance(prompt, _Unprepared):
+            logger.warning("request %s rejected: %s", request_id, prompt.error)
+            rejected = rejected_output(request_id, prompt.prompt, prompt.error, arrival_time)
         else:
-            rejected = self.engine.add_request(prompt, params, request_id)
+            rejected = self.engine.add_request(prompt, params, request_id, arrival_time)
         if rejected is not None:
             self.stats.requests["error"] += 1
             caller.loop.call_soon_threadsafe(caller.queue.put_nowait, rejected)
@@ -213,9 +262,19 @@ class AsyncLLM:
                 stats.add_spec(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
                                spec.num_accepted_tokens_per_pos)
             if m is not None and m.finished_time is not None:
-                stats.e2e_request_latency.observe(m.finished_time - m.arrival_time)
-                if m.time_in_queue is not None:
-                    stats.queue_time.observe(m.time_in_queue)
+                self._observe_phases(m, m.finished_time)
+
+    def _observe_phases(self, m: RequestMetrics, finished: float) -> None:
+        """A finished request's end-to-end latency and the phases it went through (vLLM's histograms)."""
+        stats = self.stats
+        stats.e2e_request_latency.observe(finished - m.arrival_time)
+        if m.first_scheduled_time is None or m.time_in_queue is None:
+            return
+        stats.queue_time.observe(m.time_in_queue)
+        stats.inference_time.observe(finished - m.first_scheduled_time)
+        if m.first_token_time is not None and m.last_token_time is not None:
+            stats.prefill_time.observe(m.first_token_time - m.first_scheduled_time)
+            stats.decode_time.observe(m.last_token_time - m.first_token_time)
 
     def _fail_all(self, exc: BaseException) -> None:
         callers, self._callers = self._callers, {}
