@@ -25,7 +25,11 @@ class RequestFieldError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """Unknown fields refused, and types as strict as the offline ``SamplingParams``: no bool as a number
+    (``"n": true``), no text as a number (``"max_tokens": "16"``), no float as an int (``"n": 2.0``); an int is
+    a float (``"temperature": 1``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class StreamOptions(_Strict):
