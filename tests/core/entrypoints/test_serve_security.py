@@ -71,3 +71,37 @@ def test_an_exposed_server_without_a_key_warns(caplog, host, key, warned):
     with caplog.at_level(logging.WARNING, logger="deepinfer"):
         warn_if_exposed(host, key)
     assert any("without an API key" in r.getMessage() for r in caplog.records) == warned
+
+
+def test_deepinfer_serve_wires_the_key_the_host_check_and_the_limits(monkeypatch, caplog):
+    """``deepinfer serve`` up to ``uvicorn.run`` (patched), on a toy model: the flags reach the app."""
+    import uvicorn
+
+    from deepinfer import LLM
+    from deepinfer.entrypoints.cli import main
+    from tests.support.toy_model import ToyCausalLM, toy_tokenizer
+
+    tok = toy_tokenizer()
+    monkeypatch.setattr("deepinfer.engine.llm.LLM", lambda **_: LLM.from_model(ToyCausalLM(len(tok), seed=5), tok))
+    served: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    monkeypatch.setenv("DEEPINFER_API_KEY", "from-env")
+    main(["serve", "--api-key", "k", "--max-stop-sequences", "2", "--port", "8123"])
+    assert served["host"] == "127.0.0.1" and served["port"] == 8123
+
+    from fastapi.testclient import TestClient
+
+    with TestClient(served["app"], base_url="http://localhost:8123") as c:
+        auth = {"authorization": "Bearer k"}
+        assert_error(c.get("/v1/models", headers={"authorization": "Bearer from-env"}), 401, None)
+        assert c.get("/v1/models", headers=auth).status_code == 200
+        assert_error(c.get("/v1/models", headers={**auth, "host": "attacker.example:8123"}), 403, None)
+        stops = c.post("/v1/completions", json={"prompt": "a", "stop": ["x", "y", "z"]}, headers=auth)
+        assert "--max-stop-sequences" in assert_error(stops, 400, "stop")["message"]
+
+    monkeypatch.delenv("DEEPINFER_API_KEY")
+    with caplog.at_level(logging.WARNING, logger="deepinfer"):
+        main(["serve", "--host", "0.0.0.0"])
+    assert any("every interface without an API key" in r.getMessage() for r in caplog.records)
+    with TestClient(served["app"], base_url="http://anything.example") as c:
+        assert c.get("/v1/models").status_code == 200  # no key, any Host: what the warning said
