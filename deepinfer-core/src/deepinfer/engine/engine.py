@@ -180,8 +180,8 @@ class Engine:
             return rejected_output(request_id, prompt, str(exc), arrival_time)
         except Exception as exc:  # noqa: BLE001 - whatever fails while checking one request fails it alone
             logger.warning("request %s rejected", request_id, exc_info=True)
-            return rejected_output(request_id, prompt, f"could not prepare the request ({type(exc).__name__}: {exc})",
-                             arrival_time)
+            return rejected_output(request_id, prompt,
+                                   f"could not prepare the request ({type(exc).__name__}: {exc})", arrival_time)
 
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
         request = Request(

@@ -10,28 +10,26 @@ sent as token ids, OpenAI's 128 tools, and agent conversations of thousands of m
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from deepinfer.entrypoints.openai.protocol import RequestFieldError
 
 
+def _limit(default: int, what: str) -> Any:
+    return field(default=default, metadata={"help": what})
+
+
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """What one request may hold (see the module docstring)."""
+    """What one request may hold (see the module docstring); each field is the flag ``--max-...``."""
 
-    #: Bytes of one request body (413 over it).
-    max_request_body_bytes: int = 32 * 1024 * 1024
-    #: Prompts in one ``/v1/completions`` request (a list of texts or of token-id lists).
-    max_prompts_per_request: int = 1024
-    #: Entries of ``stop`` and of ``stop_token_ids`` (each is checked at every step of the request).
-    max_stop_sequences: int = 64
-    #: Characters of one stop string (the engine searches the new text for each one at every step).
-    max_stop_sequence_length: int = 1024
-    #: Messages of one chat conversation.
-    max_messages: int = 2048
-    #: Tool definitions of one chat request (OpenAI's limit).
-    max_tools: int = 128
+    max_request_body_bytes: int = _limit(32 * 1024 * 1024, "bytes of one request body (413 over it)")
+    max_prompts_per_request: int = _limit(1024, "prompts in one /v1/completions request")
+    max_stop_sequences: int = _limit(64, "entries of stop, and of stop_token_ids (each is checked at every step)")
+    max_stop_sequence_length: int = _limit(1024, "characters of one stop string (searched for at every step)")
+    max_messages: int = _limit(2048, "messages of one chat conversation")
+    max_tools: int = _limit(128, "tool definitions of one chat request (OpenAI's limit)")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -47,10 +45,9 @@ def _flag(name: str) -> str:
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """One ``--max-...`` flag per :class:`ServerLimits` field, its default the field's."""
     group = parser.add_argument_group("request limits (docs/serving.md, 'Limits and security')")
-    defaults = ServerLimits()
     for f in fields(ServerLimits):
-        group.add_argument(f"--{_flag(f.name)}", type=int, default=getattr(defaults, f.name),
-                           help=f"default {getattr(defaults, f.name)}")
+        group.add_argument(f"--{_flag(f.name)}", type=int, default=f.default,
+                           help=f"{f.metadata['help']} (default {f.default})")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
