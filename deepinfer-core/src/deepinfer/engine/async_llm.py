@@ -59,14 +59,6 @@ class _Caller:
     last_token_time: float | None = None
 
 
-@dataclass(slots=True)
-class _Unprepared:
-    """A prompt the worker refused (it does not tokenize, or it is longer than the engine takes)."""
-
-    prompt: Any
-    error: str
-
-
 class AsyncLLM:
     """An ``LLM`` served to asyncio callers by an engine thread (see the module docstring)."""
 
@@ -116,7 +108,7 @@ class AsyncLLM:
         caller = _Caller(asyncio.get_running_loop(), asyncio.Queue(), OutputStream(params))
         finished = False
         try:
-            prepared = await self.run_in_worker(self._prepare, prompt)
+            prepared = await self.run_in_worker(self._prepare, prompt, request_id, arrival_time)
             self._submit("add", (prepared, params, request_id, caller, arrival_time))
             while not finished:
                 item = await caller.queue.get()
@@ -128,18 +120,21 @@ class AsyncLLM:
             if not finished:
                 self.abort(request_id)
 
-    def _prepare(self, prompt: Any) -> dict[str, Any] | _Unprepared:
+    def _prepare(self, prompt: Any, request_id: str, arrival_time: float) -> dict[str, Any] | RequestOutput:
         """(A worker.)  ``prompt`` as a tokens prompt whose ids are checked and short enough for the engine, which
-        then only re-checks at most ``max_model_len`` ids; a prompt that fails comes back as :class:`_Unprepared`."""
+        then only re-checks at most ``max_model_len`` ids; a prompt that fails comes back as its rejected output."""
         try:
             text, ids = normalize_prompt(prompt, self.tokenizer)
             check_prompt_length(ids, self.engine.config.max_model_len)
         except RequestError as exc:
-            return _Unprepared(prompt, str(exc))
+            error = str(exc)
         except Exception as exc:  # noqa: BLE001 - as Engine.add_request: whatever fails fails this request alone
-            logger.warning("could not prepare a prompt", exc_info=True)
-            return _Unprepared(prompt, f"could not prepare the request ({type(exc).__name__}: {exc})")
-        return {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
+            logger.warning("request %s could not be prepared", request_id, exc_info=True)
+            error = f"could not prepare the request ({type(exc).__name__}: {exc})"
+        else:
+            return {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
+        logger.warning("request %s rejected: %s", request_id, error)
+        return rejected_output(request_id, prompt, error, arrival_time)
 
     def abort(self, request_id: str) -> None:
         """Drop ``request_id`` (queued or running) and free its state; nothing if it already finished."""
@@ -197,9 +192,8 @@ class AsyncLLM:
         if request_id in self._callers:
             rejected = rejected_output(request_id, None, f"request_id {request_id!r} is already running",
                                        arrival_time)
-        elif isinstance(prompt, _Unprepared):
-            logger.warning("request %s rejected: %s", request_id, prompt.error)
-            rejected = rejected_output(request_id, prompt.prompt, prompt.error, arrival_time)
+        elif isinstance(prompt, RequestOutput):  # refused by the worker
+            rejected = prompt
         else:
             rejected = self.engine.add_request(prompt, params, request_id, arrival_time)
         if rejected is not None:
