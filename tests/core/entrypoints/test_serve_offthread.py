@@ -1,9 +1,12 @@
-"""Tokenizing and chat rendering happen off the engine thread and off the event loop: a prompt that takes seconds to
-prepare delays only itself, never the tokens of a stream already running (deliberately slow tokenizer stubs)."""
+"""Tokenizing, chat rendering and grammar compilation happen off the engine thread and off the event loop: a
+request that takes seconds to prepare delays only itself, never the tokens of a stream already running
+(deliberately slow tokenizer stubs)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import threading
 import time
 
 import httpx
@@ -103,3 +106,28 @@ def test_chat_rendering_does_not_block_the_event_loop(engine):
 
     gap, took, count = asyncio.run(_gaps_while(engine, slow_chat))
     assert took >= SLOW_S and gap < STALL_S and count > 3, (gap, count)
+
+
+def test_grammars_compile_in_the_worker_pool(engine, monkeypatch):
+    """The engine thread finds a request's grammar compiled (xgrammar can take seconds on a large schema); an
+    invalid one is refused by the worker with the engine's message."""
+    from deepinfer.structured.compiler import GrammarCompiler
+
+    threads = []
+    compile_now = GrammarCompiler._compile_now
+
+    def recording(self, spec):
+        threads.append(threading.current_thread().name)
+        return compile_now(self, spec)
+
+    monkeypatch.setattr(GrammarCompiler, "_compile_now", recording)
+
+    async def run(so_args):
+        params = SamplingParams(temperature=0, max_tokens=4, so_args=so_args)
+        return [o async for o in engine.generate({"prompt_token_ids": [5, 6]}, params, f"g{len(threads)}")][-1]
+
+    out = asyncio.run(run({"regex": "(yes|no)x{0,3}"}))
+    assert out.error is None and re.fullmatch("(yes|no)x{0,3}", out.outputs[0].text)
+    bad = asyncio.run(run({"regex": "(unclosed"}))
+    assert bad.error.startswith("so_args['regex']: invalid")
+    assert threads and all(name.startswith("deepinfer-prep") for name in threads), threads

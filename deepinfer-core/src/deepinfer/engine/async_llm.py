@@ -7,9 +7,10 @@ others run: continuous batching across callers.  Each caller iterates ``generate
 ``RequestOutput`` shaped by its ``SamplingParams.output_kind``; a caller that stops iterating (a client that
 disconnected) aborts its request, which frees its state at the next step.
 
-Per-request work that grows with the prompt (tokenizing it, checking its token ids and length) runs in a small
-worker pool before the request reaches the engine thread, so a megabyte prompt delays only itself, never the
-steps of requests already running.  The server renders chat templates in the same pool (:meth:`run_in_worker`).
+Per-request work that grows with the request (tokenizing the prompt, checking its token ids and length,
+compiling its grammar) runs in a small worker pool before the request reaches the engine thread, so a megabyte
+prompt delays only itself, never the steps of requests already running.  The server renders chat templates in
+the same pool (:meth:`run_in_worker`).
 
 The thread holds ``Engine.lock`` while it has work, so an offline ``LLM.generate`` on the same engine from
 another thread waits until the async requests are done (and vice versa).  If a step raises, every request in
@@ -108,7 +109,7 @@ class AsyncLLM:
         caller = _Caller(asyncio.get_running_loop(), asyncio.Queue(), OutputStream(params))
         finished = False
         try:
-            prepared = await self.run_in_worker(self._prepare, prompt, request_id, arrival_time)
+            prepared = await self.run_in_worker(self._prepare, prompt, params, request_id, arrival_time)
             self._submit("add", (prepared, params, request_id, caller, arrival_time))
             while not finished:
                 item = await caller.queue.get()
@@ -120,12 +121,15 @@ class AsyncLLM:
             if not finished:
                 self.abort(request_id)
 
-    def _prepare(self, prompt: Any, request_id: str, arrival_time: float) -> dict[str, Any] | RequestOutput:
+    def _prepare(self, prompt: Any, params: SamplingParams, request_id: str,
+                 arrival_time: float) -> dict[str, Any] | RequestOutput:
         """(A worker.)  ``prompt`` as a tokens prompt whose ids are checked and short enough for the engine, which
-        then only re-checks at most ``max_model_len`` ids; a prompt that fails comes back as its rejected output."""
+        then only re-checks at most ``max_model_len`` ids, and its grammar compiled into the cache the engine
+        reads; a request that fails comes back as its rejected output."""
         try:
             text, ids = normalize_prompt(prompt, self.tokenizer)
             check_prompt_length(ids, self.engine.config.max_model_len)
+            self._compile_grammar(params)
         except RequestError as exc:
             error = str(exc)
         except Exception as exc:  # noqa: BLE001 - as Engine.add_request: whatever fails fails this request alone
@@ -135,6 +139,22 @@ class AsyncLLM:
             return {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
         logger.warning("request %s rejected: %s", request_id, error)
         return rejected_output(request_id, prompt, error, arrival_time)
+
+    def _compile_grammar(self, params: SamplingParams) -> None:
+        """Compile ``so_args`` in the grammar compiler the engine's mask provider shares (thread-safe, cached), so
+        the engine thread finds it compiled; an invalid grammar is refused here, as the engine would."""
+        if not isinstance(params.so_args, dict) or self.tokenizer is None:
+            return
+        from deepinfer.structured import GrammarMaskProvider
+
+        masks = self.engine.token_masks
+        if masks is None:  # the one the engine builds on first use
+            masks = GrammarMaskProvider(self.tokenizer, self.engine.model.vocab_size, self.engine.config.eos_token_ids)
+        if isinstance(masks, GrammarMaskProvider):  # (a provider of the caller's own compiles on the engine thread)
+            try:
+                masks.compiler.compile(params.so_args)
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
 
     def abort(self, request_id: str) -> None:
         """Drop ``request_id`` (queued or running) and free its state; nothing if it already finished."""
