@@ -7,9 +7,9 @@ others run: continuous batching across callers.  Each caller iterates ``generate
 ``RequestOutput`` shaped by its ``SamplingParams.output_kind``; a caller that stops iterating (a client that
 disconnected) aborts its request, which frees its state at the next step.
 
-Per-request work that grows with the request (tokenizing the prompt, checking its token ids and length,
-compiling its grammar) runs in a small worker pool before the request reaches the engine thread, so a megabyte
-prompt delays only itself, never the steps of requests already running.  The server renders chat templates in
+Work that grows with the request (tokenizing the prompt, checking its ids and length, compiling its grammar)
+runs in a worker pool before the request reaches the engine thread (``engine/request_prep.py``), so a megabyte
+prompt delays only itself, never the steps of requests already running; the server renders chat templates in
 the same pool (:meth:`run_in_worker`).
 
 The thread holds ``Engine.lock`` while it has work, so an offline ``LLM.generate`` on the same engine from
@@ -20,30 +20,25 @@ flight fails with that error and the engine is emptied (``Engine.abort_all``); t
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deepinfer.engine.engine import rejected_output
 from deepinfer.engine.llm import LLM
+from deepinfer.engine.request_prep import RequestPrep
 from deepinfer.engine.stats import EngineStats
 from deepinfer.engine.stream import OutputStream
-from deepinfer.engine.validation import RequestError, check_prompt_length, normalize_prompt
 from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Threads that tokenize prompts and render chat templates (fast tokenizers release the GIL while they work).
-NUM_PREP_WORKERS = 4
 
 
 class EngineDeadError(RuntimeError):
@@ -74,9 +69,7 @@ class AsyncLLM:
         self._wake = threading.Condition()
         self._callers: dict[str, _Caller] = {}
         self._stopping = False
-        self._prep = ThreadPoolExecutor(NUM_PREP_WORKERS, thread_name_prefix="deepinfer-prep")
-        if self.tokenizer is not None:  # a tokenizer's settings may be fixed on its first call: not concurrently
-            self.tokenizer.encode("warm up")
+        self._prep = RequestPrep(self.engine)
         self._thread = threading.Thread(target=self._loop, name="deepinfer-engine", daemon=True)
         self._thread.start()
 
@@ -94,11 +87,11 @@ class AsyncLLM:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
-        self._prep.shutdown(wait=False, cancel_futures=True)
+        self._prep.shutdown()
 
     async def run_in_worker(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in the prep pool (work that grows with the request: chat rendering)."""
-        return await asyncio.get_running_loop().run_in_executor(self._prep, functools.partial(fn, *args, **kwargs))
+        return await self._prep.run(fn, *args, **kwargs)
 
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as the engine produces them (per ``params.output_kind``); the last one has
@@ -109,7 +102,7 @@ class AsyncLLM:
         caller = _Caller(asyncio.get_running_loop(), asyncio.Queue(), OutputStream(params))
         finished = False
         try:
-            prepared = await self.run_in_worker(self._prepare, prompt, params, request_id, arrival_time)
+            prepared = await self._prep.run(self._prep.prepare, prompt, params, request_id, arrival_time)
             self._submit("add", (prepared, params, request_id, caller, arrival_time))
             while not finished:
                 item = await caller.queue.get()
@@ -120,41 +113,6 @@ class AsyncLLM:
         finally:
             if not finished:
                 self.abort(request_id)
-
-    def _prepare(self, prompt: Any, params: SamplingParams, request_id: str,
-                 arrival_time: float) -> dict[str, Any] | RequestOutput:
-        """(A worker.)  ``prompt`` as a tokens prompt whose ids are checked and short enough for the engine, which
-        then only re-checks at most ``max_model_len`` ids, and its grammar compiled into the cache the engine
-        reads; a request that fails comes back as its rejected output."""
-        try:
-            text, ids = normalize_prompt(prompt, self.tokenizer)
-            check_prompt_length(ids, self.engine.config.max_model_len)
-            self._compile_grammar(params)
-        except RequestError as exc:
-            error = str(exc)
-        except Exception as exc:  # noqa: BLE001 - as Engine.add_request: whatever fails fails this request alone
-            logger.warning("request %s could not be prepared", request_id, exc_info=True)
-            error = f"could not prepare the request ({type(exc).__name__}: {exc})"
-        else:
-            return {"prompt_token_ids": ids} if text is None else {"prompt": text, "prompt_token_ids": ids}
-        logger.warning("request %s rejected: %s", request_id, error)
-        return rejected_output(request_id, prompt, error, arrival_time)
-
-    def _compile_grammar(self, params: SamplingParams) -> None:
-        """Compile ``so_args`` in the grammar compiler the engine's mask provider shares (thread-safe, cached), so
-        the engine thread finds it compiled; an invalid grammar is refused here, as the engine would."""
-        if not isinstance(params.so_args, dict) or self.tokenizer is None:
-            return
-        from deepinfer.structured import GrammarMaskProvider
-
-        masks = self.engine.token_masks
-        if masks is None:  # the one the engine builds on first use
-            masks = GrammarMaskProvider(self.tokenizer, self.engine.model.vocab_size, self.engine.config.eos_token_ids)
-        if isinstance(masks, GrammarMaskProvider):  # (a provider of the caller's own compiles on the engine thread)
-            try:
-                masks.compiler.compile(params.so_args)
-            except ValueError as exc:
-                raise RequestError(str(exc)) from None
 
     def abort(self, request_id: str) -> None:
         """Drop ``request_id`` (queued or running) and free its state; nothing if it already finished."""
