@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.server import parse_metrics
+from tests.support.server import metric_key, parse_metrics
 
 NUM_CLIENTS = 12
 MAX_TOKENS = 20
@@ -34,8 +34,7 @@ def _metrics(url: str) -> dict[str, float]:
 
 
 def _value(metrics: dict[str, float], name: str, **labels: str) -> float:
-    want = ",".join(['model_name="tiny"', *(f'{k}="{v}"' for k, v in labels.items())])
-    return metrics[f"{name}{{{want}}}"]
+    return metrics[metric_key(name, model_name="tiny", **labels)]
 
 
 def _wait_idle(url: str, timeout: float = 15.0) -> dict[str, float]:

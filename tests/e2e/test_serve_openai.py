@@ -99,7 +99,7 @@ def test_chat_json_schema_and_json_object(client):
     (dict(prompt=""), "prompt"),
     (dict(prompt=["Once", [10**6]]), "prompt"),
     (dict(prompt=[[5, 6, 7], [10**6]]), "prompt[1]"),
-    (dict(prompt=["Once", "Le"], extra_body={"stop_token_ids": [10**6]}), "prompt"),
+    (dict(prompt=["Once", "Le"], extra_body={"stop_token_ids": [10**6]}), "stop_token_ids"),
     (dict(stream_options={"include_usage": "maybe"}, stream=True), "stream_options.include_usage"),
     (dict(extra_body={"temperature": "hot"}), "temperature"),
 ])

@@ -58,11 +58,18 @@ def running_server(*args: str, timeout: float = 180.0, log: Path | None = None) 
             out.close()
 
 
+def metric_key(name: str, **labels: str) -> str:
+    """``name{a="x",b="y"}`` with the labels sorted: how :func:`parse_metrics` names a sample."""
+    return name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value}; raises on a line that is neither a comment nor a sample."""
+    """Prometheus text -> {metric_key(name, **labels): value}; raises on a line that is neither a comment nor a
+    sample."""
     import re
 
     sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
+    label = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
     values = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -70,5 +77,5 @@ def parse_metrics(text: str) -> dict[str, float]:
             continue
         m = sample.match(line)
         assert m is not None, f"not a Prometheus sample: {line!r}"
-        values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+        values[metric_key(m.group(1), **dict(label.findall(m.group(2) or "")))] = float(m.group(3))
     return values

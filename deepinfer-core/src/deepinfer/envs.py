@@ -150,6 +150,12 @@ def logging_level() -> int:
     return LOGGING_LEVELS[_choice("DEEPINFER_LOGGING_LEVEL", "info", tuple(LOGGING_LEVELS))]
 
 
+def api_key() -> str | None:
+    """``DEEPINFER_API_KEY``: the key ``deepinfer serve`` requires on ``/v1/*`` (``--api-key`` takes precedence);
+    unset or blank: no key.  Surrounding blanks are dropped (a key pasted with a newline still matches)."""
+    return os.environ.get("DEEPINFER_API_KEY", "").strip() or None
+
+
 def venv() -> str | None:
     """``DEEPINFER_VENV``: the virtual environment ``build.sh`` creates or reuses (read by build.sh only)."""
     return os.environ.get("DEEPINFER_VENV", "").strip() or None
@@ -167,6 +173,7 @@ VARIABLES: dict[str, Callable[[], object]] = {
     "DEEPINFER_QUANTIZED_WEIGHTS": quantized_weights,
     "DEEPINFER_QUANTIZED_KV": quantized_kv,
     "DEEPINFER_LOGGING_LEVEL": logging_level,
+    "DEEPINFER_API_KEY": api_key,
     "DEEPINFER_VENV": venv,
 }
 

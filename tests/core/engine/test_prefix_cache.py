@@ -218,6 +218,7 @@ def test_server_metrics_report_the_hit_rate():
 
     from deepinfer.engine.async_llm import AsyncLLM
     from deepinfer.entrypoints.openai.metrics import render
+    from tests.support.server import metric_key, parse_metrics
 
     path, block, base = MODELS["v41"]
     shared = _tokens(base, 17)
@@ -236,9 +237,9 @@ def test_server_metrics_report_the_hit_rate():
     assert (first.num_cached_tokens, second.num_cached_tokens) == (0, base)
     stats = engine.stats
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (2 * base + 5, base)
-    text = render(stats, "m")
-    assert f'deepinfer:prefix_cache_hits_total{{model_name="m"}} {base}' in text
-    assert f'deepinfer:prefix_cache_hit_rate{{model_name="m"}} {base / (2 * base + 5)!r}' in text
+    m = parse_metrics(render(stats, "m"))
+    assert m[metric_key("deepinfer:prefix_cache_hits_total", model_name="m")] == base
+    assert m[metric_key("deepinfer:prefix_cache_hit_rate", model_name="m")] == pytest.approx(base / (2 * base + 5))
 
 
 def test_a_model_without_a_pooled_state_is_refused():
@@ -302,3 +303,47 @@ def test_a_full_pool_evicts_the_least_recently_used_prefixes():
     assert llm.reset_prefix_cache() and len(cache) == 0  # every block dropped: the next request computes it all
     assert llm.generate([{"prompt_token_ids": prompts[-1] + [5]}], _greedy(), use_tqdm=False)[0].num_cached_tokens == 0
     _assert_close(ref_llm.generate([{"prompt_token_ids": prompts[-1] + [4]}], _greedy(), use_tqdm=False)[0], again)
+
+
+def _run(engine, prompts, params) -> list:
+    for i, p in enumerate(prompts):
+        assert engine.add_request({"prompt_token_ids": p}, params, f"q{i}") is None
+    done = []
+    while engine.has_unfinished():
+        done += engine.step()
+    return sorted(done + engine.drain(), key=lambda o: o.request_id)
+
+
+def test_hits_count_once_per_admitted_sequence_not_per_lookup():
+    """A sequence that waits for state budget is looked up at every step; the counters take its lookup once, when
+    it is admitted, with the hit it starts from (so hits == the requests' num_cached_tokens)."""
+    path, block, base = MODELS["v41"]
+    shared = _tokens(base, 40)
+    prompts = [shared + _tokens(5, 41), shared + _tokens(7, 42)]
+    probe = LLM(str(path), dtype="float32", state_cache_bytes=BUDGET, enable_prefix_caching=False)
+    one = int(probe.engine.model.state_bytes(len(prompts[1]) + 30) * 2.5)  # room for one sequence at a time
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=one)
+    llm.generate([{"prompt_token_ids": shared + [9]}], _greedy(), use_tqdm=False)
+    stats = llm.engine.state_cache.prefix.stats
+    before = (stats.queries, stats.query_tokens, stats.hit_tokens)
+    lookups, lookup = [], llm.engine.scheduler.prefix_lookup
+    llm.engine.scheduler.prefix_lookup = lambda seq: lookups.append(seq.seq_id) or lookup(seq)
+    outs = _run(llm.engine, prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert len(lookups) > 2  # the second request was looked up while it waited
+    assert llm.engine.num_preemptions == 0 and [o.num_cached_tokens for o in outs] == [base, base]
+    assert (stats.queries - before[0], stats.query_tokens - before[1], stats.hit_tokens - before[2]) == (
+        2, sum(map(len, prompts)), 2 * base)
+
+
+def test_a_hit_the_step_cannot_replay_is_not_counted():
+    """With a token budget smaller than the replay, the scheduler computes the prompt from scratch: 0 hits."""
+    path, block, base = MODELS["v41"]
+    shared = _tokens(base, 43)
+    llm = LLM(str(path), dtype="float32", enable_prefix_caching=True, state_cache_bytes=BUDGET,
+              max_num_batched_tokens=64)
+    llm.generate([{"prompt_token_ids": shared + [9]}], _greedy(), use_tqdm=False)
+    cache = llm.engine.state_cache.prefix
+    assert cache.match(shared + [3], base) == base  # it is cached, but its replay needs more than 64 tokens
+    hits = cache.stats.hit_tokens
+    (out,) = _run(llm.engine, [shared + [3, 4]], _greedy())
+    assert out.num_cached_tokens == 0 and cache.stats.hit_tokens == hits

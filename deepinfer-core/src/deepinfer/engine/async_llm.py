@@ -7,6 +7,11 @@ others run: continuous batching across callers.  Each caller iterates ``generate
 ``RequestOutput`` shaped by its ``SamplingParams.output_kind``; a caller that stops iterating (a client that
 disconnected) aborts its request, which frees its state at the next step.
 
+Work that grows with the request (tokenizing the prompt, checking its ids and length, compiling its grammar)
+runs in a worker pool before the request reaches the engine thread (``engine/request_prep.py``), so a megabyte
+prompt delays only itself, never the steps of requests already running; the server renders chat templates in
+the same pool (:meth:`run_in_worker`).
+
 The thread holds ``Engine.lock`` while it has work, so an offline ``LLM.generate`` on the same engine from
 another thread waits until the async requests are done (and vice versa).  If a step raises, every request in
 flight fails with that error and the engine is emptied (``Engine.abort_all``); the loop keeps serving.
@@ -17,18 +22,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from deepinfer.engine.engine import rejected_output
 from deepinfer.engine.llm import LLM
+from deepinfer.engine.request_prep import RequestPrep
 from deepinfer.engine.stats import EngineStats
 from deepinfer.engine.stream import OutputStream
-from deepinfer.outputs import RequestOutput
+from deepinfer.outputs import RequestMetrics, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -59,6 +69,7 @@ class AsyncLLM:
         self._wake = threading.Condition()
         self._callers: dict[str, _Caller] = {}
         self._stopping = False
+        self._prep = RequestPrep(self.engine)
         self._thread = threading.Thread(target=self._loop, name="deepinfer-engine", daemon=True)
         self._thread.start()
 
@@ -76,16 +87,23 @@ class AsyncLLM:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
+        self._prep.shutdown()
+
+    async def run_in_worker(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in the prep pool (work that grows with the request: chat rendering)."""
+        return await self._prep.run(fn, *args, **kwargs)
 
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as the engine produces them (per ``params.output_kind``); the last one has
         ``finished == True`` (a rejected request: one output with ``error``).  Leaving early aborts it."""
         if not self.is_running:
             raise EngineDeadError("the engine loop is not running")
+        arrival_time = time.time()
         caller = _Caller(asyncio.get_running_loop(), asyncio.Queue(), OutputStream(params))
-        self._submit("add", (prompt, params, request_id, caller))
         finished = False
         try:
+            prepared = await self._prep.run(self._prep.prepare, prompt, params, request_id, arrival_time)
+            self._submit("add", (prepared, params, request_id, caller, arrival_time))
             while not finished:
                 item = await caller.queue.get()
                 if isinstance(item, BaseException):
@@ -146,13 +164,16 @@ class AsyncLLM:
                 self._fail_all(RuntimeError(f"engine step failed ({type(exc).__name__}: {exc})"))
             commands = self._take_commands(block=False)
 
-    def _add(self, prompt: Any, params: SamplingParams, request_id: str, caller: _Caller) -> None:
+    def _add(self, prompt: Any, params: SamplingParams, request_id: str, caller: _Caller,
+             arrival_time: float) -> None:
         rejected: RequestOutput | None
         if request_id in self._callers:
-            rejected = RequestOutput(request_id, None, [], None, finished=True,
-                                     error=f"request_id {request_id!r} is already running")
+            rejected = rejected_output(request_id, None, f"request_id {request_id!r} is already running",
+                                       arrival_time)
+        elif isinstance(prompt, RequestOutput):  # refused by the worker
+            rejected = prompt
         else:
-            rejected = self.engine.add_request(prompt, params, request_id)
+            rejected = self.engine.add_request(prompt, params, request_id, arrival_time)
         if rejected is not None:
             self.stats.requests["error"] += 1
             caller.loop.call_soon_threadsafe(caller.queue.put_nowait, rejected)
@@ -213,9 +234,19 @@ class AsyncLLM:
                 stats.add_spec(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
                                spec.num_accepted_tokens_per_pos)
             if m is not None and m.finished_time is not None:
-                stats.e2e_request_latency.observe(m.finished_time - m.arrival_time)
-                if m.time_in_queue is not None:
-                    stats.queue_time.observe(m.time_in_queue)
+                self._observe_phases(m, m.finished_time)
+
+    def _observe_phases(self, m: RequestMetrics, finished: float) -> None:
+        """A finished request's end-to-end latency and the phases it went through (vLLM's histograms)."""
+        stats = self.stats
+        stats.e2e_request_latency.observe(finished - m.arrival_time)
+        if m.first_scheduled_time is None or m.time_in_queue is None:
+            return
+        stats.queue_time.observe(m.time_in_queue)
+        stats.inference_time.observe(finished - m.first_scheduled_time)
+        if m.first_token_time is not None and m.last_token_time is not None:
+            stats.prefill_time.observe(m.first_token_time - m.first_scheduled_time)
+            stats.decode_time.observe(m.last_token_time - m.first_token_time)
 
     def _fail_all(self, exc: BaseException) -> None:
         callers, self._callers = self._callers, {}

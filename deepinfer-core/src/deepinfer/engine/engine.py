@@ -87,6 +87,8 @@ class Engine:
         self.requests: dict[str, Request] = {}
         #: Streaming requests (``output_kind`` not ``FINAL_ONLY``) that got tokens since ``take_updates``.
         self._updated: dict[str, Request] = {}
+        #: Prefix caching: prompt tokens of the sequences looked up while scheduling this step, by sequence id.
+        self._looked_up: dict[int, int] = {}
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
         #: The step queued on the device whose results the host has not read yet (async scheduling).
@@ -152,15 +154,17 @@ class Engine:
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
-        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None,
+        arrival_time: float | None = None,
     ) -> RequestOutput | None:
         """Queue one prompt.  A bad request is not queued: its error output is returned instead.
 
         Anything that goes wrong while checking one request (an invalid prompt or parameters, a prompt the
         tokenizer cannot encode, a grammar that does not compile) is that request's error; the engine is left
-        as it was."""
+        as it was.  ``arrival_time`` (``time.time()``; default now) is when the request arrived: the server
+        passes the moment it received it, so queue time and TTFT include the wait before this call."""
         params = params if params is not None else SamplingParams()
-        arrival_time = time.time()
+        arrival_time = arrival_time if arrival_time is not None else time.time()
         arrival = next(self._arrivals)
         request_id = request_id if request_id is not None else str(arrival)
         try:
@@ -174,11 +178,11 @@ class Engine:
             grammars = self._grammars(params)
         except RequestError as exc:
             logger.warning("request %s rejected: %s", request_id, exc)
-            return _rejected(request_id, prompt, str(exc), arrival_time)
+            return rejected_output(request_id, prompt, str(exc), arrival_time)
         except Exception as exc:  # noqa: BLE001 - whatever fails while checking one request fails it alone
             logger.warning("request %s rejected", request_id, exc_info=True)
-            return _rejected(request_id, prompt, f"could not prepare the request ({type(exc).__name__}: {exc})",
-                             arrival_time)
+            return rejected_output(request_id, prompt,
+                                   f"could not prepare the request ({type(exc).__name__}: {exc})", arrival_time)
 
         max_tokens = params.max_tokens if params.max_tokens is not None else self.config.max_model_len
         request = Request(
@@ -301,19 +305,32 @@ class Engine:
         return done
 
     def schedule(self) -> SchedulerOutput:
+        """The scheduler's step, its preempted states freed, prefix hits attached, and each newly scheduled
+        request's queue time stamped (now: before its forward pass runs)."""
         sched = self.scheduler.schedule()
+        now = time.time()
         for seq_id in sched.preempted:
             self.state_cache.free(seq_id)
-        for chunk in sched.chunks:  # a sequence that starts past 0 without a state hit the prefix cache
-            if chunk.start and chunk.seq_id not in self.state_cache:
-                seq = self.seqs[chunk.seq_id]
+        looked_up, self._looked_up = self._looked_up, {}
+        for chunk in sched.chunks:
+            seq = self.seqs[chunk.seq_id]
+            if chunk.seq_id in looked_up:  # admitted after a lookup: count what the cache serves it
+                self.state_cache.count_lookup(looked_up[chunk.seq_id], seq.num_cached)
+            if chunk.start and chunk.seq_id not in self.state_cache:  # past 0 without a state: a prefix hit
                 self.state_cache.attach(chunk.seq_id, seq.token_ids, seq.num_cached, chunk.start)
+            metrics = seq.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.time_in_queue = now - metrics.arrival_time
         return sched
 
     def _prefix_lookup(self, seq: Sequence) -> tuple[int, int]:
-        """The scheduler's ``prefix_lookup``: requests that score their prompt compute it all."""
+        """The scheduler's ``prefix_lookup``: requests that score their prompt compute it all.  The lookup is
+        counted in the hit rate only if the sequence is admitted in this step (:meth:`schedule`), with the hit it
+        then starts from: a waiting sequence may be looked up in several steps before it fits."""
         if seq.request.wants_prompt_logprobs:
             return 0, 0
+        self._looked_up[seq.seq_id] = seq.prompt_len
         return self.state_cache.lookup(seq.token_ids[: seq.prompt_len], seq.prompt_len - 1)
 
     def _publish(self, sched: SchedulerOutput) -> None:
@@ -328,12 +345,6 @@ class Engine:
         """Queue ``sched`` on the device (tokens in flight come from the step before); nothing is read back."""
         previous = self._inflight[1] if self._inflight is not None else None
         handle = self.runner.launch(build_step_input(sched, self.seqs, self.state_cache), previous)
-        now = time.time()
-        for chunk in sched.chunks:
-            metrics = self.seqs[chunk.seq_id].request.metrics
-            if metrics.first_scheduled_time is None:
-                metrics.first_scheduled_time = now
-                metrics.time_in_queue = now - metrics.arrival_time
         if self.state_cache.prefix is not None:
             self._publish(sched)
         for chunk in sched.chunks:
@@ -419,7 +430,7 @@ class Engine:
         self.seqs.pop(seq.seq_id, None)
 
 
-def _rejected(request_id: str, prompt: Any, error: str, arrival_time: float) -> RequestOutput:
+def rejected_output(request_id: str, prompt: Any, error: str, arrival_time: float) -> RequestOutput:
     """The output of a request that was not run: its prompt as given (text, or ids when they are ints)."""
     ids: Any = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
     valid_ids = isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)

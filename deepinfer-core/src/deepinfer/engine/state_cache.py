@@ -94,6 +94,11 @@ class StateCache:
         start = self.model.replay_start(hit, needed) if hit else 0
         return (start, hit) if start > 0 else (0, 0)
 
+    def count_lookup(self, query_tokens: int, hit_tokens: int) -> None:
+        """Count one admitted sequence's lookup: its prompt tokens, and the cached tokens it starts from."""
+        assert self.prefix is not None
+        self.prefix.stats.record(query_tokens, hit_tokens)
+
     def attach(self, seq_id: int, tokens: list[int], hit: int, start: int) -> None:
         """Create ``seq_id``'s state from the cached entries of ``tokens[:hit]``, to be replayed from ``start``."""
         assert self.prefix is not None

@@ -3,7 +3,9 @@
 Plain numbers only; they are written by the engine thread and read (a consistent enough snapshot: each
 value is one Python object) by the server.  Latencies come from ``RequestOutput.metrics``: TTFT is
 ``first_token_time - arrival_time``, inter-token latency the time between two steps that gave a request
-tokens, end-to-end ``finished_time - arrival_time``.
+tokens, end-to-end ``finished_time - arrival_time``, queue time ``first_scheduled_time - arrival_time`` (the
+step is stamped when it is scheduled, before its forward pass).  The server's arrival is when it received the
+request, before tokenization.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class EngineStats:
     inter_token_latency: Histogram = field(default_factory=Histogram)
     e2e_request_latency: Histogram = field(default_factory=Histogram)
     queue_time: Histogram = field(default_factory=Histogram)
+    #: vLLM's request phases: first scheduled step to finish, to first token; first token to last token.
+    inference_time: Histogram = field(default_factory=Histogram)
+    prefill_time: Histogram = field(default_factory=Histogram)
+    decode_time: Histogram = field(default_factory=Histogram)
     #: Live values, refreshed by the engine thread after each step.
     num_running: int = 0
     num_waiting: int = 0

@@ -75,6 +75,15 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
 
 
+def check_prompt_length(token_ids: list[int], max_model_len: int) -> None:
+    """A prompt must leave room for one generated token."""
+    if len(token_ids) >= max_model_len:
+        raise RequestError(
+            f"prompt has {len(token_ids)} tokens; max_model_len={max_model_len} allows at most "
+            f"{max_model_len - 1} so that one token can be generated"
+        )
+
+
 def check_request(
     token_ids: list[int], params: SamplingParams, config: EngineConfig, vocab_size: int,
     state_bytes: Any, has_tokenizer: bool,
@@ -87,11 +96,7 @@ def check_request(
         raise RequestError(
             f"prompt token id {token_ids[bad]} at index {bad} is outside the vocabulary [0, {vocab_size})"
         )
-    if len(token_ids) >= config.max_model_len:
-        raise RequestError(
-            f"prompt has {len(token_ids)} tokens; max_model_len={config.max_model_len} allows at most "
-            f"{config.max_model_len - 1} so that one token can be generated"
-        )
+    check_prompt_length(token_ids, config.max_model_len)
     try:
         params.validate()  # again: fields may have been changed after construction
     except ValueError as exc:

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from deepinfer.entrypoints.engine_flags import add_engine_args, engine_kwargs
+from deepinfer.entrypoints.openai.limits import add_limit_args, limits_from_args
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +22,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="a Jinja chat template (file or text); default: the tokenizer's, else a plain transcript")
     p.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: DEEPINFER_API_KEY, else none)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host names the server answers, '*' for any (default: loopback names when "
+                        "bound to loopback, else any)")
+    add_limit_args(p)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         kwargs = engine_kwargs(args)
         try:  # a bad value fails here, in one line, before anything loads
             engine_args = EngineArgs.from_kwargs(kwargs, caller="deepinfer serve")
+            limits_from_args(args)
         except (TypeError, ValueError) as exc:
             parser.error(str(exc))
         if max(engine_args.data_parallel_size, engine_args.expert_parallel_size,

@@ -48,12 +48,20 @@ class CachedBlock:
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Counters for the hit rate: prompt tokens looked up and tokens found."""
+    """Counters for the hit rate: prompt tokens of the sequences admitted after a lookup, and the cached tokens
+    they started from (a hit the scheduler could not use, or a lookup of a sequence that kept waiting, is not
+    counted: the engine records a lookup when its sequence is scheduled)."""
 
     queries: int = 0
     query_tokens: int = 0
     hits: int = 0
     hit_tokens: int = 0
+
+    def record(self, query_tokens: int, hit_tokens: int) -> None:
+        self.queries += 1
+        self.query_tokens += query_tokens
+        self.hits += bool(hit_tokens)
+        self.hit_tokens += hit_tokens
 
     @property
     def hit_rate(self) -> float:
@@ -88,17 +96,12 @@ class PrefixCache:
 
     def match(self, tokens: list[int], limit: int) -> int:
         """Tokens of the longest cached prefix of ``tokens`` within ``limit`` (a multiple of the block size, or
-        0); marks its blocks used and counts the lookup."""
+        0); marks its blocks used."""
         chain = self._chain(tokens, limit)
         self._clock += 1
         for block in chain:
             block.last_used = self._clock
-        hit = chain[-1].end if chain else 0
-        self.stats.queries += 1
-        self.stats.query_tokens += len(tokens)
-        self.stats.hits += bool(hit)
-        self.stats.hit_tokens += hit
-        return hit
+        return chain[-1].end if chain else 0
 
     def attach(self, state: PooledState, tokens: list[int], hit: int, start: int) -> None:
         """Give the empty ``state`` the cached entries of ``tokens[:hit]`` and place it at the replay start."""

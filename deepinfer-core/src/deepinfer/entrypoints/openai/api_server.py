@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) over one ``AsyncLLM``; see ``docs/serving.md``.
 
-Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``.  Errors are
-OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed body, an unknown field or a
-value out of range is a 400 naming the field.
+Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``.  Every error is
+OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``errors.py``); request bodies are read
+within the server's limits and validated strictly (``request_body.py``, ``limits.py``); the API key and the
+Host check are ``security.py``'s.
 """
 
 from __future__ import annotations
@@ -13,69 +14,29 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from deepinfer.engine.async_llm import AsyncLLM
 from deepinfer.entrypoints.openai import metrics
 from deepinfer.entrypoints.openai.chat import create_chat_completion
 from deepinfer.entrypoints.openai.completions import create_completion
-from deepinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestFieldError
-from deepinfer.entrypoints.openai.serving import APIError, created
+from deepinfer.entrypoints.openai.errors import install_error_handlers
+from deepinfer.entrypoints.openai.limits import limits_from_args
+from deepinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from deepinfer.entrypoints.openai.request_body import parse_request
+from deepinfer.entrypoints.openai.security import AccessGuard, HostPolicy, api_key, warn_if_exposed
+from deepinfer.entrypoints.openai.serving import created
 from deepinfer.entrypoints.openai.state import ServerState
 
 logger = logging.getLogger(__name__)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "any"}
-
-
-def _field(loc: tuple[Any, ...]) -> str | None:
-    """The request field of a pydantic error location: ``body`` and union-branch tags (``list[int]``) dropped,
-    list indices kept (``prompt.1``)."""
-    parts = []
-    for p in loc:
-        tag = str(p)
-        if p == "body" or (isinstance(p, str) and ("[" in tag or tag.split("-")[0].lower() in _TYPE_TAGS)):
-            continue
-        parts.append(tag)
-    return ".".join(parts) or None
-
-
-def _validation_error(exc: RequestValidationError) -> APIError:
-    """The first field pydantic refused, as a 400 naming it (every form a union field was tried against)."""
-    errors = exc.errors()
-    if not errors:
-        return APIError("invalid request body")
-    first = errors[0]
-    param = _field(tuple(first.get("loc", ())))
-    if first.get("type") == "extra_forbidden":
-        return APIError(f"unknown or unsupported parameter {param!r} (docs/serving.md lists the parameters)", param)
-    if first.get("type") == "json_invalid":
-        return APIError(f"the request body is not valid JSON ({first.get('msg')})", None)
-    messages = list(dict.fromkeys(str(e.get("msg")) for e in errors if _field(tuple(e.get("loc", ()))) == param))
-    return APIError(f"{param or 'body'}: {'; or: '.join(messages)}", param)
-
-
-def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="DeepInfer", docs_url=None, redoc_url=None)
-
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> Response:
-        return exc.response()
-
-    @app.exception_handler(RequestFieldError)
-    async def _field_error(_: Request, exc: RequestFieldError) -> Response:
-        return APIError(str(exc), exc.param).response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-        return _validation_error(exc).response()
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> Response:
-        logger.exception("request failed")
-        return APIError(f"{type(exc).__name__}: {exc}", status=500, kind="server_error").response()
+def build_app(state: ServerState, key: str | None = None, hosts: HostPolicy | None = None) -> FastAPI:
+    """The routes over ``state``; ``key``: the API key ``/v1/*`` requires; ``hosts``: the Host names answered
+    (default any)."""
+    app = FastAPI(title="DeepInfer", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.add_middleware(AccessGuard, key=key, hosts=hosts or HostPolicy(None))
 
     @app.get("/health")
     async def health() -> Response:
@@ -91,15 +52,16 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return PlainTextResponse(metrics.render(state.engine.stats, state.model_name), media_type=metrics.CONTENT_TYPE)
+        return Response(metrics.render(state.engine.stats, state.model_name), media_type=metrics.CONTENT_TYPE)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw: Request) -> Response:
-        return await create_completion(body, raw, state)
+    async def completions(raw: Request) -> Response:
+        return await create_completion(await parse_request(raw, CompletionRequest, state.limits), raw, state)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, raw: Request) -> Response:
-        return await create_chat_completion(body, raw, state)
+    async def chat(raw: Request) -> Response:
+        return await create_chat_completion(await parse_request(raw, ChatCompletionRequest, state.limits), raw,
+                                            state)
 
     @app.get("/version")
     async def version() -> JSONResponse:
@@ -128,14 +90,16 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
     engine = AsyncLLM(llm)
     name = args.served_model_name or engine_kwargs.get("model") or (
         llm.model_path.name if llm.model_path is not None else "deepinfer")
-    state = ServerState(engine, str(name), _chat_template(args.chat_template))
+    state = ServerState(engine, str(name), _chat_template(args.chat_template), limits_from_args(args))
+    key = api_key(args.api_key)
+    warn_if_exposed(args.host, key)
     if state.chat_template is None and not getattr(llm.tokenizer, "chat_template", None):
         logger.warning("the tokenizer has no chat template: /v1/chat/completions renders conversations as a plain "
                        "'User: / Assistant:' transcript; pass --chat-template for the model's own format")
     logger.info("serving %s on http://%s:%d (OpenAI-compatible: /v1/completions, /v1/chat/completions)",
                 state.model_name, args.host, args.port)
+    app = build_app(state, key, HostPolicy.for_bind(args.host, args.allowed_hosts))
     try:
-        uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                    timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
     finally:
         engine.shutdown()

@@ -51,14 +51,15 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request, stat
     state.check_model(body.model)
     params = state.sampling_params(lambda: body.sampling_params(body.output_limit(), body.num_logprobs()))
     try:
-        prompt = render_chat(state.engine.tokenizer, body.messages, state.chat_template, body.add_generation_prompt,
-                             body.chat_template_kwargs)
+        prompt = await state.engine.run_in_worker(  # off the event loop: a long conversation renders for a while
+            render_chat, state.engine.tokenizer, body.messages, state.chat_template, body.add_generation_prompt,
+            body.chat_template_kwargs)
     except ChatError as exc:
         raise APIError(str(exc), "messages") from None
     request_id = new_id("chatcmpl")
 
     async def work() -> Response:
-        first, rest = await start(state.engine, [prompt], params, request_id)
+        first, rest = await start(state.engine, [prompt], params, request_id, "messages")
         if body.stream:
             return sse(_chunks(body, state, request_id, first, rest), on_close=rest.aclose)
         return await _respond(body, state, request_id, params.n, first, rest)

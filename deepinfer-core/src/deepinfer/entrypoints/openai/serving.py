@@ -1,5 +1,5 @@
-"""What both generation endpoints share: errors in OpenAI's shape, running a request's prompts on the async
-engine (merged, rejections found before anything is sent), accumulating deltas, SSE framing and usage."""
+"""What both generation endpoints share: running a request's prompts on the async engine (merged, rejections
+found before anything is sent), accumulating deltas, SSE framing and usage.  Errors: ``errors.py``."""
 
 from __future__ import annotations
 
@@ -12,32 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from deepinfer.engine.async_llm import AsyncLLM
+from deepinfer.entrypoints.openai.errors import APIError, internal_error, param_of
 from deepinfer.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from deepinfer.sampling_params import SamplingParams
-
-
-class APIError(Exception):
-    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
-
-
-def param_of(message: str, names: tuple[str, ...]) -> str | None:
-    """The request field a ``SamplingParams`` error message starts with (it names the field first)."""
-    first = message.split(" ", 1)[0].rstrip(":,")
-    return first if first in names else None
 
 
 def new_id(prefix: str) -> str:
@@ -103,17 +83,19 @@ async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncGenerator[
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def start(engine: AsyncLLM, prompts: list[Any], params: SamplingParams, request_id: str
+async def start(engine: AsyncLLM, prompts: list[Any], params: SamplingParams, request_id: str,
+                param: str = "prompt"
                 ) -> tuple[list[tuple[int, RequestOutput]], AsyncGenerator[tuple[int, RequestOutput], None]]:
     """Submit every prompt and wait for each one's first output, so that a rejected prompt fails the whole
-    HTTP request (400) before a byte is sent.  Returns those first outputs and the stream of the rest."""
+    HTTP request (400) before a byte is sent: its ``param`` is the sampling field the engine names, else
+    ``param`` (``prompt[i]`` for the i-th).  Returns those first outputs and the stream of the rest."""
     merged = _merge([engine.generate(p, params, f"{request_id}-{i}") for i, p in enumerate(prompts)])
     first: list[tuple[int, RequestOutput]] = []
     seen: set[int] = set()
     try:
         async for i, out in merged:
             if out.error is not None:
-                raise APIError(out.error, "prompt" if i == 0 else f"prompt[{i}]")
+                raise APIError(out.error, param_of(out.error) or (param if i == 0 else f"{param}[{i}]"))
             first.append((i, out))
             seen.add(i)
             if len(seen) == len(prompts):
@@ -190,9 +172,8 @@ def sse(events: AsyncIterator[dict[str, Any]], on_close: Callable[[], Any] | Non
 
 
 def stream_error(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, APIError):
-        return exc.body()
-    return APIError(f"{type(exc).__name__}: {exc}", status=500, kind="server_error").body()
+    """The last event of a stream that failed: a request error as it is, anything else by its logged id."""
+    return (exc if isinstance(exc, APIError) else internal_error(exc)).body()
 
 
 def created() -> int:

@@ -1,19 +1,15 @@
-"""What every route handler needs: the async engine, the served model's name and the chat template."""
+"""What every route handler needs: the async engine, the served model's name, the chat template, the limits."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepinfer.engine.async_llm import AsyncLLM
+from deepinfer.entrypoints.openai.errors import APIError, param_of
+from deepinfer.entrypoints.openai.limits import ServerLimits
 from deepinfer.entrypoints.openai.protocol import RequestFieldError
-from deepinfer.entrypoints.openai.serving import APIError, param_of
 from deepinfer.sampling_params import SamplingParams
-
-_PARAM_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams)) + ("so_args",)
-#: SamplingParams field -> the request field that sets it, where they differ.
-_REQUEST_NAMES = {"seq_seed": "seed"}
 
 
 @dataclass(slots=True)
@@ -22,6 +18,8 @@ class ServerState:
     model_name: str
     #: ``--chat-template``; None: the tokenizer's (or the plain fallback).
     chat_template: str | None = None
+    #: What one request may hold (``--max-request-body-bytes``, ...).
+    limits: ServerLimits = ServerLimits()
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -36,5 +34,4 @@ class ServerState:
         except RequestFieldError as exc:
             raise APIError(str(exc), exc.param) from None
         except ValueError as exc:
-            param = param_of(str(exc), _PARAM_NAMES)
-            raise APIError(str(exc), _REQUEST_NAMES.get(param, param) if param else None) from None
+            raise APIError(str(exc), param_of(str(exc))) from None
