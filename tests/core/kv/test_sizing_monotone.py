@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.engine.llm import load_tokenizer
 from deepinfer.kv.sizing import min_pool_bytes, plan_pool, pool_bytes_for
 from deepinfer.models import load_model
 from deepinfer.models.deepseek_v4.config import CSA, HCA, SLIDING
@@ -67,11 +68,16 @@ def test_named_budgets_work(v41_model):
         assert plan_pool(spec, size, 256, one).admissible >= spec.state_bytes(tokens, size)
 
 
-def test_engine_names_a_state_budget_that_fits_max_model_len(v41_model):
-    small = min_pool_bytes(v41_model.state_spec, 4, 8)
+@pytest.mark.parametrize("loaded", [False, True], ids=["checkpoint (memory plan)", "from_model (sizing)"])
+def test_engine_names_a_state_budget_that_fits_max_model_len(v41_model, loaded):
+    def build(budget: int) -> LLM:
+        limits = dict(max_num_seqs=8, state_cache_bytes=budget, max_model_len=500)
+        if loaded:
+            return LLM.from_model(v41_model, load_tokenizer(TINY_V41_DIR), **limits)
+        return LLM(str(TINY_V41_DIR), dtype="float32", **limits)
+
     with pytest.raises(ValueError, match=r"raise state_cache_bytes to at least (\d+)") as info:
-        LLM(str(TINY_V41_DIR), dtype="float32", max_num_seqs=8, state_cache_bytes=small, max_model_len=500)
-    enough = int(re.search(r"at least (\d+)", str(info.value)).group(1))
-    llm = LLM(str(TINY_V41_DIR), dtype="float32", max_num_seqs=8, state_cache_bytes=enough, max_model_len=500)
+        build(min_pool_bytes(v41_model.state_spec, 4, 8))
+    llm = build(int(re.search(r"at least (\d+)", str(info.value)).group(1)))
     out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
     assert out.error is None and len(out.outputs[0].token_ids) == 3

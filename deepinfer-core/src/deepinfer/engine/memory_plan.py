@@ -155,7 +155,7 @@ class MemoryPlan:
         rest += [f"the drafter's context ({human(self.drafter_context)})"] if self.drafter_context else []
         rest.append(f"the smallest state pool ({human(self.state_min)})")
         fixed = self.weights_device + self.drafter_context + estimate
-        if fixed + self.state_min > memory or self.state < self.state_min:
+        if fixed + self.state_min > memory or (self.request.state_cache_bytes is None and self.state < self.state_min):
             return (f"after {human(self.weights_device)} of weights, {human(memory - self.weights_device)} of the "
                     f"device's {human(memory)} remain; {_listing(rest)} need more")
         if workspace and self.device_total > memory:
@@ -252,7 +252,8 @@ def _state_sizes(inputs: PlanInputs, request: PlanRequest, size: int) -> tuple[i
     wanted = pool_bytes_for(spec, size, request.max_num_seqs, tokens)
     if request.max_model_len is None:
         return wanted, min_pool_bytes(spec, size, request.max_num_seqs)
-    return wanted, pool_bytes_for(spec, size, 1, request.max_model_len)
+    return wanted, pool_bytes_for(spec, size, request.max_num_seqs, request.max_model_len, sequences=1,
+                                  per_mille=0)
 
 
 def _state(request: PlanRequest, roles: tuple[RoleBytes, ...], wanted: int) -> int:

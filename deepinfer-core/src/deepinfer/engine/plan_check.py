@@ -54,6 +54,10 @@ def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend:
     plan = planner.plan(plan_request(args, dtype, gpu_memory=free))
     logger.info("%s", summary(plan))
     logger.debug("%s", format_plan(plan))
+    if args.state_cache_bytes is not None and args.state_cache_bytes < plan.state_min:
+        longest = f"{args.max_model_len} tokens" if args.max_model_len is not None else "2 tokens"
+        raise ValueError(f"state_cache_bytes={args.state_cache_bytes} cannot hold one sequence of {longest}: raise "
+                         f"state_cache_bytes to at least {plan.state_min} (with max_num_seqs={args.max_num_seqs})")
     check_fits(plan, planner, f"the model in {path}", workspace=False)  # what certainly cannot fit: refused
     if plan.problem() is not None:  # only with the workspace estimate: the engine may still run
         logger.warning("the memory plan may not fit: %s", plan.problem())
