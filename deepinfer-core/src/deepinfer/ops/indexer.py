@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +31,25 @@ def _indexer_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
     entries = max(1, int(limits[rows].max()))
     args = (q[rows], weights[rows], keys[used, :entries], local, limits[rows], *rest)
     return OpSample(args, dict(sample.kwargs), sample.label)
+
+
+#: Query rows per step of these reference ops: their gathered keys [rows, N, c] and scores [rows, H, N] stay near
+#: this size however long the context (a 700k-token prompt's 8192-row chunk would otherwise take ~100 GiB at once).
+ROW_CHUNK_BYTES = 256 << 20
+
+
+def by_row_chunks(select: Callable[..., Any], keys: torch.Tensor, heads: int, *rows: torch.Tensor) -> Any:
+    """``select(*rows)`` over chunks of the query rows (a multiple of the 16-row tiles of the fixed-order forms),
+    the outputs (a tensor or a tuple of them) joined along the rows: every row's result is computed alone."""
+    total = rows[0].shape[0]
+    per_row = 4 * keys.shape[1] * max(keys.shape[2], heads)
+    step = max(16, ROW_CHUNK_BYTES // max(1, per_row) // 16 * 16)
+    if step >= total:
+        return select(*rows)
+    parts = [select(*(r[i : i + step] for r in rows)) for i in range(0, total, step)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(p) for p in zip(*parts, strict=True))
+    return torch.cat(parts)
 
 
 def index_scores(
@@ -82,7 +104,11 @@ def indexer_topk(
     Returns [T, topk] int64 entry ids in descending score order, ``-1`` where fewer entries are valid.
     Ties are broken towards the lower entry id (a stable descending sort), so results are deterministic.
     """
-    return _top_entries(index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale), topk)
+
+    def select(q, weights, seq_ids, limits):
+        return _top_entries(index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale), topk)
+
+    return by_row_chunks(select, keys, q.shape[1], q, weights, seq_ids, limits)
 
 
 def _top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
@@ -109,7 +135,11 @@ def indexer_topk_fixed_order(
     """Scores on fixed tiles of 16 queries against fixed chunks of 64 entries: neither the batch's size nor
     its longest sequence (which sets how far keys are padded) changes a score's bits, so neither changes
     the selection."""
-    return _top_entries(_fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale), topk)
+
+    def select(q, weights, seq_ids, limits):
+        return _top_entries(_fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale), topk)
+
+    return by_row_chunks(select, keys, q.shape[1], q, weights, seq_ids, limits)
 
 
 def _fixed_order_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
@@ -188,16 +218,24 @@ def indexer_candidates(
     """The candidate source's :func:`indexer_topk` (its own picks are not restricted) and the candidate pool it
     publishes for later indexers: :func:`candidate_blocks` of its scores.  Returns ``(ids [T, topk],
     blocks [T, topk_blocks] int64)``."""
-    scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
-    return _top_entries(scores, topk), candidate_blocks(scores, limits, block_size, topk_blocks)
+
+    def select(q, weights, seq_ids, limits):
+        scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+        return _top_entries(scores, topk), candidate_blocks(scores, limits, block_size, topk_blocks)
+
+    return by_row_chunks(select, keys, q.shape[1], q, weights, seq_ids, limits)
 
 
 @batch_invariant_reference(indexer_candidates)
 def indexer_candidates_fixed_order(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale,
                                    block_size, topk_blocks):
     """Scores as :func:`indexer_topk_fixed_order` computes them; the selections are row-local."""
-    scores = _fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
-    return _top_entries(scores, topk), candidate_blocks(scores, limits, block_size, topk_blocks)
+
+    def select(q, weights, seq_ids, limits):
+        scores = _fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+        return _top_entries(scores, topk), candidate_blocks(scores, limits, block_size, topk_blocks)
+
+    return by_row_chunks(select, keys, q.shape[1], q, weights, seq_ids, limits)
 
 
 def _in_blocks_samples(dtype: torch.dtype, gen: torch.Generator):
@@ -238,13 +276,21 @@ def indexer_topk_in_blocks(
 ) -> torch.Tensor:
     """:func:`indexer_topk` restricted to each query's candidate ``blocks`` [T, B] (block ids of ``block_size``
     entries, ``-1`` pads; from :func:`indexer_candidates`): V4.1's index sources after the candidate source."""
-    scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
-    return _top_entries(_in_blocks(scores, blocks, block_size), topk)
+
+    def select(q, weights, seq_ids, limits, blocks):
+        scores = index_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+        return _top_entries(_in_blocks(scores, blocks, block_size), topk)
+
+    return by_row_chunks(select, keys, q.shape[1], q, weights, seq_ids, limits, blocks)
 
 
 @batch_invariant_reference(indexer_topk_in_blocks)
 def indexer_topk_in_blocks_fixed_order(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale,
                                        blocks, block_size):
     """Scores as :func:`indexer_topk_fixed_order` computes them; the restriction and selection are row-local."""
-    scores = _fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
-    return _top_entries(_in_blocks(scores, blocks, block_size), topk)
+
+    def select(q, weights, seq_ids, limits, blocks):
+        scores = _fixed_order_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale)
+        return _top_entries(_in_blocks(scores, blocks, block_size), topk)
+
+    return by_row_chunks(select, keys, q.shape[1], q, weights, seq_ids, limits, blocks)
