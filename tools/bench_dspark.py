@@ -43,7 +43,7 @@ class ArbitraryDrafter:
         pass
 
     def draft(self, requests, k):
-        from deepinfer.spec.drafter import Drafts
+        from deepinfer.spec_decode.drafter import Drafts
 
         anchors = torch.tensor([r.anchor for r in requests], dtype=torch.int64)
         tokens = (anchors[:, None] + torch.arange(1, k + 1)[None, :]) % self.vocab_size
@@ -145,7 +145,7 @@ def load_slice(tiny: bool, max_seqs: int, tokens: int):
 
 def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: list[float], k: int, new_tokens: int,
           prompt_len: int, real: bool, repeats: int) -> list[dict[str, object]]:
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     engine = llm.engine
     k = min(k, drafter.max_draft_len)
@@ -186,7 +186,7 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     from bench_common import kernel_totals, profile_table
 
     from deepinfer import SamplingParams
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     engine = llm.engine
     gen = torch.Generator().manual_seed(batch)
@@ -255,7 +255,7 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
     one ``new_tokens`` run after a warm-up): what the host does between read-backs, which the device waits on."""
     from deepinfer import SamplingParams
     from deepinfer.runner import speculative
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     engine = llm.engine
     runner = engine.runner

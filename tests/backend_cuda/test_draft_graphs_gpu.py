@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
 from tests.support.tiny_assets import TINY_V41_DIR
 
 requires_cuda = pytest.mark.skipif(
@@ -107,7 +107,7 @@ def test_captured_sampled_draft_passes_replay_the_eager_pass(drafter):
 
 def test_engine_greedy_output_with_captured_drafts_and_verify_steps_is_the_plain_output(monkeypatch):
     from deepinfer import LLM, SamplingParams
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "4")
     llm = LLM(str(TINY_V41_DIR), max_num_seqs=8)
@@ -134,7 +134,7 @@ def test_engine_seeded_sampled_run_with_captured_drafts_repeats(monkeypatch):
     """Sampled and greedy requests together: every draft pass is a replayed graph (sampled passes included, no
     eager fallback), the verify steps are captured, and the seeded run repeats token for token."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "4")
     llm = LLM(str(TINY_V41_DIR), max_num_seqs=8)

@@ -14,7 +14,7 @@ import torch
 from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.ops import OpTable
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
 from tests.support import dspark_dense as dd
 from tests.support.v41_fixtures import FIXTURES
 

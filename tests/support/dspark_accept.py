@@ -11,7 +11,7 @@ import torch
 
 from deepinfer.models import ForwardBatch
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
 
 
 @dataclass

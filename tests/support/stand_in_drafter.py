@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.spec.drafter import DraftRequest, Drafts
+from deepinfer.spec_decode.drafter import DraftRequest, Drafts
 
 _GOLDEN = 0x9E3779B97F4A7C15
 

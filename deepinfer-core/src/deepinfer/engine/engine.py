@@ -35,8 +35,8 @@ from deepinfer.runner.model_runner import ModelRunner, StepHandle
 from deepinfer.runner.verify_graphs import VerifyGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
-from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import Drafter, GraphDrafter, VerifyExtender
+from deepinfer.spec_decode.budget import SpecPolicy
+from deepinfer.spec_decode.drafter import Drafter, GraphDrafter, VerifyExtender
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class Engine:
 
     def _set_draft_graphs(self, drafter: Drafter | None) -> None:
         """Capture draft passes where decode steps are captured (not ``enforce_eager``) and the drafter
-        offers it (:class:`~deepinfer.spec.drafter.GraphDrafter`).  The captures of the last such drafter are
+        offers it (:class:`~deepinfer.spec_decode.drafter.GraphDrafter`).  The captures of the last such drafter are
         kept while speculation is off, so turning the same drafter on again does not capture again."""
         runner, kept = self.runner, self._draft_graphs
         runner.draft_graphs = None

@@ -13,8 +13,8 @@ from deepinfer.engine.request import Sequence, SequenceStatus
 from deepinfer.models.base import CausalLM, Rewindable
 from deepinfer.outputs import SpecDecodingStats
 from deepinfer.runner.cost_profile import profile_step_costs
-from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import Drafter
+from deepinfer.spec_decode.budget import SpecPolicy
+from deepinfer.spec_decode.drafter import Drafter
 from deepinfer.step import SpecResult
 
 logger = logging.getLogger(__name__)

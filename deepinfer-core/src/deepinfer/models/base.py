@@ -16,7 +16,7 @@ import torch
 
 if TYPE_CHECKING:
     from deepinfer.kv.prefix_cache import PrefixCache
-    from deepinfer.spec.drafter import Drafter
+    from deepinfer.spec_decode.drafter import Drafter
 
 
 @runtime_checkable

@@ -20,7 +20,7 @@ from deepinfer.runner.decode_graphs import DecodeGraphs
 from deepinfer.runner.draft_graphs import DraftGraphs
 from deepinfer.runner.verify_graphs import VerifyGraphs
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
-from deepinfer.spec.drafter import Drafter
+from deepinfer.spec_decode.drafter import Drafter
 from deepinfer.step import PLACEHOLDER, PromptScoring, RunnerOutput, ScheduledSample, StepInput, TokenLogprobs
 
 #: (rows of the flat batch, a device tensor of tokens, the rows of it to write there).

@@ -6,7 +6,7 @@
    drafts race counter-based noise of the request's seed).  A grammar keeps the leading drafts it allows.
 2. One ragged forward runs every chunk with its drafts appended (the model already takes several tokens per
    sequence); states of speculating sequences are checkpointed first (:class:`~deepinfer.models.base.Rewindable`).
-3. :func:`deepinfer.spec.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
+3. :func:`deepinfer.spec_decode.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
 4. A sequence whose drafts were all accepted keeps the forward; any other is restored to before it, and its
    accepted tokens are fed again with its next chunk (exact by construction: feeding tokens whole or in chunks
    leaves the same state), or at once when that chunk was itself a re-feed (:func:`_undo`: bounded chunks).  The
@@ -15,7 +15,7 @@
 A pure-decode step (every chunk its anchor alone) on a model with captured verify steps
 (:class:`~deepinfer.runner.verify_graphs.VerifyGraphs`) replaces 2 and 4: one replayed fixed-shape forward of
 anchor and drafts, then the model keeps each sequence's accepted rows (``commit_verify``); nothing is undone, and
-a :class:`~deepinfer.spec.drafter.VerifyExtender` drafter's context was extended inside the replayed step.
+a :class:`~deepinfer.spec_decode.drafter.VerifyExtender` drafter's context was extended inside the replayed step.
 
 The step is read back before it returns (acceptance decides what the next step feeds), so the engine does not
 overlap speculative steps with the next schedule.
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer.models.base import ForwardBatch, Rewindable, StateCheckpoint
-from deepinfer.spec.drafter import DraftRequest, Drafts
-from deepinfer.spec.verify import forced, grammar_rows, verify, verify_rows
+from deepinfer.spec_decode.drafter import DraftRequest, Drafts
+from deepinfer.spec_decode.verify import forced, grammar_rows, verify, verify_rows
 from deepinfer.step import RunnerOutput, ScheduledSample, SpecResult, StepInput, TokenLogprobs
 
 #: ``logits_of(rows)``: fp32 logits of those rows of the step's forward.

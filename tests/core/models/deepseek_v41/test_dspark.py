@@ -17,7 +17,7 @@ from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp_shapes
 from deepinfer.ops import OpTable
 from deepinfer.ops.speculative import DRAFT_SALT
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
 from tests.support import dspark_dense as dd
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES

@@ -13,8 +13,8 @@ Every block position is a prediction ("anchor as first prediction": position j d
 block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
 target's.  The layers are :class:`~.model.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
 :meth:`~.attention.Attention.block` and :meth:`~.attention.Attention.latents`; the MoE, mHC and norms are the
-backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter` and its optional
-:class:`~deepinfer.spec.drafter.GraphDrafter` (draft passes captured per (batch bucket, k, sampled)).
+backbone's blocks.  Implements :class:`deepinfer.spec_decode.drafter.Drafter` and its optional
+:class:`~deepinfer.spec_decode.drafter.GraphDrafter` (draft passes captured per (batch bucket, k, sampled)).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from deepinfer.ops import Ops
 from deepinfer.ops.speculative import DRAFT_SALT
 from deepinfer.quant import QuantizedTensor
 from deepinfer.sample.sampler import signed64
-from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
+from deepinfer.spec_decode.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
 
 Stored = torch.Tensor | QuantizedTensor
 
@@ -98,7 +98,7 @@ class DSparkDrafter:
 
     def extend_rows(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
         """:meth:`extend` on the device (``slots`` / ``positions`` [N] int64 there, unchecked): no host data, so a
-        captured verify step extends every row it ran (:class:`~deepinfer.spec.drafter.VerifyExtender`)."""
+        captured verify step extends every row it ran (:class:`~deepinfer.spec_decode.drafter.VerifyExtender`)."""
         ops = self.ops
         main_x = ops.rms_norm(ops.linear(features.to(self.dtype), self.main_proj), self.main_norm,
                               self.config.rms_norm_eps)
@@ -126,7 +126,7 @@ class DSparkDrafter:
         """Host int64 [bucket, 5]: (slot, anchor, anchor position, seed as signed 64-bit, temperature's float64
         bits) per request, then all-zero padding rows.  A padding row reads slot 0 at position 0, where no context
         row is valid (it holds positions < 0 only), so it attends to its own block alone, and drafts greedily
-        (temperature 0.0) (:class:`deepinfer.spec.drafter.GraphDrafter`)."""
+        (temperature 0.0) (:class:`deepinfer.spec_decode.drafter.GraphDrafter`)."""
         if bucket < len(requests):
             raise ValueError(f"draft_inputs: {len(requests)} requests do not fit a bucket of {bucket} rows")
         for r in requests:
@@ -220,15 +220,15 @@ def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> C
 
 
 def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:
-    """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.Drafter`."""
+    """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`Drafter`."""
     return drafter
 
 
 def _implements_graph_drafting(drafter: DSparkDrafter) -> GraphDrafter:
-    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.GraphDrafter`."""
+    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`GraphDrafter`."""
     return drafter
 
 
 def _implements_verify_extension(drafter: DSparkDrafter) -> VerifyExtender:
-    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.VerifyExtender`."""
+    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`VerifyExtender`."""
     return drafter

@@ -42,7 +42,7 @@ from deepinfer.ops import Ops
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.parallel.engram_shard import shard_engrams
 from deepinfer.quant import QuantizedTensor
-from deepinfer.spec.drafter import Drafter
+from deepinfer.spec_decode.drafter import Drafter
 
 if TYPE_CHECKING:
     from deepinfer.parallel.context import ParallelContext

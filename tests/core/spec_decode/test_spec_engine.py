@@ -18,7 +18,7 @@ import torch
 import deepinfer
 from deepinfer import LLM, SamplingParams
 from deepinfer.models.deepseek_v4.state import layer_view
-from deepinfer.spec.budget import CostTable, SpecPolicy
+from deepinfer.spec_decode.budget import CostTable, SpecPolicy
 from tests.support.engine_checks import assert_same_output, homogeneity_p, ragged_prompts
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)

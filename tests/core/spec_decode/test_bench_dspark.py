@@ -11,7 +11,7 @@ import pytest
 
 import deepinfer
 from deepinfer import LLM, SamplingParams
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec_decode.budget import SpecPolicy
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 

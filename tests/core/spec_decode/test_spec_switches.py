@@ -14,7 +14,7 @@ import deepinfer
 from deepinfer import LLM, SamplingParams
 from deepinfer.models.loader import load_model
 from deepinfer.ops import OpTable
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec_decode.budget import SpecPolicy
 from tests.support.engine_checks import assert_same_output, ragged_prompts
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.structured import build_tokenizer

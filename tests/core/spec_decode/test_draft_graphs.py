@@ -20,8 +20,8 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends import Backend
 from deepinfer.runner.draft_graphs import DraftGraphs
-from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import DraftRequest, GraphDrafter
+from deepinfer.spec_decode.budget import SpecPolicy
+from deepinfer.spec_decode.drafter import DraftRequest, GraphDrafter
 from tests.support.engine_checks import assert_same_output, homogeneity_p
 from tests.support.tiny_assets import TINY_V41_DIR
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -197,7 +197,7 @@ def test_engine_greedy_output_with_captured_drafts_is_the_plain_output(llm):
 
 def test_engine_sampled_output_with_captured_drafts_has_the_plain_distribution(llm):
     """Sampled requests draft through the captured sampled passes (no eager fallback): the output tokens have plain
-    sampling's distribution (a two-sample chi-square over 300 seeds, as tests/core/spec/test_spec_engine.py does
+    sampling's distribution (a two-sample chi-square over 300 seeds, as tests/core/spec_decode/test_spec_engine.py does
     with a stand-in drafter), and a seeded batch run twice gives the same tokens."""
     engine = llm.engine
     drafter = engine.drafter or engine.model.make_drafter()
