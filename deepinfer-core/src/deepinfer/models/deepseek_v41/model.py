@@ -22,8 +22,7 @@ import torch
 
 from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
-from deepinfer.kv.pool import StatePool
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState, StatePool
 from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoESpec, build_moe
