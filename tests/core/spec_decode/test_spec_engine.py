@@ -205,7 +205,7 @@ def test_state_and_drafter_context_after_speculative_steps_equal_plain_steps():
         for seq in engine.seqs.values():
             state = engine.state_cache.get(seq.seq_id)
             assert state.num_tokens == seq.num_computed
-            assert drafter.context[state.slot] == list(range(len(seq.token_ids) - 1))
+            assert drafter.context[state] == list(range(len(seq.token_ids) - 1))
             rejected += seq.num_computed < len(seq.token_ids) - 1
             fresh = model.new_state()
             ids = seq.token_ids[: state.num_tokens]

@@ -24,7 +24,7 @@ from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
-from deepinfer.models.base import CausalLM, DraftingModel, PrefixCacheable
+from deepinfer.models.base import CausalLM, PrefixCacheable
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.dp import DataParallelEngine
@@ -32,6 +32,7 @@ from deepinfer.parallel.launch import Joined, RankEnv, join_world, stop_peers
 from deepinfer.parallel.plan import ParallelConfig
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.spec_decode.drafter import DraftingModel
 
 logger = logging.getLogger(__name__)
 

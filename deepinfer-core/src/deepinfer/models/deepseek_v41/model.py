@@ -182,7 +182,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
 
     def make_drafter(self) -> Drafter | None:
         """The checkpoint's DSpark drafter over the configured state pool (one context per pool slot), or None
-        when the checkpoint has none (:class:`deepinfer.models.base.DraftingModel`)."""
+        when the checkpoint has none (:class:`deepinfer.spec_decode.drafter.DraftingModel`)."""
         if not self.config.num_nextn_predict_layers or not self.mtp_weights:
             return None
         from deepinfer.models.deepseek_v41.dspark import DSparkDrafter  # (it builds on this module)
