@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from deepinfer import envs
 from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.output_processor import OutputProcessor
@@ -59,15 +60,17 @@ class Engine:
     threads run one after the other.
     """
 
-    def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig,
+    def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig, state_cache: StateCache,
                  token_masks: TokenMaskProvider | None = None, backend: Backend | None = None,
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, spec_env: envs.SpecDecodeEnv | None = None):
+        """``state_cache``: the model's state, configured for ``config``'s limits; ``spec_env``: the speculative
+        decoding variables (default: read now), which :meth:`set_drafter` follows unless given a policy."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.state_cache = StateCache(model, config.state_cache_bytes, config.enable_prefix_caching)
+        self.state_cache = state_cache
         self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
-        if config.enable_prefix_caching:
+        if state_cache.prefix is not None:
             self.scheduler.prefix_lookup = self._prefix_lookup
         backend = backend if backend is not None else Backend()
         sampler = Sampler(ops, config.eos_token_ids, upload=backend.to_device)
@@ -89,6 +92,7 @@ class Engine:
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
         #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it).
         self.lock = threading.Lock()
+        self._spec_env = spec_env if spec_env is not None else envs.spec_decode()
         if drafter is not None:
             self.set_drafter(drafter)
 
@@ -107,7 +111,7 @@ class Engine:
         if self.seqs:
             raise RuntimeError("set_drafter: the engine has requests in progress")
         if drafter is not None and policy is None:
-            policy = policy_from_env(drafter, self.model, self.runner.backend, self.config)
+            policy = policy_from_env(drafter, self.model, self.runner.backend, self.config, self._spec_env)
         if drafter is not None and not isinstance(self.model, Rewindable):
             logger.info("speculative decoding off: %s cannot undo a forward", type(self.model).__name__)
             drafter = None
