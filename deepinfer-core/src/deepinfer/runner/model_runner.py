@@ -6,9 +6,9 @@ for), samples, and returns plain Python data.  Device-agnostic: the device is th
 engine only through the plain step types of ``deepinfer.step``.
 
 It owns its execution modes: eager steps, pure-decode steps replayed from captured graphs
-(``decode_graphs.py``, unless built without :class:`GraphLimits`), and with a drafter (:meth:`ModelRunner.
-set_drafter`) speculative steps (``speculative.py``), whose draft passes and pure-decode verify steps it captures
-too where the drafter and the model allow (``draft_graphs.py``, ``verify_graphs.py``).
+(``decode_graphs.py``, unless built without :class:`GraphLimits`), and with a drafter
+(:meth:`ModelRunner.set_drafter`) speculative steps (``speculative.py``), whose draft passes and pure-decode verify
+steps it captures too where the drafter and the model allow (``draft_graphs.py``, ``verify_graphs.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ModelRunner:
         backend = backend if backend is not None else Backend()  # the base class: plain ``t.to(device)``
         self._io = StepIO(backend, model.device, ops)
         self._limits = graphs
-        self._decode_graphs = None
+        self._decode_graphs: DecodeGraphs | None = None
         if graphs is not None and isinstance(model, GraphDecodable):
             self._decode_graphs = DecodeGraphs(model, backend, model.device, graphs.max_seqs, graphs.max_tokens)
         self._draft_graphs: DraftGraphs | None = None
