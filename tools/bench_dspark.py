@@ -7,7 +7,7 @@
 
 Per batch size: plain decoding, then speculative decoding with the checkpoint's drafter (``make_drafter``; a
 stand-in proposing arbitrary tokens when the checkpoint has none) at each forced acceptance length L: the runner
-accepts L - 1 drafts a step whatever the target says (``ModelRunner.forced_acceptance``, benchmark only, lossy),
+accepts L - 1 drafts a step whatever the target says (``set_drafter(forced_acceptance=)``, benchmark only, lossy),
 so a slice with random weights measures the engine at a given acceptance.  ``--real`` adds a run that verifies for
 real (meaningful with trained weights; its measured acceptance length is reported).  Greedy requests with
 ``ignore_eos``; decode time = time of ``--new-tokens`` tokens minus the time of 1 (the prefill), best of
@@ -39,23 +39,23 @@ class ArbitraryDrafter:
     def __init__(self, vocab_size: int, max_draft_len: int, device: torch.device):
         self.vocab_size, self.max_draft_len, self.device = vocab_size, max_draft_len, device
 
-    def extend(self, slots, positions, features) -> None:
+    def extend(self, states, positions, features) -> None:
         pass
 
     def draft(self, requests, k):
-        from deepinfer.spec.drafter import Drafts
+        from deepinfer.spec_decode.drafter import Drafts
 
         anchors = torch.tensor([r.anchor for r in requests], dtype=torch.int64)
         tokens = (anchors[:, None] + torch.arange(1, k + 1)[None, :]) % self.vocab_size
         return Drafts(tokens.to(self.device), None, torch.full((len(requests), k), 0.5, device=self.device))
 
-    def truncate(self, slot: int, length: int) -> None:
+    def truncate(self, state, length: int) -> None:
         pass
 
-    def fork(self, src: int, dst: int) -> None:
+    def fork(self, src, dst) -> None:
         pass
 
-    def free(self, slot: int) -> None:
+    def free(self, state) -> None:
         pass
 
 
@@ -145,7 +145,7 @@ def load_slice(tiny: bool, max_seqs: int, tokens: int):
 
 def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: list[float], k: int, new_tokens: int,
           prompt_len: int, real: bool, repeats: int) -> list[dict[str, object]]:
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     engine = llm.engine
     k = min(k, drafter.max_draft_len)
@@ -162,12 +162,10 @@ def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: li
         rows.append(dict(batch=batch, mode="plain", acceptance=1.0, tokens_per_s=base, speedup=1.0, steps=steps,
                          graph_steps=graphs))
         for length in acceptance + ([0.0] if real else []):
-            engine.set_drafter(drafter, SpecPolicy(k))
-            engine.runner.forced_acceptance = length or None
+            engine.set_drafter(drafter, SpecPolicy(k), forced_acceptance=length or None)
             try:
                 took, outs = _decode_time(llm, prompts, new_tokens, repeats)
             finally:
-                engine.runner.forced_acceptance = None
                 engine.set_drafter(None)
             stats = [o.spec_decoding_stats for o in outs if o.spec_decoding_stats is not None]
             measured = (sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_drafts for s in stats)) + 1.0)
@@ -186,7 +184,7 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     from bench_common import kernel_totals, profile_table
 
     from deepinfer import SamplingParams
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     engine = llm.engine
     gen = torch.Generator().manual_seed(batch)
@@ -194,8 +192,7 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     out = []
     for mode in ("plain", "speculative"):
         if mode == "speculative":
-            engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)))
-            engine.runner.forced_acceptance = length
+            engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)), forced_acceptance=length)
         try:
             runs = {}
             for n in (new_tokens, 1, new_tokens):  # the first: warm-up
@@ -205,7 +202,6 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
                 totals = kernel_totals(lambda params=params: llm.generate(prompts, params, use_tqdm=False), 1)
                 runs[n] = (totals, time.perf_counter() - began, counter.take()[0])
         finally:
-            engine.runner.forced_acceptance = None
             engine.set_drafter(None)
         (full, wall, steps), (first, wall1, steps1) = runs[new_tokens], runs[1]
         diff = {name: [v[0] - first.get(name, [0.0, 0])[0], v[1] - first.get(name, [0.0, 0])[1]]
@@ -255,15 +251,14 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
     one ``new_tokens`` run after a warm-up): what the host does between read-backs, which the device waits on."""
     from deepinfer import SamplingParams
     from deepinfer.runner import speculative
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     engine = llm.engine
     runner = engine.runner
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)))
-    runner.forced_acceptance = length or None
+    engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)), forced_acceptance=length or None)
     try:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: graphs
         phases: dict[str, tuple[object, str]] = {
@@ -283,7 +278,6 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
             timer.restore()
         wall = time.perf_counter() - began
     finally:
-        runner.forced_acceptance = None
         engine.set_drafter(None)
     steps = max(1, timer.calls["engine.step"])
     how = f"L = {length}" if length else "real acceptance"
@@ -317,7 +311,7 @@ def graphs_line(llm, rows: list[dict[str, object]]) -> str:
     verify = engine.runner.verify_graphs
     if verify is not None and verify.eager_reason:
         line += f"; a verify capture failed, verify steps ran eagerly: {verify.eager_reason}"
-    drafts = getattr(engine, "_draft_graphs", None)
+    drafts = engine.runner.draft_graphs
     if drafts is None:
         line += "; draft passes eager (the drafter is not a GraphDrafter)"
     else:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
+from tests.support.dspark_accept import slot_state
 from tests.support.tiny_assets import TINY_V41_DIR
 
 requires_cuda = pytest.mark.skipif(
@@ -35,13 +36,13 @@ def drafter():
     width = len(drafter.capture_layer_ids) * model.config.hidden_size
     for slot, length in [(1, 40), (2, 7), (4, 200), (5, 13), (6, 64), (7, 90)]:
         feats = torch.randn(length, width, generator=gen).to("cuda")
-        drafter.extend([slot] * length, torch.arange(length, device="cuda"), feats)
+        drafter.extend([slot_state(slot)] * length, torch.arange(length, device="cuda"), feats)
     return backend, drafter
 
 
 def _requests(n: int, shift: int = 0) -> list[DraftRequest]:
     at = [(1, 17, 40), (2, 301, 7), (3, 5, 0), (4, 88, 200), (5, 120, 9), (6, 42, 64), (7, 9, 90)]
-    return [DraftRequest(slot, anchor + shift, position, 0.0, 0) for slot, anchor, position in at[:n]]
+    return [DraftRequest(slot_state(slot), anchor + shift, position, 0.0, 0) for slot, anchor, position in at[:n]]
 
 
 def test_captured_draft_passes_replay_the_eager_pass(drafter):
@@ -71,7 +72,7 @@ def test_captured_draft_passes_replay_the_eager_pass(drafter):
 def _mixed(n: int, seed: int = 0) -> list[DraftRequest]:
     """``_requests(n)``, every other one sampled (temperature 0.8 or 1.2, seed ``seed + i``)."""
     temps = [0.8, 0.0, 1.2, 0.0, 0.8, 1.2, 0.0]
-    return [DraftRequest(r.slot, r.anchor, r.position, temps[i], seed + i) for i, r in enumerate(_requests(n))]
+    return [DraftRequest(r.state, r.anchor, r.position, temps[i], seed + i) for i, r in enumerate(_requests(n))]
 
 
 def test_captured_sampled_draft_passes_replay_the_eager_pass(drafter):
@@ -107,7 +108,7 @@ def test_captured_sampled_draft_passes_replay_the_eager_pass(drafter):
 
 def test_engine_greedy_output_with_captured_drafts_and_verify_steps_is_the_plain_output(monkeypatch):
     from deepinfer import LLM, SamplingParams
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "4")
     llm = LLM(str(TINY_V41_DIR), max_num_seqs=8)
@@ -134,7 +135,7 @@ def test_engine_seeded_sampled_run_with_captured_drafts_repeats(monkeypatch):
     """Sampled and greedy requests together: every draft pass is a replayed graph (sampled passes included, no
     eager fallback), the verify steps are captured, and the seeded run repeats token for token."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer.spec.budget import SpecPolicy
+    from deepinfer.spec_decode.budget import SpecPolicy
 
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "4")
     llm = LLM(str(TINY_V41_DIR), max_num_seqs=8)

@@ -14,8 +14,9 @@ import torch
 from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.ops import OpTable
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
 from tests.support import dspark_dense as dd
+from tests.support.dspark_accept import slot_state
 from tests.support.v41_fixtures import FIXTURES
 
 requires_cuda = pytest.mark.skipif(
@@ -65,14 +66,14 @@ def test_drafter_on_the_gpu_matches_the_cpu(models):
     tokens = json.loads((FIXTURES / "tiny_b" / "tokens.json").read_text())["sequences"]
     ids = torch.tensor(next(t for t in tokens if len(t) >= 60)[:60])
     anchors, slots = [5, 30, 47], [1, 4, 7]
-    requests = [DraftRequest(s, int(ids[p]), p, 0.0, 0) for s, p in zip(slots, anchors, strict=True)]
+    requests = [DraftRequest(slot_state(s), int(ids[p]), p, 0.0, 0) for s, p in zip(slots, anchors, strict=True)]
     runs = []
     for model in models:  # fp32 CPU, bf16 CPU, bf16 GPU
         feats = _features(model, ids)
         drafter = DSparkDrafter.from_model(model, num_slots=8)
         rows = [(s, p) for s, n in zip(slots, anchors, strict=True) for p in range(n)]
         positions = torch.tensor([p for _, p in rows], device=model.device)
-        drafter.extend([s for s, _ in rows], positions, feats[positions])
+        drafter.extend([slot_state(s) for s, _ in rows], positions, feats[positions])
         with torch.inference_mode():
             hidden, logits = drafter.block(requests, SPEC.block_size)
             drafts = drafter.draft(requests, SPEC.block_size)

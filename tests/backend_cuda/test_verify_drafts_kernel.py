@@ -2,7 +2,7 @@
 
 Stricter than the op's conformance comparison (which forgives near-ties): on random inputs no decision lies within
 rounding of its threshold, so tokens and counts must be equal.  Cases: greedy and sampled requests mixed, a
-drafter's probabilities given (sliced out of wider tensors, as ``spec/verify.py`` passes them) or not (a greedy
+drafter's probabilities given (sliced out of wider tensors, as ``spec_decode/verify.py`` passes them) or not (a greedy
 drafter), every draft count from 0 to K, all drafts accepted, the first rejected, a negative draft, acceptance
 tests 1% from their threshold, no drafts at all (K = 0), greedy ties across chunks (argmax takes the first), and
 an unnormalised q that leaves the residual all zero (the draw falls back to p).  Vocabularies span several chunks.
@@ -62,7 +62,7 @@ def verify_cases(batch: int, k: int, vocab: int, seed: int = 0):
     seeds = torch.randint(-2**63, 2**63 - 1, (batch,), generator=gen, dtype=torch.int64)
     steps = torch.randint(0, 2**33, (batch,), generator=gen, dtype=torch.int64)  # positions past 2^32 wrap
     wide_drafts = torch.cat([drafts, torch.zeros(batch, 2, dtype=torch.int64)], dim=1)[:, :k]  # strided, as
-    wide_q = torch.cat([q, torch.zeros(batch, 2, vocab)], dim=1)[:, :k]                        # spec/verify.py's
+    wide_q = torch.cat([q, torch.zeros(batch, 2, vocab)], dim=1)[:, :k]  # spec_decode/verify.py's
     yield "mixed, q given", (target, greedy, wide_drafts, wide_q, num, seeds, steps)
     yield "mixed, greedy drafter", (target, greedy, greedy_drafts, None, num, seeds, steps)
     yield "all sampled, residual all zero", (target, torch.zeros(batch, dtype=torch.bool), drafts,

@@ -14,11 +14,8 @@ import deepinfer
 
 #: Cycles still to break (issue 28), each as its set of modules.  Remove an entry when its cycle is gone.
 KNOWN = [
-    {"deepinfer.kv.pool", "deepinfer.kv.state"},
-    {"deepinfer.kv.layout", "deepinfer.kv.ragged_plan"},
     {"deepinfer.ops", "deepinfer.ops.protocol", "deepinfer.ops.registry", "deepinfer.ops.table",
      "deepinfer.ops.fake_quant"},
-    {"deepinfer.runner.model_runner", "deepinfer.runner.speculative"},
 ]
 
 

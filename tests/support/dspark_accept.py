@@ -9,9 +9,16 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer.kv.pool import PooledState
 from deepinfer.models import ForwardBatch
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
+
+
+def slot_state(slot: int) -> PooledState:
+    """A target state holding pool slot ``slot``: all the DSpark drafter reads of a state, for tests and tools that
+    drive the drafter without running the target's steps (no pool behind it)."""
+    return PooledState(None, slot)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -60,11 +67,12 @@ def measure(model, data: Sequences, k: int) -> dict[str, object]:
     n, length = data.tokens.shape
     for i in range(n):
         seq, first = data.tokens[i], int(data.greedy_from[i])
-        drafter.free(0)
-        drafter.extend([0] * first, torch.arange(first, device=model.device), data.features[i, :first])
+        state = slot_state(0)
+        drafter.free(state)
+        drafter.extend([state] * first, torch.arange(first, device=model.device), data.features[i, :first])
         anchor = first  # the target's first greedy token: the first speculative step's anchor
         while anchor + k < length:
-            drafts = drafter.draft([DraftRequest(0, int(seq[anchor]), anchor, 0.0, 0)], k)
+            drafts = drafter.draft([DraftRequest(state, int(seq[anchor]), anchor, 0.0, 0)], k)
             truth = seq[anchor + 1 : anchor + 1 + k]
             match = (drafts.tokens[0].cpu() == truth).int().cumprod(0)
             accepted = int(match.sum())
@@ -74,7 +82,7 @@ def measure(model, data: Sequences, k: int) -> dict[str, object]:
             conf_sum[:live] += drafts.confidence[0, :live].cpu()
             steps, tokens_out = steps + 1, tokens_out + accepted + 1
             new = torch.arange(anchor, anchor + accepted + 1, device=model.device)
-            drafter.extend([0] * len(new), new, data.features[i, new])
+            drafter.extend([state] * len(new), new, data.features[i, new])
             anchor += accepted + 1
     return {"sequences": n, "steps": steps, "acceptance_length": tokens_out / max(steps, 1),
             "per_position": (taken / tried.clamp(min=1)).tolist(),

@@ -3,14 +3,16 @@
 Modes: ``random`` (tokens from a random distribution per position, drawn with a generator of the request's seed
 and anchor position when it samples, so seeded runs draft the same), ``oracle`` (the tokens a plain run produced:
 perfect drafts), ``mixed`` (the oracle, with some drafts replaced by random ones).  It ignores features but
-records what the engine extends, forks and frees, so tests can check the drafter's view of each sequence.
+records what the engine extends, forks and frees, by sequence state, so tests can check the drafter's view of each
+sequence.
 """
 
 from __future__ import annotations
 
 import torch
 
-from deepinfer.spec.drafter import DraftRequest, Drafts
+from deepinfer.models.base import SequenceState
+from deepinfer.spec_decode.drafter import DraftRequest, Drafts
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -28,17 +30,17 @@ class StandInDrafter:
         self.oracle = oracle or []
         self.wrong_every = wrong_every
         self.gen = torch.Generator().manual_seed(seed)
-        self.bound: dict[int, list[int]] = {}  # slot -> the oracle sequence it follows
-        self.context: dict[int, list[int]] = {}  # slot -> positions extended, in order
+        self.bound: dict[SequenceState, list[int]] = {}  # state -> the oracle sequence it follows
+        self.context: dict[SequenceState, list[int]] = {}  # state -> positions extended, in order
         self.calls = 0
 
     # --- the Drafter protocol ----------------------------------------------------------------------
-    def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
-        assert features.shape[0] == len(slots) == positions.shape[0]
-        for slot, pos in zip(slots, positions.tolist(), strict=True):
-            held = self.context.setdefault(slot, [])
+    def extend(self, states: list[SequenceState], positions: torch.Tensor, features: torch.Tensor) -> None:
+        assert features.shape[0] == len(states) == positions.shape[0]
+        for state, pos in zip(states, positions.tolist(), strict=True):
+            held = self.context.setdefault(state, [])
             del held[pos:]  # a position fed again after a rollback replaces what followed it
-            assert len(held) == pos, f"slot {slot}: extended position {pos} after {len(held)} positions"
+            assert len(held) == pos, f"extended position {pos} after {len(held)} positions"
             held.append(pos)
 
     def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
@@ -64,27 +66,27 @@ class StandInDrafter:
         sampled = any(r.temperature > 0 for r in requests)
         return Drafts(tokens, probs if sampled else None, confidence)
 
-    def truncate(self, slot: int, length: int) -> None:
-        del self.context.setdefault(slot, [])[length:]
+    def truncate(self, state: SequenceState, length: int) -> None:
+        del self.context.setdefault(state, [])[length:]
 
-    def fork(self, src: int, dst: int) -> None:
+    def fork(self, src: SequenceState, dst: SequenceState) -> None:
         self.context[dst] = list(self.context.get(src, []))
         if src in self.bound:
             self.bound[dst] = self.bound[src]
 
-    def free(self, slot: int) -> None:
-        self.context.pop(slot, None)
-        self.bound.pop(slot, None)
+    def free(self, state: SequenceState) -> None:
+        self.context.pop(state, None)
+        self.bound.pop(state, None)
 
     # --- the oracle ----------------------------------------------------------------------------------
     def _oracle(self, r: DraftRequest, j: int) -> int | None:
         if self.mode == "random":
             return None
-        seq = self.bound.get(r.slot)
+        seq = self.bound.get(r.state)
         if seq is None or r.position >= len(seq) or seq[r.position] != r.anchor:
             found = [s for s in self.oracle if r.position < len(s) and s[r.position] == r.anchor]
             if not found:
                 return None
-            seq = self.bound[r.slot] = found[0]
+            seq = self.bound[r.state] = found[0]
         at = r.position + 1 + j
         return seq[at] if at < len(seq) else None

@@ -1,6 +1,7 @@
 """Every ``DEEPINFER_*`` environment variable, read and validated in one place.
 
-Values are read when asked for (not at import), so a process may set them before building an LLM.
+Values are read when asked for (not at import), so a process may set them before building an LLM; an engine
+reads each once (``LLM`` reads the speculative-decoding pair with :func:`spec_decode` and hands it down).
 Invalid values raise ``ValueError`` naming the variable and what it accepts.  :func:`validate` (called when
 an ``LLM`` starts) reads every variable, so a bad value fails at start-up even when its feature is not used
 in this run, and warns about ``DEEPINFER_*`` names it does not know (a typo, or a variable of another
@@ -13,6 +14,7 @@ import difflib
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,24 @@ def enable_mtp_varlen() -> bool:
 def nextn_decode() -> int:
     """``DEEPINFER_USE_NEXTN_DECODE``: maximum draft length per step (0..16, default 5); 0 turns drafting off."""
     return _int("DEEPINFER_USE_NEXTN_DECODE", 5, 0, 16)
+
+
+@dataclass(slots=True, frozen=True)
+class SpecDecodeEnv:
+    """The two variables of speculative decoding, read together: the draft length and whether it was given (an
+    explicit value above the drafter's block is refused; unset, it is capped and a capturing backend leaves
+    speculation off), and confidence-scheduled verification and whether it was given."""
+
+    draft_len: int  # DEEPINFER_USE_NEXTN_DECODE (0: off)
+    draft_len_set: bool
+    varlen: bool  # DEEPINFER_ENABLE_MTP_VARLEN
+    varlen_set: bool
+
+
+def spec_decode() -> SpecDecodeEnv:
+    """``DEEPINFER_USE_NEXTN_DECODE`` and ``DEEPINFER_ENABLE_MTP_VARLEN`` as one value to hand down."""
+    return SpecDecodeEnv(nextn_decode(), is_set("DEEPINFER_USE_NEXTN_DECODE"), enable_mtp_varlen(),
+                         is_set("DEEPINFER_ENABLE_MTP_VARLEN"))
 
 
 def batch_invariant() -> bool:
@@ -178,9 +198,12 @@ VARIABLES: dict[str, Callable[[], object]] = {
 }
 
 
-def check_consistency() -> None:
-    """Reject combinations that cannot hold together; called at engine start-up."""
-    if batch_invariant() and enable_mtp_varlen():
+def check_consistency(values: dict[str, object] | None = None) -> None:
+    """Reject combinations that cannot hold together; called at engine start-up.  ``values``: the variables
+    already read (:func:`validate`'s), else they are read here."""
+    invariant = values["DEEPINFER_BATCH_INVARIANT"] if values is not None else batch_invariant()
+    varlen = values["DEEPINFER_ENABLE_MTP_VARLEN"] if values is not None else enable_mtp_varlen()
+    if invariant and varlen:
         raise ValueError(
             "DEEPINFER_BATCH_INVARIANT=1 with DEEPINFER_ENABLE_MTP_VARLEN=1: confidence-scheduled verification "
             "admits drafts by a batch-wide budget, so a request's tokens depend on its neighbours; set "
@@ -197,10 +220,8 @@ def unknown_variables() -> dict[str, str | None]:
 
 
 def validate() -> None:
-    """Read every variable (raising on the first invalid one), check combinations, warn about unknown names."""
-    for check in VARIABLES.values():
-        check()
-    check_consistency()
+    """Read every variable once (raising on the first invalid one), check combinations, warn about unknown names."""
+    check_consistency({name: check() for name, check in VARIABLES.items()})
     for name, close in unknown_variables().items():
         hint = f"did you mean {close}? " if close else ""
         logger.warning("%s is set but DeepInfer reads no such variable (%sknown: README's Configuration table); "

@@ -40,17 +40,21 @@ def checkpoint(tmp_path_factory):
     return directory
 
 
-def _run(llm: LLM, backend: Backend) -> list[list[int]]:
-    llm.engine.runner.backend = backend
+def _run(llm: LLM, backend: Backend) -> tuple[LLM, list[list[int]]]:
+    """``llm``'s model and tokenizer in an engine on ``backend`` (whose runner builds its graphs there), and its
+    tokens."""
+    llm = LLM.from_model(llm.engine.model, llm.tokenizer, backend=backend,
+                         eos_token_ids=llm.engine.config.eos_token_ids)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=1)
-    return [out.outputs[0].token_ids for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+    return llm, [out.outputs[0].token_ids for out in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
 def test_v4_steps_upload_ids_positions_lengths_and_rows_through_the_backend(checkpoint):
-    llm = LLM(str(checkpoint), dtype="float32")
-    expected = _run(llm, Backend())
+    loaded = LLM(str(checkpoint), dtype="float32")
+    _, expected = _run(loaded, Backend())
     recording = RecordingBackend()
-    assert _run(llm, recording) == expected
+    llm, tokens = _run(loaded, recording)
+    assert tokens == expected
     prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
     copied = [c.tolist() for c in recording.copies]
     # the prefill step: token ids and positions of the three prompts, the ragged layout's lengths

@@ -49,12 +49,9 @@ def checkpoint(request, tmp_path_factory):
 
 def _generate(checkpoint, backend=None, **limits):
     llm = LLM(str(checkpoint), dtype="float32", **limits)
-    if backend is not None:  # rebuild the engine's graphs on this backend
-        from deepinfer.runner.decode_graphs import DecodeGraphs
-
-        engine = llm.engine
-        engine.runner.decode_graphs = DecodeGraphs(engine.model, backend, engine.model.device,
-                                                   engine.config.max_num_seqs, engine.config.max_model_len)
+    if backend is not None:  # the same model in an engine on this backend, which captures its decode graphs
+        llm = LLM.from_model(llm.engine.model, llm.tokenizer, backend=backend,
+                             eos_token_ids=llm.engine.config.eos_token_ids, **limits)
     prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[3, 40, 17, 70, 9, 33, 64, 1])
     params = mixed_params(MAX_TOKENS)
     for i, p in enumerate(params):  # finishing at different steps: the batch bucket shrinks

@@ -51,6 +51,15 @@ def test_nextn_decode_zero_turns_drafting_off(monkeypatch):
     assert envs.nextn_decode() == 0
 
 
+def test_spec_decode_reads_the_pair_with_whether_each_was_given(monkeypatch):
+    monkeypatch.delenv("DEEPINFER_USE_NEXTN_DECODE", raising=False)
+    monkeypatch.delenv("DEEPINFER_ENABLE_MTP_VARLEN", raising=False)
+    assert envs.spec_decode() == envs.SpecDecodeEnv(5, False, False, False)
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "0")
+    monkeypatch.setenv("DEEPINFER_ENABLE_MTP_VARLEN", "1")
+    assert envs.spec_decode() == envs.SpecDecodeEnv(0, True, True, True)
+
+
 GARBAGE = {
     "DEEPINFER_ENABLE_MTP_VARLEN": ("perhaps", "DEEPINFER_ENABLE_MTP_VARLEN='perhaps': expected one of 1/0"),
     "DEEPINFER_USE_NEXTN_DECODE": ("lots", r"DEEPINFER_USE_NEXTN_DECODE='lots': expected an integer in \[0, 16\]"),

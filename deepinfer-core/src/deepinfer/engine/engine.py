@@ -16,6 +16,7 @@ import random
 import time
 from typing import Any
 
+from deepinfer import envs
 from deepinfer.backends import Backend
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine_lock import EngineLock
@@ -26,17 +27,15 @@ from deepinfer.engine.speculation import apply_results, policy_from_env
 from deepinfer.engine.state_cache import StateCache
 from deepinfer.engine.step_input import build_step_input
 from deepinfer.engine.validation import RequestError, check_request, normalize_prompt
-from deepinfer.models.base import CausalLM, GraphDecodable, Rewindable, SequenceState, VerifyDecodable
+from deepinfer.models.base import CausalLM, Rewindable, SequenceState
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestMetrics, RequestOutput
-from deepinfer.runner.decode_graphs import DecodeGraphs
-from deepinfer.runner.draft_graphs import DraftGraphs
-from deepinfer.runner.model_runner import ModelRunner, StepHandle
-from deepinfer.runner.verify_graphs import VerifyGraphs
+from deepinfer.runner.model_runner import GraphLimits, ModelRunner
+from deepinfer.runner.step_plan import StepHandle
 from deepinfer.sample.sampler import Sampler, TokenMaskProvider
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
-from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import Drafter, GraphDrafter, VerifyExtender
+from deepinfer.spec_decode.budget import SpecPolicy
+from deepinfer.spec_decode.drafter import Drafter
 from deepinfer.step import RunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -61,21 +60,21 @@ class Engine:
     threads run one after the other.
     """
 
-    def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig,
+    def __init__(self, model: CausalLM, tokenizer: Any, ops: Ops, config: EngineConfig, state_cache: StateCache,
                  token_masks: TokenMaskProvider | None = None, backend: Backend | None = None,
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, spec_env: envs.SpecDecodeEnv | None = None):
+        """``state_cache``: the model's state, configured for ``config``'s limits; ``spec_env``: the speculative
+        decoding variables (default: read now), which :meth:`set_drafter` follows unless given a policy."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.state_cache = StateCache(model, config.state_cache_bytes, config.enable_prefix_caching)
+        self.state_cache = state_cache
         self.scheduler = Scheduler(self.state_cache.budget, config.max_num_seqs, config.max_num_batched_tokens)
-        if config.enable_prefix_caching:
+        if state_cache.prefix is not None:
             self.scheduler.prefix_lookup = self._prefix_lookup
         backend = backend if backend is not None else Backend()
-        graphs = None
-        if isinstance(model, GraphDecodable) and not config.enforce_eager:
-            graphs = DecodeGraphs(model, backend, model.device, config.max_num_seqs, config.max_model_len)
         sampler = Sampler(ops, config.eos_token_ids, upload=backend.to_device)
+        graphs = None if config.enforce_eager else GraphLimits(config.max_num_seqs, config.max_model_len)
         self.runner = ModelRunner(model, sampler, ops, token_masks, backend, graphs)
         self.outputs = OutputProcessor(tokenizer, config.eos_token_ids)
         self.token_masks: Any = token_masks
@@ -96,20 +95,26 @@ class Engine:
         #: Held by one ``LLM.generate`` call at a time (a second thread's call waits for it; the same thread's
         #: call inside its own open ``generate_stream`` raises).
         self.lock = EngineLock()
-        #: Speculative decoding's drafter, when it is on (:meth:`set_drafter`).
-        self.drafter: Drafter | None = None
-        self._draft_graphs: DraftGraphs | None = None  # the captured draft passes of the last graph drafter
+        self._spec_env = spec_env if spec_env is not None else envs.spec_decode()
         if drafter is not None:
             self.set_drafter(drafter)
 
     # --- speculative decoding -------------------------------------------------------------------
-    def set_drafter(self, drafter: Drafter | None, policy: SpecPolicy | None = None) -> None:
+    @property
+    def drafter(self) -> Drafter | None:
+        """Speculative decoding's drafter, when it is on (:meth:`set_drafter`)."""
+        return self.runner.drafter
+
+    def set_drafter(self, drafter: Drafter | None, policy: SpecPolicy | None = None, *,
+                    forced_acceptance: float | None = None) -> None:
         """Decode with ``drafter`` (None: without).  ``policy`` defaults to the environment's: draft length
-        ``DEEPINFER_USE_NEXTN_DECODE`` (0: off) within the drafter's block, ``DEEPINFER_ENABLE_MTP_VARLEN``."""
+        ``DEEPINFER_USE_NEXTN_DECODE`` (0: off) within the drafter's block, ``DEEPINFER_ENABLE_MTP_VARLEN``.
+        ``forced_acceptance``: benchmarks only (lossy), see :meth:`ModelRunner.set_drafter
+        <deepinfer.runner.model_runner.ModelRunner.set_drafter>`."""
         if self.seqs:
             raise RuntimeError("set_drafter: the engine has requests in progress")
         if drafter is not None and policy is None:
-            policy = policy_from_env(drafter, self.model, self.runner.backend, self.config)
+            policy = policy_from_env(drafter, self.model, self.runner.backend, self.config, self._spec_env)
         if drafter is not None and not isinstance(self.model, Rewindable):
             logger.info("speculative decoding off: %s cannot undo a forward", type(self.model).__name__)
             drafter = None
@@ -118,39 +123,13 @@ class Engine:
         else:
             logger.info("speculative decoding on: up to %d drafts a step, %s", policy.max_draft_len,
                         "confidence-scheduled verification" if policy.varlen else "every draft verified")
-        self.drafter = drafter
-        self.runner.drafter = drafter
-        self._set_draft_graphs(drafter)
+        self.runner.set_drafter(drafter, forced_acceptance=forced_acceptance if drafter is not None else None)
         self.scheduler.spec = policy
         self.state_cache.on_release = self._forget_draft_context if drafter is not None else None
 
-    def _set_draft_graphs(self, drafter: Drafter | None) -> None:
-        """Capture draft passes where decode steps are captured (not ``enforce_eager``) and the drafter
-        offers it (:class:`~deepinfer.spec.drafter.GraphDrafter`).  The captures of the last such drafter are
-        kept while speculation is off, so turning the same drafter on again does not capture again."""
-        runner, kept = self.runner, self._draft_graphs
-        runner.draft_graphs = None
-        if drafter is not None and runner.decode_graphs is not None and isinstance(self.model, VerifyDecodable):
-            # captured verify steps of pure-decode batches (their graphs extend the drafter's context, if it can)
-            extender = drafter if isinstance(drafter, VerifyExtender) else None
-            if runner.verify_graphs is None or runner.verify_graphs.extender is not extender:
-                if runner.verify_graphs is not None:
-                    runner.verify_graphs.close()
-                runner.verify_graphs = VerifyGraphs(self.model, runner.backend, self.model.device,
-                                                    self.config.max_num_seqs, self.config.max_model_len, extender)
-        if drafter is None or runner.decode_graphs is None or not isinstance(drafter, GraphDrafter):
-            return
-        if kept is None or kept.drafter is not drafter:
-            if kept is not None:
-                kept.close()
-            kept = self._draft_graphs = DraftGraphs(drafter, runner.backend, self.model.device,
-                                                    self.config.max_num_seqs)
-        runner.draft_graphs = kept
-
     def _forget_draft_context(self, state: SequenceState) -> None:
-        slot = getattr(state, "slot", None)
-        if self.drafter is not None and slot is not None:
-            self.drafter.free(slot)
+        if self.drafter is not None:
+            self.drafter.free(state)
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
@@ -214,7 +193,7 @@ class Engine:
             from deepinfer.structured import GrammarMaskProvider
 
             self.token_masks = GrammarMaskProvider(self.tokenizer, self.model.vocab_size, self.config.eos_token_ids)
-            self.runner.token_masks = self.token_masks
+            self.runner.set_token_masks(self.token_masks)
         try:
             first = self.token_masks.matcher(params.so_args)
         except ValueError as exc:
@@ -351,8 +330,7 @@ class Engine:
             for child in chunk.fork_to:
                 self.state_cache.fork(chunk.seq_id, child)
                 if self.drafter is not None:
-                    parent, copy = self.state_cache.get(chunk.seq_id), self.state_cache.get(child)
-                    self.drafter.fork(getattr(parent, "slot", 0) or 0, getattr(copy, "slot", 0) or 0)
+                    self.drafter.fork(self.state_cache.get(chunk.seq_id), self.state_cache.get(child))
         for seq_id in handle.seq_ids:
             self.seqs[seq_id].num_inflight += 1
         return handle

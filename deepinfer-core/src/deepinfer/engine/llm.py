@@ -25,15 +25,17 @@ from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.plan_check import check_memory_plan
 from deepinfer.engine.rank_launch import Joined, PeerMain, RankEnv, join_world, serve_peer, stop_peers
-from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
+from deepinfer.engine.sizing import check_max_model_len, fit_max_model_len, model_max_len
+from deepinfer.engine.state_cache import StateCache, state_budget
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
-from deepinfer.models.base import CausalLM, DraftingModel, PrefixCacheable
+from deepinfer.models.base import CausalLM, PrefixCacheable
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.plan import ParallelConfig
 from deepinfer.sample.sampler import TokenMaskProvider
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.spec_decode.drafter import DraftingModel
 
 logger = logging.getLogger(__name__)
 
@@ -152,10 +154,9 @@ class LLM:
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], args: EngineArgs,
                backend: Backend, token_masks: TokenMaskProvider | None = None, model_path: Path | None = None,
                joined: Joined | None = None) -> None:
-        budget = args.state_cache_bytes
-        if budget is None:
-            budget = default_state_budget(args, model, backend, torch.device(model.device))
-        capacity = model.configure_state(args.max_num_seqs, budget)
+        prefix_caching = _prefix_caching(args, model, joined)
+        state_cache = StateCache(model, args.max_num_seqs, state_budget(args, model, backend), prefix_caching)
+        capacity = state_cache.capacity
         if capacity.max_seqs < args.max_num_seqs:
             logger.info("max_num_seqs lowered to %d: the state cache budget holds that many sequence slots",
                         capacity.max_seqs)
@@ -164,15 +165,16 @@ class LLM:
             state_cache_bytes=capacity.nbytes, max_num_seqs=capacity.max_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, max_logprobs=args.max_logprobs,
             eos_token_ids=eos, async_scheduling=args.async_scheduling,
-            enable_prefix_caching=_prefix_caching(args, model, joined),
+            enable_prefix_caching=prefix_caching,
             # expert-parallel steps exchange tokens with sizes known only on the host: not capturable
             enforce_eager=args.enforce_eager or (joined is not None and joined.context.plan.ep_size > 1),
         )
         self.engine_args = args
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
-        self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
-        self._setup_drafter(model, backend, several_ranks=joined is not None)
+        spec_env = envs.spec_decode()  # read once for this engine
+        self.engine = Engine(model, tokenizer, ops, config, state_cache, token_masks, backend, spec_env=spec_env)
+        self._setup_drafter(model, backend, spec_env, several_ranks=joined is not None)
         self._request_ids = itertools.count()
         #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
         self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
@@ -187,29 +189,30 @@ class LLM:
         prefix.clear()
         return True
 
-    def _setup_drafter(self, model: CausalLM, backend: Backend, several_ranks: bool = False) -> None:
+    def _setup_drafter(self, model: CausalLM, backend: Backend, env: envs.SpecDecodeEnv,
+                       several_ranks: bool = False) -> None:
         """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
 
         Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
         really captures, e.g. CUDA): steps a verify graph cannot take run eagerly, which can be slower than
         captured plain decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
-        if envs.nextn_decode() == 0:
+        if env.draft_len == 0:
             return
         drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
         if drafter is not None and several_ranks:
-            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+            if env.draft_len_set:
                 raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
                                  "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
                                  "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
             logger.info("speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)")
             return
         if drafter is None:
-            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
+            if env.draft_len_set or env.varlen_set:
                 logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE "
                             "and DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
             return
         captures = type(backend).graph_capture is not Backend.graph_capture
-        if captures and self.engine.runner.decode_graphs is not None and not envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+        if captures and self.engine.runner.decode_graphs is not None and not env.draft_len_set:
             logger.info("speculative decoding off by default on backend %r: its verify steps are not "
                         "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE=1..%d to use the checkpoint's drafter",
                         backend.name, drafter.max_draft_len)

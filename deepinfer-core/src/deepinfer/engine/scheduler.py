@@ -16,7 +16,7 @@ Policy (one step, a token budget of ``max_num_batched_tokens``):
 scheduled tokens), so the next step could be scheduled while this one runs.
 
 Speculative decoding (a ``SpecPolicy``): a running sequence that has output and whose chunk reaches its last
-token also verifies drafts after it, as many as the policy gives it (``spec/budget.py``) within its
+token also verifies drafts after it, as many as the policy gives it (``spec_decode/budget.py``) within its
 ``max_tokens`` and the step's token budget; its state budget covers the drafts.  ``num_computed`` then assumes
 every draft passes; the engine corrects it when the step is read (``SpecResult.num_computed``).
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from deepinfer.engine.request import Request, Sequence, SequenceStatus
 from deepinfer.engine.state_cache import StateBudget
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec_decode.budget import SpecPolicy
 from deepinfer.step import PLACEHOLDER, ScheduledChunk, SchedulerOutput
 
 __all__ = ["PLACEHOLDER", "ScheduledChunk", "Scheduler", "SchedulerOutput"]

@@ -1,20 +1,15 @@
-"""How long a sequence may be and how much memory the state cache takes, from the model and the engine args."""
+"""How long a sequence may be, from the model, its state budget and the engine args (the budget itself is the state
+cache's: ``engine/state_cache.py``)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-import torch
-
-from deepinfer.engine.args import EngineArgs
 from deepinfer.models.base import CausalLM
 
 logger = logging.getLogger(__name__)
 
-#: Tokens per sequence the default state cache budget is sized for (``max_num_seqs`` of them); longer
-#: sequences still run, fewer at a time.
-DEFAULT_STATE_TOKENS = 8192
 #: The length limit of a model whose config names no ``max_position_embeddings``.
 _UNBOUNDED = 1 << 20
 
@@ -30,18 +25,6 @@ def check_max_model_len(requested: int | None, model_max: int) -> None:
     if requested is not None and requested > model_max:
         raise ValueError(f"max_model_len must be an integer in [2, {model_max}] for this model (its "
                          f"max_position_embeddings), got {requested}")
-
-
-def default_state_budget(args: EngineArgs, model: CausalLM, backend: Any, device: torch.device) -> int:
-    """What ``max_num_seqs`` sequences of ``min(max_model_len, 8192)`` tokens need, at most
-    ``gpu_memory_utilization`` of the memory the backend reports free (a backend that reports none: no cap)."""
-    tokens = min(args.max_model_len or model_max_len(getattr(model, "config", None)), DEFAULT_STATE_TOKENS)
-    want = model.state_pool_bytes(args.max_num_seqs, tokens)
-    try:
-        free = backend.memory_info(device)[0]
-    except NotImplementedError:
-        return want
-    return min(want, int(args.gpu_memory_utilization * free))
 
 
 def fit_max_model_len(requested: int | None, model: CausalLM, budget: int, max_num_seqs: int) -> int:

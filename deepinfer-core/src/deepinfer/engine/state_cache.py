@@ -2,7 +2,10 @@
 
 A V4 sequence's state is several kinds of memory (SWA rings, paged compressed entries and indexer keys,
 unfinished compressor windows); the model packs them in one ``SequenceState``.  The engine sizes them
-all from one number: bytes.  ``StateBudget`` is the scheduler's plain-integer view (reserve the upper
+all from one number: bytes, and this module is its one owner: :func:`state_budget` chooses it (the user's
+``state_cache_bytes``, else what ``max_num_seqs`` sequences need within the free device memory), and
+``StateCache`` configures the model's state memory with it (``model.configure_state``), which says how many
+bytes and sequences it really holds.  ``StateBudget`` is the scheduler's plain-integer view (reserve the upper
 bound ``model.state_bytes(n)`` before a sequence grows to ``n`` tokens; refuse or preempt when it does
 not fit).  ``StateCache`` holds the states themselves and is touched only by the engine and runner.
 """
@@ -10,12 +13,33 @@ not fit).  ``StateCache`` holds the states themselves and is touched only by the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from deepinfer.models.base import CausalLM, PrefixCacheable, SequenceState
+import torch
 
-if TYPE_CHECKING:
-    from deepinfer.kv.prefix_cache import PrefixCache
+from deepinfer.backends import Backend
+from deepinfer.engine.args import EngineArgs
+from deepinfer.engine.sizing import model_max_len
+from deepinfer.kv.prefix_cache import PrefixCache
+from deepinfer.models.base import CausalLM, PrefixCacheable, SequenceState, StateCapacity
+
+#: Tokens per sequence the default state cache budget is sized for (``max_num_seqs`` of them); longer
+#: sequences still run, fewer at a time.
+DEFAULT_STATE_TOKENS = 8192
+
+
+def state_budget(args: EngineArgs, model: CausalLM, backend: Backend) -> int:
+    """Bytes of state to configure: ``state_cache_bytes`` when given, else what ``max_num_seqs`` sequences of
+    ``min(max_model_len, 8192)`` tokens need, at most ``gpu_memory_utilization`` of the memory the backend reports
+    free on the model's device (a backend that reports none: no cap)."""
+    if args.state_cache_bytes is not None:
+        return args.state_cache_bytes
+    tokens = min(args.max_model_len or model_max_len(getattr(model, "config", None)), DEFAULT_STATE_TOKENS)
+    want = model.state_pool_bytes(args.max_num_seqs, tokens)
+    try:
+        free = backend.memory_info(torch.device(model.device))[0]
+    except NotImplementedError:
+        return want
+    return min(want, int(args.gpu_memory_utilization * free))
 
 
 class StateBudget:
@@ -66,13 +90,18 @@ class StateBudget:
 
 
 class StateCache:
-    """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly."""
+    """Owns the ``SequenceState`` of every sequence that has one; created lazily, freed explicitly.
 
-    __slots__ = ("model", "budget", "_states", "on_release", "prefix")
+    Built before any state exists: it configures the model's state memory for at most ``max_seqs`` sequences
+    within ``capacity_bytes`` (:attr:`capacity`: what that holds, fewer sequences or bytes when the budget buys
+    less), and keeps the live states within it."""
 
-    def __init__(self, model: CausalLM, capacity_bytes: int, prefix_caching: bool = False):
+    __slots__ = ("model", "capacity", "budget", "_states", "on_release", "prefix")
+
+    def __init__(self, model: CausalLM, max_seqs: int, capacity_bytes: int, prefix_caching: bool = False):
         self.model = model
-        self.budget = StateBudget(capacity_bytes, model.state_bytes)
+        self.capacity: StateCapacity = model.configure_state(max_seqs, capacity_bytes)
+        self.budget = StateBudget(self.capacity.nbytes, model.state_bytes)
         self._states: dict[int, SequenceState] = {}
         #: Called with each state just before it is released (the drafter forgets that slot's context).
         self.on_release: Callable[[SequenceState], None] | None = None

@@ -1,15 +1,13 @@
-"""Where each sequence of a ragged batch lives: its rows in the flat batch and its chunk's first position."""
+"""A ragged step's rows: where each sequence lives in the flat batch (its rows and its chunk's first position,
+:class:`RaggedLayout`), and where every layer of one kind finds its keys (:class:`PrefillPlan`, built once per step
+and compression ratio by :func:`deepinfer.kv.ragged_plan.prefill_plan`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from deepinfer.kv.ragged_plan import PrefillPlan
 
 
 class BuiltOnUse(dict):
@@ -24,6 +22,55 @@ class BuiltOnUse(dict):
     def __missing__(self, key: int) -> object:
         value = self[key] = self._build(key)
         return value
+
+
+@dataclass(slots=True)
+class WindowAssembly:
+    """Rows (device int64) that build the windows a ragged step closes from the step's projections ``proj`` and
+    the carry-over ``pending`` ([slots * ratio] rows, flattened), and update the carry-over: a window's ``ratio``
+    slots are its sequence's held tokens (``pending``), then its new ones."""
+
+    slot_src: torch.Tensor  # [N * ratio] proj row of each window slot (slots from pending: 0, then overwritten)
+    held_dst: torch.Tensor  # [P] window slots that come from pending ...
+    held_src: torch.Tensor  # [P] ... and their pending rows
+    carry_dst: torch.Tensor  # [C] pending rows that take the tokens left after the last closed window ...
+    carry_src: torch.Tensor  # [C] ... from these proj rows
+    predecessor: torch.Tensor  # [N] the window before each in the step (a sequence's first: overwritten)
+    first: torch.Tensor  # [M] each sequence's first closed window, whose predecessor is in ``overlap`` ...
+    last: torch.Tensor  # [M] ... and its last, which ``overlap`` keeps
+    slots: torch.Tensor  # [M] those sequences' state slots
+
+
+@dataclass(slots=True)
+class PrefillPlan:
+    """Index tensors (on the device) every layer of one compression ratio (0: sliding only) shares in a step."""
+
+    gather_rows: torch.Tensor  # [H] rows of a layer's kv tensor that precede the new latents in its pool
+    window_cols: torch.Tensor  # [T, window] pool row of each key of the window ending at the query, -1 before 0
+    entry_offsets: torch.Tensor | None  # [T] pool row of entry 0 of the query's sequence (compressed layers)
+    #: [T, window + E] window_cols, then the pool rows of the entries complete at the query (else -1): the keys of
+    #: a layer that attends to every complete entry (HCA, and CSA while its indexer picks all)
+    causal_cols: torch.Tensor | None
+    ring_rows: torch.Tensor  # [R] ring rows that take the step's newest latents (after every gather)
+    ring_src: torch.Tensor  # [R] rows of the step's new latents that go there
+    history_rows: int  # the first ``history_rows`` gather rows are ring rows (the rest: entries)
+    #: The windows the step closes, in batch order (compressed layers; what every compressor of the ratio writes):
+    closed_positions: torch.Tensor | None = None  # [N] each window's first position (its entry's RoPE position)
+    closed_rows: torch.Tensor | None = None  # [N] page row (relative to page 0) its entry goes to
+    closed_kv_rows: torch.Tensor | None = None  # closed_rows as rows of a layer's kv tensor (after the rings)
+    #: [N] bool, false for a sequence's first window (CSA: no predecessor); None when every window has one
+    closed_has_previous: torch.Tensor | None = None
+    #: How the compressors of a many-sequence step assemble those windows without a loop over sequences
+    #: (:meth:`Compressor._batched_windows`): None for the sliding-only plan.
+    assembly: WindowAssembly | None = None
+
+    def for_ring(self, base: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gather rows, ring rows) when the layer's ring starts at row ``base`` of its KV buffer (a KV buffer
+        with several rings: V4.1's groups) rather than row 0."""
+        if base == 0:
+            return self.gather_rows, self.ring_rows
+        h = self.history_rows
+        return torch.cat([self.gather_rows[:h] + base, self.gather_rows[h:]]), self.ring_rows + base
 
 
 @dataclass(slots=True)

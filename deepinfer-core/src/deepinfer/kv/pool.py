@@ -1,4 +1,5 @@
-"""The memory behind every sequence's state: the buffers of a :class:`~.spec.StateSpec`, indexed by slot and page.
+"""The memory behind every sequence's state: the buffers of a :class:`~.spec.StateSpec`, indexed by slot and page,
+and the :class:`PooledState` handles that say where one sequence's rows live in them.
 
 Slot 0 and page 0 of every ratio are never handed out: padding rows of a decode batch (CUDA graph buckets) and
 compressor windows that do not close this step write there, so the decode step needs no data-dependent branch.
@@ -17,13 +18,43 @@ out of slots or pages it first asks ``reclaim`` (the prefix cache's LRU eviction
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from deepinfer.kv.sizing import PoolPlan, plan_pool
 from deepinfer.kv.spec import Buffer, KVBuffer, PageBuffer, RowFormat, SlotBuffer, StateSpec, entries_name
-from deepinfer.kv.state import PooledState
+
+
+@dataclass(slots=True, eq=False)
+class PooledState:
+    """All state of one sequence (implements :class:`deepinfer.models.base.SequenceState`): host-side bookkeeping
+    of where its rows live in its :class:`StatePool`.
+
+    Every sequence owns one **slot** (``None`` until the first forward) and, per compression ratio, a list of
+    **pages** (its page ids in order); the tensors are the pool's, so a decode step reads and writes state at
+    addresses that do not change from step to step (what CUDA graph replay needs), and nothing is concatenated or
+    reallocated per step.  Feeding a prompt whole, in chunks or token by token leaves the same state behind.
+    :meth:`release` hands slot and pages back.  ``cached_tokens``: the entries of windows that end at or before
+    this position came from the prefix cache (shared pages): a replay of those tokens recomputes its rings and
+    carry-over but never writes those entries (:mod:`deepinfer.kv.prefix_cache`).
+    """
+
+    pool: StatePool
+    slot: int | None = None
+    pages: dict[int, list[int]] = field(default_factory=dict)
+    num_tokens: int = 0
+    cached_tokens: int = 0
+
+    def nbytes(self) -> int:
+        return self.pool.nbytes_of(self)
+
+    def fork(self) -> PooledState:
+        return self.pool.fork(self)
+
+    def release(self) -> None:
+        self.pool.release(self)
 
 
 def padded_pages(states: list[PooledState], ratio: int, width: int) -> list[int]:

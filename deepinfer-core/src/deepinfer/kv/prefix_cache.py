@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from deepinfer.kv.pool import StatePool
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState, StatePool
 
 #: Tokens per block at the least (a block is also a multiple of every compression ratio).
 MIN_BLOCK = 16

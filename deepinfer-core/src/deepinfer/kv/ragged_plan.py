@@ -4,135 +4,86 @@ A layer's attention pool for the step is ``cat([kv[gather_rows], new latents])``
 history (the ring rows before its chunk), then, in compressed layers, each sequence's entries so far, then the
 step's new latents in batch order.  Which rows those are, and which pool rows each query reads, depend only on
 the step's layout and the layer's compression ratio — not on the layer — so all layers of a kind share one plan
-and a layer runs a handful of kernels instead of a Python loop per sequence.
+and a layer runs a handful of kernels instead of a Python loop per sequence.  The plan's type lives with the
+layout that carries it (:mod:`.layout`); this module builds it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from deepinfer.kv.layout import RaggedLayout
+from deepinfer.kv.layout import PrefillPlan, RaggedLayout, WindowAssembly
 
 
-@dataclass(slots=True)
-class WindowAssembly:
-    """Rows (device int64) that build the windows a ragged step closes from the step's projections ``proj`` and
-    the carry-over ``pending`` ([slots * ratio] rows, flattened), and update the carry-over: a window's ``ratio``
-    slots are its sequence's held tokens (``pending``), then its new ones."""
+def prefill_plan(layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
+                 entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor],
+                 floors: list[int] | None = None, cached: list[int] | None = None, ring: int | None = None
+                 ) -> PrefillPlan:
+    """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
+    page 0 in every layer's kv tensor; ``floors``: each sequence's first position the plan's layers hold a
+    window row for (V4.1's decoder runs only from there in a truncated prefill; None: 0), no key before it;
+    ``cached``: each sequence's ``PooledState.cached_tokens`` (None: 0) -- the windows a replay closes that end
+    at or before it are computed (their carry-over matters) but written to the null page, never over the
+    prefix cache's shared entries; ``ring``: rows of a slot's ring (``StateSpec.ring``; None: ``window``).
+    The host work is a few vectorised CPU ops and one upload."""
+    starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
+    offsets, slot = torch.tensor(layout.offsets), torch.tensor(slots)
+    floor = torch.tensor(floors) if floors is not None else torch.zeros_like(starts)
+    seqs = len(layout.lens)
+    held = (starts - floor).clamp(0, window)  # history rows before each chunk
+    ring = ring or window
+    hist = slot.repeat_interleave(held) * ring + _ranges(starts - held, held) % ring
+    keep = lens.clamp(max=window)  # the newest latents each ring takes
+    ring_rows = slot.repeat_interleave(keep) * ring + _ranges(starts + lens - keep, keep) % ring
+    ring_src = _ranges(offsets + lens - keep, keep)
+    counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
+    # [seqs, entries] page rows of each sequence's entries (none for the sliding-only plan)
+    entries = layout.entry_rows[ratio] if ratio else torch.zeros((seqs, 0), dtype=torch.int64)
+    entry_idx = _ranges(torch.arange(seqs) * entries.shape[1], counts) if ratio else counts[:0]
+    first = starts // ratio if ratio else counts  # the first window each chunk closes, and how many it closes
+    closing = counts - first
+    closed_ids = _ranges(first, closing)
+    closed_idx = torch.arange(seqs).repeat_interleave(closing) * entries.shape[1] + closed_ids
+    cached_ids = torch.tensor(cached) // max(ratio, 1) if cached is not None and any(cached) else None
+    null = (closed_ids < cached_ids.repeat_interleave(closing)).long() if cached_ids is not None else None
+    hist_off = torch.cumsum(held, 0) - held
+    new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
+    # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
+    # new_base + offset + kp - start; a sequence's entry j at entry_off + j
+    per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
+                           held.sum() + torch.cumsum(counts, 0) - counts, floor], dim=1)
+    assembly = _assembly(starts % max(ratio, 1), lens, offsets, slot, closing, ratio) if ratio else []
+    publish = 1 - null if null is not None else torch.ones(0, dtype=torch.int64)
+    parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, publish,
+             *assembly]
+    per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, publish, *assembly = \
+        _aligned_upload(parts, upload)
+    per_row = per_seq.view(seqs, 5)[layout.seq_ids]  # [T, 5]
+    closed: dict[str, Any] = {}  # the closed windows' fields (compressed plans only)
+    if ratio:
+        gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
+        closed_rows = entries.flatten()[closed_idx]
+        if null is not None:  # a replay's windows over cached entries: to row 0 of the null page
+            closed_rows = closed_rows * publish
+        first_window = bool(((first == 0) & (closing > 0)).any())  # host tensors: no device sync
+        closed = dict(closed_positions=closed_pos, closed_rows=closed_rows, closed_kv_rows=entry_base + closed_rows,
+                      closed_has_previous=closed_pos >= ratio if first_window else None,
+                      assembly=WindowAssembly(*assembly))
 
-    slot_src: torch.Tensor  # [N * ratio] proj row of each window slot (slots from pending: 0, then overwritten)
-    held_dst: torch.Tensor  # [P] window slots that come from pending ...
-    held_src: torch.Tensor  # [P] ... and their pending rows
-    carry_dst: torch.Tensor  # [C] pending rows that take the tokens left after the last closed window ...
-    carry_src: torch.Tensor  # [C] ... from these proj rows
-    predecessor: torch.Tensor  # [N] the window before each in the step (a sequence's first: overwritten)
-    first: torch.Tensor  # [M] each sequence's first closed window, whose predecessor is in ``overlap`` ...
-    last: torch.Tensor  # [M] ... and its last, which ``overlap`` keeps
-    slots: torch.Tensor  # [M] those sequences' state slots
-
-
-@dataclass(slots=True)
-class PrefillPlan:
-    """Index tensors (on the device) every layer of one compression ratio (0: sliding only) shares in a step."""
-
-    gather_rows: torch.Tensor  # [H] rows of a layer's kv tensor that precede the new latents in its pool
-    window_cols: torch.Tensor  # [T, window] pool row of each key of the window ending at the query, -1 before 0
-    entry_offsets: torch.Tensor | None  # [T] pool row of entry 0 of the query's sequence (compressed layers)
-    #: [T, window + E] window_cols, then the pool rows of the entries complete at the query (else -1): the keys of
-    #: a layer that attends to every complete entry (HCA, and CSA while its indexer picks all)
-    causal_cols: torch.Tensor | None
-    ring_rows: torch.Tensor  # [R] ring rows that take the step's newest latents (after every gather)
-    ring_src: torch.Tensor  # [R] rows of the step's new latents that go there
-    history_rows: int  # the first ``history_rows`` gather rows are ring rows (the rest: entries)
-    #: The windows the step closes, in batch order (compressed layers; what every compressor of the ratio writes):
-    closed_positions: torch.Tensor | None = None  # [N] each window's first position (its entry's RoPE position)
-    closed_rows: torch.Tensor | None = None  # [N] page row (relative to page 0) its entry goes to
-    closed_kv_rows: torch.Tensor | None = None  # closed_rows as rows of a layer's kv tensor (after the rings)
-    #: [N] bool, false for a sequence's first window (CSA: no predecessor); None when every window has one
-    closed_has_previous: torch.Tensor | None = None
-    #: How the compressors of a many-sequence step assemble those windows without a loop over sequences
-    #: (:meth:`Compressor._batched_windows`): None for the sliding-only plan.
-    assembly: WindowAssembly | None = None
-
-    @classmethod
-    def build(cls, layout: RaggedLayout, slots: list[int], positions: torch.Tensor, window: int, ratio: int,
-              entry_base: int, upload: Callable[[torch.Tensor], torch.Tensor],
-              floors: list[int] | None = None, cached: list[int] | None = None, ring: int | None = None
-              ) -> PrefillPlan:
-        """``slots``: each sequence's state slot; ``positions`` [T] on the device; ``entry_base``: the row of
-        page 0 in every layer's kv tensor; ``floors``: each sequence's first position the plan's layers hold a
-        window row for (V4.1's decoder runs only from there in a truncated prefill; None: 0), no key before it;
-        ``cached``: each sequence's ``PooledState.cached_tokens`` (None: 0) -- the windows a replay closes that end
-        at or before it are computed (their carry-over matters) but written to the null page, never over the
-        prefix cache's shared entries; ``ring``: rows of a slot's ring (``StateSpec.ring``; None: ``window``).
-        The host work is a few vectorised CPU ops and one upload."""
-        starts, lens = torch.tensor(layout.starts), torch.tensor(layout.lens)
-        offsets, slot = torch.tensor(layout.offsets), torch.tensor(slots)
-        floor = torch.tensor(floors) if floors is not None else torch.zeros_like(starts)
-        seqs = len(layout.lens)
-        held = (starts - floor).clamp(0, window)  # history rows before each chunk
-        ring = ring or window
-        hist = slot.repeat_interleave(held) * ring + _ranges(starts - held, held) % ring
-        keep = lens.clamp(max=window)  # the newest latents each ring takes
-        ring_rows = slot.repeat_interleave(keep) * ring + _ranges(starts + lens - keep, keep) % ring
-        ring_src = _ranges(offsets + lens - keep, keep)
-        counts = (starts + lens) // ratio if ratio else torch.zeros_like(starts)  # entries so far
-        # [seqs, entries] page rows of each sequence's entries (none for the sliding-only plan)
-        entries = layout.entry_rows[ratio] if ratio else torch.zeros((seqs, 0), dtype=torch.int64)
-        entry_idx = _ranges(torch.arange(seqs) * entries.shape[1], counts) if ratio else counts[:0]
-        first = starts // ratio if ratio else counts  # the first window each chunk closes, and how many it closes
-        closing = counts - first
-        closed_ids = _ranges(first, closing)
-        closed_idx = torch.arange(seqs).repeat_interleave(closing) * entries.shape[1] + closed_ids
-        cached_ids = torch.tensor(cached) // max(ratio, 1) if cached is not None and any(cached) else None
-        null = (closed_ids < cached_ids.repeat_interleave(closing)).long() if cached_ids is not None else None
-        hist_off = torch.cumsum(held, 0) - held
-        new_base = held.sum() + counts.sum()  # pool row of the step's first new latent
-        # a history key at position kp sits at pool row hist_off + kp - (start - held); a new one at
-        # new_base + offset + kp - start; a sequence's entry j at entry_off + j
-        per_seq = torch.stack([starts, hist_off - (starts - held), new_base + offsets - starts,
-                               held.sum() + torch.cumsum(counts, 0) - counts, floor], dim=1)
-        assembly = _assembly(starts % max(ratio, 1), lens, offsets, slot, closing, ratio) if ratio else []
-        publish = 1 - null if null is not None else torch.ones(0, dtype=torch.int64)
-        parts = [per_seq.flatten(), hist, entry_idx, ring_rows, ring_src, closed_ids * ratio, closed_idx, publish,
-                 *assembly]
-        per_seq, gather_rows, entry_idx, ring_rows, ring_src, closed_pos, closed_idx, publish, *assembly = \
-            _aligned_upload(parts, upload)
-        per_row = per_seq.view(seqs, 5)[layout.seq_ids]  # [T, 5]
-        closed: dict[str, Any] = {}  # the closed windows' fields (compressed plans only)
-        if ratio:
-            gather_rows = torch.cat([gather_rows, entry_base + entries.flatten()[entry_idx]])
-            closed_rows = entries.flatten()[closed_idx]
-            if null is not None:  # a replay's windows over cached entries: to row 0 of the null page
-                closed_rows = closed_rows * publish
-            first_window = bool(((first == 0) & (closing > 0)).any())  # host tensors: no device sync
-            closed = dict(closed_positions=closed_pos, closed_rows=closed_rows, closed_kv_rows=entry_base + closed_rows,
-                          closed_has_previous=closed_pos >= ratio if first_window else None,
-                          assembly=WindowAssembly(*assembly))
-
-        key_pos = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)[None, :]
-        start, to_hist, to_new = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
-        window_cols = torch.where(key_pos < start, to_hist + key_pos, to_new + key_pos)
-        window_cols = torch.where(key_pos >= per_row[:, 4:5], window_cols, -1)
-        entry_offsets = causal = None
-        if ratio:
-            entry_offsets = per_row[:, 3]
-            ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
-            causal = torch.cat([window_cols, torch.where(ids < ((positions + 1) // ratio)[:, None],
-                                                         entry_offsets[:, None] + ids, -1)], dim=1)
-        return cls(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, int(held.sum()), **closed)
-
-    def for_ring(self, base: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gather rows, ring rows) when the layer's ring starts at row ``base`` of its KV buffer (a KV buffer
-        with several rings: V4.1's groups) rather than row 0."""
-        if base == 0:
-            return self.gather_rows, self.ring_rows
-        h = self.history_rows
-        return torch.cat([self.gather_rows[:h] + base, self.gather_rows[h:]]), self.ring_rows + base
+    key_pos = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)[None, :]
+    start, to_hist, to_new = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]
+    window_cols = torch.where(key_pos < start, to_hist + key_pos, to_new + key_pos)
+    window_cols = torch.where(key_pos >= per_row[:, 4:5], window_cols, -1)
+    entry_offsets = causal = None
+    if ratio:
+        entry_offsets = per_row[:, 3]
+        ids = torch.arange(int(counts.max()), device=positions.device)[None, :]
+        causal = torch.cat([window_cols, torch.where(ids < ((positions + 1) // ratio)[:, None],
+                                                     entry_offsets[:, None] + ids, -1)], dim=1)
+    return PrefillPlan(gather_rows, window_cols, entry_offsets, causal, ring_rows, ring_src, int(held.sum()), **closed)
 
 
 def _assembly(held: torch.Tensor, lens: torch.Tensor, offsets: torch.Tensor, slot: torch.Tensor,

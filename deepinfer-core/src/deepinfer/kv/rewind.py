@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.kv.pool import StatePool
+from deepinfer.kv.pool import PooledState, StatePool
 from deepinfer.kv.spec import KVBuffer, SlotBuffer
-from deepinfer.kv.state import PooledState
 
 Upload = Callable[[torch.Tensor], torch.Tensor]
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from deepinfer.kv.decode_plan import RatioPlan
-from deepinfer.kv.layout import RaggedLayout
-from deepinfer.kv.ragged_plan import WindowAssembly
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.layout import RaggedLayout, WindowAssembly
+from deepinfer.kv.pool import PooledState
 
 #: A ragged step with more sequences than this assembles its windows in one batch (:meth:`_batched_windows`);
 #: below it the per-sequence path launches fewer kernels (~2-5 per sequence against ~10).

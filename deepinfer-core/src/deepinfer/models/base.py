@@ -16,7 +16,6 @@ import torch
 
 if TYPE_CHECKING:
     from deepinfer.kv.prefix_cache import PrefixCache
-    from deepinfer.spec.drafter import Drafter
 
 
 @runtime_checkable
@@ -201,12 +200,3 @@ class PrefixCacheable(Protocol):
         ``needed``: the first position whose output the engine reads."""
         ...
 
-
-@runtime_checkable
-class DraftingModel(Protocol):
-    """A model whose checkpoint ships a speculative drafter (V4.1's DSpark)."""
-
-    def make_drafter(self) -> Drafter | None:
-        """The drafter over the model's configured state pool (its slots are the pool's), or None when this
-        checkpoint has none.  Called once, after ``configure_state``."""
-        ...

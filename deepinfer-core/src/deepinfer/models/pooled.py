@@ -16,13 +16,12 @@ import torch
 
 from deepinfer.kv.decode_plan import DecodeStep
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
-from deepinfer.kv.pool import StatePool, entry_rows, padded_pages
+from deepinfer.kv.pool import PooledState, StatePool, entry_rows, padded_pages
 from deepinfer.kv.prefix_cache import PrefixCache, block_size_for
-from deepinfer.kv.ragged_plan import PrefillPlan
+from deepinfer.kv.ragged_plan import prefill_plan
 from deepinfer.kv.rewind import PoolCheckpoint, checkpoint
 from deepinfer.kv.sizing import describe_density, pool_bytes_for
 from deepinfer.kv.spec import StateSpec
-from deepinfer.kv.state import PooledState
 from deepinfer.models.base import ForwardBatch, StateCapacity
 
 logger = logging.getLogger(__name__)
@@ -168,9 +167,9 @@ def ragged_layout(batch: ForwardBatch, states: list[PooledState], starts: list[i
     slots = [s.slot for s in states]
     cached = [s.cached_tokens for s in states]
     layout.entry_rows = BuiltOnUse(entries)
-    layout.plans = BuiltOnUse(lambda r: PrefillPlan.build(layout, slots, batch.positions, pool.spec.window, r,  # type: ignore[arg-type]
-                                                          pool.entry_base(r) if r else 0, batch.upload,
-                                                          cached=cached, ring=pool.spec.ring))
+    layout.plans = BuiltOnUse(lambda r: prefill_plan(layout, slots, batch.positions, pool.spec.window, r,  # type: ignore[arg-type]
+                                                     pool.entry_base(r) if r else 0, batch.upload,
+                                                     cached=cached, ring=pool.spec.ring))
     return layout
 
 

@@ -3,7 +3,7 @@
 At start-up (``DEEPINFER_ENABLE_MTP_VARLEN=1`` with a drafter) the engine times one forward per bucket of step
 tokens (powers of two from one request's verify block up to the step limit), each spread over as many sequences
 as that many blocks make, on scratch states that are released afterwards.  The budget then weighs the expected
-accepted tokens of each extra draft against the measured cost of the bigger step (``spec/budget.py``).
+accepted tokens of each extra draft against the measured cost of the bigger step (``spec_decode/budget.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from deepinfer.backends import Backend
 from deepinfer.models.base import CausalLM, ForwardBatch
-from deepinfer.spec.budget import CostTable
+from deepinfer.spec_decode.budget import CostTable
 
 #: Tokens each scratch sequence holds before it is timed (a short context, as in decoding).
 CONTEXT = 8

@@ -1,6 +1,6 @@
 """Draft passes replayed from captured graphs, one per (batch bucket, k, sampled).
 
-A :class:`~deepinfer.spec.drafter.GraphDrafter`'s draft pass has fixed shapes once its requests are padded to a
+A :class:`~deepinfer.spec_decode.drafter.GraphDrafter`'s draft pass has fixed shapes once its requests are padded to a
 bucket of rows: the drafter reads one int64 tensor (``draft_inputs``: a row per request, its seed and temperature
 included) and its own context.  The first draft of a (bucket, k, sampled) captures ``draft_forward`` through the
 backend's graph service (``Backend.graph_capture``: CUDA graphs on NVIDIA, plain re-execution on the CPU) against a
@@ -20,7 +20,7 @@ import torch
 
 from deepinfer.backends import Backend
 from deepinfer.runner.decode_graphs import CapturedSteps, bucket_size
-from deepinfer.spec.drafter import DraftRequest, Drafts, GraphDrafter
+from deepinfer.spec_decode.drafter import DraftRequest, Drafts, GraphDrafter
 
 
 @dataclass(slots=True)

@@ -7,9 +7,9 @@ A pure-decode step with drafts (every chunk its anchor alone) on a
 of every row) and the drafter's target features through the backend's graph service; later steps copy their host
 inputs into the static buffers, write the drafts (already on the device) over the draft rows, and replay.  The
 verifier then decides what each sequence keeps and the model's ``commit_verify`` writes what that leaves in the
-state: nothing is undone and nothing is fed again.  With a :class:`~deepinfer.spec.drafter.VerifyExtender` drafter,
-the graph also extends the drafter's context with every row's target features (the drafter keeps rejected rows
-out of its windows), so the runner does no drafter work between the read-back and the next draft.  The graph
+state: nothing is undone and nothing is fed again.  With a :class:`~deepinfer.spec_decode.drafter.VerifyExtender`
+drafter, the graph also extends the drafter's context with every row's target features (the drafter keeps rejected
+rows out of its windows), so the runner does no drafter work between the read-back and the next draft.  The graph
 ends at the hidden states: the caller computes the logits of the rows it reads (one GEMM), so a graph holds no
 ``[rows * q, vocab]`` buffer (graphs of every bucket and ``q`` stay alive together).
 """
@@ -24,7 +24,7 @@ import torch
 from deepinfer.backends import Backend
 from deepinfer.models.base import CausalLM, SequenceState, VerifyDecodable
 from deepinfer.runner.decode_graphs import CapturedSteps, DecodeGraphs, step_buckets
-from deepinfer.spec.drafter import VerifyExtender
+from deepinfer.spec_decode.drafter import VerifyExtender
 
 
 class VerifiableModel(CausalLM, VerifyDecodable, Protocol):

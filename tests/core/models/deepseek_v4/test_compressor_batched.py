@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepinfer.kv.layout import RaggedLayout
-from deepinfer.kv.ragged_plan import PrefillPlan
+from deepinfer.kv.ragged_plan import prefill_plan
 from deepinfer.layers import compressor as compressor_module
 from deepinfer.models.deepseek_v4.compressor import Compressor
 from deepinfer.models.deepseek_v4.state import CompressorCache
@@ -33,7 +33,7 @@ def test_batched_and_per_sequence_windows_agree(ratio, overlap, monkeypatch):
     pages = torch.arange(len(CHUNKS) * 3).view(len(CHUNKS), 3) + 1  # 3 pages of entries per sequence
     layout.entry_rows = {ratio: (pages[:, :, None] * PAGE + torch.arange(PAGE)).flatten(1)}
     positions = torch.cat([torch.arange(s, s + n) for s, n in CHUNKS])
-    layout.plans = {ratio: PrefillPlan.build(layout, slots, positions, WINDOW, ratio, BASE, lambda t: t)}
+    layout.plans = {ratio: prefill_plan(layout, slots, positions, WINDOW, ratio, BASE, lambda t: t)}
     states = [SimpleNamespace(slot=s) for s in slots]
     start_cache = _zeros(ratio, dim, overlap)
     start_cache.pending.normal_(generator=gen)

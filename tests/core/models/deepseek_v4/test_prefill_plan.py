@@ -6,7 +6,7 @@ import dataclasses
 import torch
 
 from deepinfer.kv.layout import RaggedLayout
-from deepinfer.kv.ragged_plan import PrefillPlan
+from deepinfer.kv.ragged_plan import prefill_plan
 
 WINDOW, RATIO, PAGE = 8, 4, 4
 STARTS, LENS, SLOTS = [0, 5, 30, 13], [7, 11, 2, 1], [1, 2, 3, 4]
@@ -37,7 +37,7 @@ def _setup():
 
 def test_window_columns_read_each_querys_window():
     layout, positions, kv, new = _setup()
-    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
+    plan = prefill_plan(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
     keys = torch.cat([kv[plan.gather_rows], new])[:, 0]
     seq = layout.seq_ids
     for t in range(positions.shape[0]):
@@ -51,7 +51,7 @@ def test_window_columns_read_each_querys_window():
 
 def test_entry_columns_and_ring_update():
     layout, positions, kv, new = _setup()
-    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: t)
+    plan = prefill_plan(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: t)
     keys = torch.cat([kv[plan.gather_rows], new])[:, 0]
     seq = layout.seq_ids
     for t in range(positions.shape[0]):
@@ -83,7 +83,7 @@ def test_closed_windows_are_where_each_compressor_writes():
     """The windows a step closes, per sequence in batch order: first positions, page rows (also as kv rows), and
     whether a predecessor exists (a sequence's first window has none)."""
     layout, positions, _, _ = _setup()
-    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: t)
+    plan = prefill_plan(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: t)
     want_pos, want_rows = [], []
     for i, (start, n) in enumerate(zip(STARTS, LENS, strict=True)):
         for w in range(start // RATIO, (start + n) // RATIO):  # the windows this chunk completes
@@ -95,9 +95,9 @@ def test_closed_windows_are_where_each_compressor_writes():
     assert plan.closed_has_previous.tolist() == [p >= RATIO for p in want_pos]  # sequence 0 closes its window 0
     none_first = RaggedLayout.build([3], [5], lambda t: t)
     none_first.entry_rows = layout.entry_rows
-    continued = PrefillPlan.build(none_first, [1], torch.arange(5, 8), WINDOW, RATIO, BASE, lambda t: t)
+    continued = prefill_plan(none_first, [1], torch.arange(5, 8), WINDOW, RATIO, BASE, lambda t: t)
     assert continued.closed_positions.tolist() == [4] and continued.closed_has_previous is None
-    sliding = PrefillPlan.build(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
+    sliding = prefill_plan(layout, SLOTS, positions, WINDOW, 0, BASE, lambda t: t)
     assert sliding.closed_positions is None and sliding.closed_rows is None
 
 
@@ -106,7 +106,7 @@ def test_uploaded_tables_start_16_byte_aligned():
     pointers; a misaligned view would fall back to Triton's JIT): odd part lengths are padded in the upload."""
     layout, positions, _, _ = _setup()
     uploads = []
-    plan = PrefillPlan.build(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: uploads.append(t) or t)
+    plan = prefill_plan(layout, SLOTS, positions, WINDOW, RATIO, BASE, lambda t: uploads.append(t) or t)
     assert len(uploads) == 1  # still one host-to-device copy
     tables = [plan.closed_positions, plan.closed_rows, plan.ring_rows, plan.ring_src,
               *(getattr(plan.assembly, f.name) for f in dataclasses.fields(plan.assembly))]

@@ -12,13 +12,15 @@ import json
 import pytest
 import torch
 
+from deepinfer.kv.pool import PooledState
 from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp_shapes
 from deepinfer.ops import OpTable
 from deepinfer.ops.speculative import DRAFT_SALT
-from deepinfer.spec.drafter import DraftRequest
+from deepinfer.spec_decode.drafter import DraftRequest
 from tests.support import dspark_dense as dd
+from tests.support.dspark_accept import slot_state
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES
 
@@ -116,7 +118,8 @@ def drafter_for(model, features, prefixes: list[int], slots: list[int]) -> DSpar
     """A drafter whose slot ``slots[i]`` holds the features of positions 0 .. prefixes[i]-1 (one extend call)."""
     drafter = DSparkDrafter.from_model(model, num_slots=8)
     rows = [(s, p) for s, n in zip(slots, prefixes, strict=True) for p in range(n)]
-    drafter.extend([s for s, _ in rows], torch.tensor([p for _, p in rows]), features[[p for _, p in rows]])
+    positions = [p for _, p in rows]
+    drafter.extend([slot_state(s) for s, _ in rows], torch.tensor(positions), features[positions])
     return drafter
 
 
@@ -126,7 +129,8 @@ def test_draft_block_matches_the_dense_drafter(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     anchors, slots, k = [5, 30, 47], [1, 4, 7], SPEC.block_size
     drafter = drafter_for(model, feats[0], anchors, slots)
-    requests = [DraftRequest(s, int(sequence[p]), p, 0.0, 0) for s, p in zip(slots, anchors, strict=True)]
+    requests = [DraftRequest(slot_state(s), int(sequence[p]), p, 0.0, 0)
+                for s, p in zip(slots, anchors, strict=True)]
     with torch.no_grad():
         hidden, logits = drafter.block(requests, k)
         drafts = drafter.draft(requests, k)
@@ -154,7 +158,7 @@ def test_sampled_drafts_follow_the_markov_chain(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [40, 40], [2, 3])
     temps, seeds = [0.8, 0.0], [7, 7]
-    requests = [DraftRequest(s, int(sequence[40]), 40, t, seed)
+    requests = [DraftRequest(slot_state(s), int(sequence[40]), 40, t, seed)
                 for s, t, seed in zip([2, 3], temps, seeds, strict=True)]
     with torch.no_grad():
         drafts = drafter.draft(requests, SPEC.block_size)
@@ -173,11 +177,11 @@ def test_sampled_drafts_follow_the_markov_chain(setup, sequence):
                                   torch.tensor([(40 + j + 1) ^ DRAFT_SALT]))
         assert int(drafts.tokens[0, j]) == int(drawn[0]) and int(drafts.tokens[1, j]) == int(step[1].argmax())
         prev = drafts.tokens[:, j]
-    again = drafter.draft([DraftRequest(r.slot, r.anchor, r.position, r.temperature, r.seed) for r in requests],
+    again = drafter.draft([DraftRequest(r.state, r.anchor, r.position, r.temperature, r.seed) for r in requests],
                           SPEC.block_size)
     assert torch.equal(again.tokens, drafts.tokens) and torch.equal(again.probs, drafts.probs)
-    other = [drafter.draft([DraftRequest(2, requests[0].anchor, 40, 0.8, seed)], SPEC.block_size).tokens[0]
-             for seed in range(8, 16)]
+    other = [drafter.draft([DraftRequest(slot_state(2), requests[0].anchor, 40, 0.8, seed)],
+                           SPEC.block_size).tokens[0] for seed in range(8, 16)]
     assert any(not torch.equal(t, drafts.tokens[0]) for t in other)
 
 
@@ -189,7 +193,7 @@ def test_sampled_drafts_are_distributed_as_q(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [40], [2])
     n, t = 2000, 1.5
-    requests = [DraftRequest(2, int(sequence[40]), 40, t, seed) for seed in range(n)]
+    requests = [DraftRequest(slot_state(2), int(sequence[40]), 40, t, seed) for seed in range(n)]
     with torch.no_grad():
         drafts = drafter.draft(requests, 2)
     q0 = drafts.probs[0, 0].double()
@@ -221,24 +225,25 @@ def test_truncate_free_and_fork(setup, sequence):
     target, dense, model = setup
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [33], [0])
-    at = [DraftRequest(0, int(sequence[30]), 30, 0.0, 0)]
+    at = [DraftRequest(slot_state(0), int(sequence[30]), 30, 0.0, 0)]
     # positions 30..32 forgotten: the draft at 30 reads its window 6 .. 29 (the ring's 24 + 4 spare rows kept 5+)
-    drafter.truncate(0, 30)
+    drafter.truncate(slot_state(0), 30)
     with torch.no_grad():
         hidden, _ = drafter.block(at, 3)
         visible = (torch.arange(60) >= 30 - 24) & (torch.arange(60) < 30)
         d_hidden, _ = dense.block(dense.contexts(feats), torch.zeros(1, dtype=torch.long), torch.tensor([30]),
                                   sequence[30:31], 3, target.embed.weight, target.head.weight, visible[None])
     assert float((hidden - d_hidden).abs().max()) <= TOL
-    drafter.extend([0, 0], torch.tensor([29, 5]), feats[0, [29, 5]])  # re-extending is harmless; 5 is too old
+    # re-extending is harmless; 5 is too old
+    drafter.extend([slot_state(0)] * 2, torch.tensor([29, 5]), feats[0, [29, 5]])
     with torch.no_grad():
         hidden = drafter.block(at, 3)[0]  # 29's latent came from another GEMM shape: equal up to rounding
     assert float((hidden - d_hidden).abs().max()) <= TOL
-    drafter.fork(0, 5)
+    drafter.fork(slot_state(0), slot_state(5))
     with torch.no_grad():
-        forked, _ = drafter.block([DraftRequest(5, at[0].anchor, 30, 0.0, 0)], 3)
+        forked, _ = drafter.block([DraftRequest(slot_state(5), at[0].anchor, 30, 0.0, 0)], 3)
     assert torch.equal(forked, hidden)
-    drafter.free(0)
+    drafter.free(slot_state(0))
     with torch.no_grad():
         empty, _ = drafter.block(at, 3)
         d_empty, _ = dense.block(dense.contexts(feats), torch.zeros(1, dtype=torch.long), torch.tensor([30]),
@@ -259,7 +264,7 @@ def test_rows_a_verify_step_rejects_never_reach_a_draft(setup, sequence):
     garbage = torch.randn(k, feats.shape[-1], generator=torch.Generator().manual_seed(5))
     verified.extend_rows(torch.ones(k + 1, dtype=torch.int64), torch.arange(40, 41 + k),
                          torch.cat([feats[0, 40:41], garbage]))
-    at = [DraftRequest(1, int(sequence[41]), 41, 0.0, 0)]
+    at = [DraftRequest(slot_state(1), int(sequence[41]), 41, 0.0, 0)]
     with torch.no_grad():
         want, got = kept.block(at, k), verified.block(at, k)
     assert float((got[0] - want[0]).abs().max()) <= TOL and float((got[1] - want[1]).abs().max()) <= TOL
@@ -270,15 +275,20 @@ def test_bad_inputs_are_named(setup, sequence):
     _, _, model = setup
     drafter = DSparkDrafter.from_model(model, num_slots=2)
     assert drafter.max_draft_len == SPEC.block_size and drafter.capture_layer_ids == (3, 6, 8)
-    request = DraftRequest(0, 5, 3, 0.0, 0)
+    request = DraftRequest(slot_state(0), 5, 3, 0.0, 0)
     with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
         drafter.draft([request], 5)
     with pytest.raises(ValueError, match=r"slot must be in \[0, 2\)"):
-        drafter.draft([DraftRequest(2, 5, 3, 0.0, 0)], 2)
+        drafter.draft([DraftRequest(slot_state(2), 5, 3, 0.0, 0)], 2)
     with pytest.raises(ValueError, match="expected 192"):
-        drafter.extend([0], torch.tensor([0]), torch.zeros(1, 64))
-    with pytest.raises(ValueError, match="one slot and position per row"):
-        drafter.extend([0, 0], torch.tensor([0]), torch.zeros(1, 192))
+        drafter.extend([slot_state(0)], torch.tensor([0]), torch.zeros(1, 64))
+    with pytest.raises(ValueError, match="one state and position per row"):
+        drafter.extend([slot_state(0)] * 2, torch.tensor([0]), torch.zeros(1, 192))
+    with pytest.raises(TypeError, match="pooled states, got object"):
+        drafter.draft([DraftRequest(object(), 5, 3, 0.0, 0)], 2)
+    with pytest.raises(ValueError, match="hold a slot"):
+        drafter.draft([DraftRequest(PooledState(None), 5, 3, 0.0, 0)], 2)
+    drafter.free(PooledState(None))  # a state that never held a slot has no context to forget
 
 
 def test_mtp_tensors_are_checked_by_name_and_shape(setup):
@@ -323,7 +333,8 @@ def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequenc
         feats = captured(model, sequence, [60])
         drafter = drafter_for(model, feats, [30], [0])
         with torch.no_grad():
-            outs.append(drafter.block([DraftRequest(0, int(sequence[30]), 30, 0.0, 0)], SPEC.block_size))
+            at = [DraftRequest(slot_state(0), int(sequence[30]), 30, 0.0, 0)]
+            outs.append(drafter.block(at, SPEC.block_size))
     assert float((outs[0][0] - outs[1][0]).abs().max()) <= TOL
     assert float((outs[0][1] - outs[1][1]).abs().max()) <= TOL
 
@@ -335,5 +346,5 @@ def test_bf16_load_keeps_the_confidence_head_and_norms_in_fp32(checkpoint):
     assert mtp["mtp.0.main_norm.weight"].dtype == torch.float32 and mtp["mtp.0.hc_attn_fn"].dtype == torch.float32
     assert mtp["mtp.0.attn.wq_a.weight"].dtype == torch.bfloat16
     drafter = DSparkDrafter.from_model(model, num_slots=1)
-    drafts = drafter.draft([DraftRequest(0, 5, 0, 0.0, 0)], SPEC.block_size)
+    drafts = drafter.draft([DraftRequest(slot_state(0), 5, 0, 0.0, 0)], SPEC.block_size)
     assert drafts.confidence.dtype == torch.float32 and bool(((drafts.confidence > 0) & (drafts.confidence < 1)).all())

@@ -17,8 +17,7 @@ import torch
 
 from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import RaggedLayout
-from deepinfer.kv.pool import StatePool
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState, StatePool
 from deepinfer.layers.ep_moe import build_moe
 from deepinfer.layers.linear import GetWeight, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.kv.pool import StatePool
+from deepinfer.kv.pool import PooledState, StatePool
 from deepinfer.kv.spec import PAGE_SIZE, Buffer, KVBuffer, PageBuffer, SlotBuffer, StateSpec
-from deepinfer.kv.state import PooledState
 from deepinfer.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 
 #: A V4 sequence's state is a pooled state: its slot, its pages and its token count.

@@ -20,7 +20,7 @@ import torch
 
 from deepinfer.kv.decode_plan import CausalPicks, DecodePlan, DecodeStep
 from deepinfer.kv.layout import RaggedLayout
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState
 from deepinfer.kv.store import PackedRows, PagedRows, RowStore
 from deepinfer.layers.linear import GetWeight, Projection, grouped_linear, linear
 from deepinfer.models.deepseek_v41.compressor import Compressor

@@ -15,7 +15,7 @@ import torch
 
 from deepinfer.kv.decode_plan import RatioPlan
 from deepinfer.kv.layout import RaggedLayout
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState
 from deepinfer.layers.compressor import CompressorWindows
 from deepinfer.models.deepseek_v41.verify_step import VerifyRecord
 from deepinfer.ops import Ops

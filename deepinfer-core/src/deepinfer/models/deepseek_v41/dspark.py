@@ -13,8 +13,8 @@ Every block position is a prediction ("anchor as first prediction": position j d
 block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
 target's.  The layers are :class:`~.layer.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
 :meth:`~.attention.Attention.block` and :meth:`~.attention.Attention.latents`; the MoE, mHC and norms are the
-backbone's blocks.  Implements :class:`deepinfer.spec.drafter.Drafter` and its optional
-:class:`~deepinfer.spec.drafter.GraphDrafter` (draft passes captured per (batch bucket, k, sampled)).
+backbone's blocks.  Implements :class:`deepinfer.spec_decode.drafter.Drafter` and its optional
+:class:`~deepinfer.spec_decode.drafter.GraphDrafter` (draft passes captured per (batch bucket, k, sampled)).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Protocol
 
 import torch
 
+from deepinfer.kv.pool import PooledState
+from deepinfer.models.base import SequenceState
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
 from deepinfer.models.deepseek_v41.dspark_context import ContextRings
@@ -35,7 +37,7 @@ from deepinfer.ops import Ops
 from deepinfer.ops.speculative import DRAFT_SALT
 from deepinfer.quant import QuantizedTensor
 from deepinfer.sample.sampler import signed64
-from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
+from deepinfer.spec_decode.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
 
 Stored = torch.Tensor | QuantizedTensor
 
@@ -58,7 +60,8 @@ def draft_role(layer_id: int) -> LayerRole:
 
 
 class DSparkDrafter:
-    """The drafter of one V4.1 model, with per-slot context for ``num_slots`` state slots (the engine's)."""
+    """The drafter of one V4.1 model: a context per target state, in the rows of the state's slot (``num_slots``:
+    the model's state pool's)."""
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], embed: torch.Tensor, head: torch.Tensor,
                  *, ops: Ops, dtype: torch.dtype, device: torch.device, num_slots: int):
@@ -94,39 +97,49 @@ class DSparkDrafter:
                    device=model.device, num_slots=num_slots)
 
     # --- context ---------------------------------------------------------------------------------------------
-    def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
-        """Append target features [N, F] of rows (``slots[i]``, ``positions[i]``) to the slots' contexts."""
-        if len(slots) != features.shape[0] or positions.shape[0] != features.shape[0]:
-            raise ValueError(f"extend: {len(slots)} slots and {positions.shape[0]} positions for "
-                             f"{features.shape[0]} feature rows: one slot and position per row")
+    def extend(self, states: list[SequenceState], positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Append target features [N, F] of rows (``states[i]``, ``positions[i]``) to the states' contexts."""
+        if len(states) != features.shape[0] or positions.shape[0] != features.shape[0]:
+            raise ValueError(f"extend: {len(states)} states and {positions.shape[0]} positions for "
+                             f"{features.shape[0]} feature rows: one state and position per row")
         width = len(self.capture_layer_ids) * self.config.hidden_size
         if features.shape[1] != width:
             raise ValueError(f"extend: features have {features.shape[1]} columns, expected {width} "
                              f"(len(capture_layer_ids) * hidden_size)")
-        for slot in set(slots):
-            self.context.check_slot(slot)
+        slots = [self._slot(state) for state in states]
         if not slots:
             return
         self.extend_rows(torch.tensor(slots, dtype=torch.int64).to(self.device), positions.to(self.device), features)
 
     def extend_rows(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
         """:meth:`extend` on the device (``slots`` / ``positions`` [N] int64 there, unchecked): no host data, so a
-        captured verify step extends every row it ran (:class:`~deepinfer.spec.drafter.VerifyExtender`)."""
+        captured verify step extends every row it ran (:class:`~deepinfer.spec_decode.drafter.VerifyExtender`)."""
         ops = self.ops
         main_x = ops.rms_norm(ops.linear(features.to(self.dtype), self.main_proj), self.main_norm,
                               self.config.rms_norm_eps)
         latents = [layer.attn.latents(main_x, positions) for layer in self.layers]
         self.context.write(slots, positions, latents)
 
-    def truncate(self, slot: int, length: int) -> None:
-        self.context.truncate(slot, length)
+    def truncate(self, state: SequenceState, length: int) -> None:
+        self.context.truncate(self._slot(state), length)
 
-    def free(self, slot: int) -> None:
-        self.context.free(slot)
+    def free(self, state: SequenceState) -> None:
+        """Forget ``state``'s context (a state that never held a slot has none)."""
+        if not isinstance(state, PooledState) or state.slot is not None:
+            self.context.free(self._slot(state))
 
-    def fork(self, src: int, dst: int) -> None:
-        """Give slot ``dst`` a copy of slot ``src``'s context (``n > 1`` forks)."""
-        self.context.fork(src, dst)
+    def fork(self, src: SequenceState, dst: SequenceState) -> None:
+        """Give ``dst`` a copy of ``src``'s context (``n > 1`` forks)."""
+        self.context.fork(self._slot(src), self._slot(dst))
+
+    def _slot(self, state: SequenceState) -> int:
+        """The context rows of ``state``: its pool slot, the rows its own model's steps use."""
+        if not isinstance(state, PooledState):
+            raise TypeError(f"the DSpark drafter follows its V4.1 model's pooled states, got {type(state).__name__}")
+        if state.slot is None:
+            raise ValueError("the DSpark drafter follows states that hold a slot (fed once at least); this has none")
+        self.context.check_slot(state.slot)
+        return state.slot
 
     # --- drafting ---------------------------------------------------------------------------------------------
     def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
@@ -139,14 +152,13 @@ class DSparkDrafter:
         """Host int64 [bucket, 5]: (slot, anchor, anchor position, seed as signed 64-bit, temperature's float64
         bits) per request, then all-zero padding rows.  A padding row reads slot 0 at position 0, where no context
         row is valid (it holds positions < 0 only), so it attends to its own block alone, and drafts greedily
-        (temperature 0.0) (:class:`deepinfer.spec.drafter.GraphDrafter`)."""
+        (temperature 0.0) (:class:`deepinfer.spec_decode.drafter.GraphDrafter`)."""
         if bucket < len(requests):
             raise ValueError(f"draft_inputs: {len(requests)} requests do not fit a bucket of {bucket} rows")
-        for r in requests:
-            self.context.check_slot(r.slot)
+        slots = [self._slot(r.state) for r in requests]
         temps = torch.tensor([float(r.temperature) for r in requests] + [0.0] * (bucket - len(requests)),
                              dtype=torch.float64)
-        rows = [[r.slot, r.anchor, r.position, signed64(r.seed), 0] for r in requests]
+        rows = [[slot, r.anchor, r.position, signed64(r.seed), 0] for slot, r in zip(slots, requests, strict=True)]
         inputs = torch.tensor(rows + [[0] * 5] * (bucket - len(requests)), dtype=torch.int64).view(bucket, 5)
         inputs[:, 4] = temps.view(torch.int64)
         return inputs
@@ -233,15 +245,15 @@ def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> C
 
 
 def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:
-    """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.Drafter`."""
+    """Never called: mypy checks here that :class:`DSparkDrafter` is a :class:`Drafter`."""
     return drafter
 
 
 def _implements_graph_drafting(drafter: DSparkDrafter) -> GraphDrafter:
-    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.GraphDrafter`."""
+    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`GraphDrafter`."""
     return drafter
 
 
 def _implements_verify_extension(drafter: DSparkDrafter) -> VerifyExtender:
-    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`~deepinfer.spec.drafter.VerifyExtender`."""
+    """Never called: mypy checks that :class:`DSparkDrafter` is a :class:`VerifyExtender`."""
     return drafter

@@ -20,8 +20,7 @@ import torch
 
 from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
-from deepinfer.kv.pool import StatePool
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState, StatePool
 from deepinfer.layers.linear import stored_weight
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
@@ -42,7 +41,7 @@ from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
 from deepinfer.quant import QuantizedTensor
-from deepinfer.spec.drafter import Drafter
+from deepinfer.spec_decode.drafter import Drafter
 
 
 class DeepseekV41ForCausalLM(PooledCausalLM):
@@ -113,7 +112,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
 
     def make_drafter(self) -> Drafter | None:
         """The checkpoint's DSpark drafter over the configured state pool (one context per pool slot), or None
-        when the checkpoint has none (:class:`deepinfer.models.base.DraftingModel`)."""
+        when the checkpoint has none (:class:`deepinfer.spec_decode.drafter.DraftingModel`)."""
         if not self.config.num_nextn_predict_layers or not self.mtp_weights:
             return None
         if self.pool is None or self.pool.growable:

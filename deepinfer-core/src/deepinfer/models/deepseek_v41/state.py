@@ -68,7 +68,7 @@ def state_spec(cfg: DeepseekV41Config, page_size: int = PAGE_SIZE, quantized: bo
             buffers.append(SlotBuffer(p + "pending", (ratio, 2 * cfg.head_dim), torch.float32))
     if cfg.engram_layer_ids:
         buffers.append(SlotBuffer(HISTORY, (cfg.engram_max_ngram_size - 1,), torch.int64))
-    # a DSpark verify step feeds the anchor and up to a block of drafts per sequence at once (spec/verify_step.py)
+    # a DSpark verify step feeds the anchor and up to a block of drafts per sequence at once (verify_step.py)
     spare = cfg.dspark_block_size if cfg.num_nextn_predict_layers else 0
     return StateSpec(cfg.sliding_window, tuple(buffers), page_size, spare)
 

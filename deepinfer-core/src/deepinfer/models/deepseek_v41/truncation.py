@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
-from deepinfer.kv.pool import StatePool
-from deepinfer.kv.ragged_plan import PrefillPlan
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState, StatePool
+from deepinfer.kv.ragged_plan import prefill_plan
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 
@@ -89,7 +88,7 @@ def decoder_rows(batch: ForwardBatch, layout: RaggedLayout, states: list[PooledS
     slots = [states[i].slot for i in kept]
     sub_floors = [floors[i] for i in kept]
     sub_cached = [states[i].cached_tokens for i in kept]
-    sub.plans = BuiltOnUse(lambda r: PrefillPlan.build(sub, slots, positions, pool.spec.window, r,  # type: ignore[arg-type]
-                                                       pool.entry_base(r) if r else 0, batch.upload, sub_floors,
-                                                       sub_cached, pool.spec.ring))
+    sub.plans = BuiltOnUse(lambda r: prefill_plan(sub, slots, positions, pool.spec.window, r,  # type: ignore[arg-type]
+                                                  pool.entry_base(r) if r else 0, batch.upload, sub_floors,
+                                                  sub_cached, pool.spec.ring))
     return DecoderRows(device_rows, sub, [states[i] for i in kept], positions)

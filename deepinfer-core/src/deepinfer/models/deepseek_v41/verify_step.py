@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.kv.state import PooledState
+from deepinfer.kv.pool import PooledState
 from deepinfer.models.deepseek_v41.engram_hash import history_after
 
 

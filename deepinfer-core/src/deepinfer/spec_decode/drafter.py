@@ -1,6 +1,8 @@
 """The contract between the engine and a speculative drafter (DSpark, issue 15).
 
-The engine owns the target model, the verifier and the budget; a drafter owns only its own per-slot context.
+The engine owns the target model, the verifier and the budget; a drafter owns only its own context per sequence,
+keyed by the sequence's target state (a :class:`~deepinfer.models.base.SequenceState` of the model that made the
+drafter, which knows where such a state lives: DSpark keeps its context in the rows of the state's pool slot).
 Each step the runner asks the drafter for ``k`` tokens per decoding request (:meth:`Drafter.draft`, which must
 not change the context), verifies them with the target in one forward, and then appends the captured target
 features of the accepted positions to the drafter's context (:meth:`Drafter.extend`).  Rejected positions are
@@ -22,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from deepinfer.models.base import SequenceState
+
 
 @dataclass(slots=True)
 class Drafts:
@@ -36,7 +40,7 @@ class Drafts:
 class DraftRequest:
     """One row per request in the step."""
 
-    slot: int  # the request's state slot (same slot the target uses)
+    state: SequenceState  # the request's target state (the drafter's context is keyed by it)
     anchor: int  # the last accepted token (the block's first input)
     position: int  # the anchor's position
     temperature: float  # 0 = greedy
@@ -49,9 +53,10 @@ class Drafter(Protocol):
     max_draft_len: int  # the most tokens one draft() call may return (DSpark: its block size)
     capture_layer_ids: tuple[int, ...]  # target layers whose outputs the drafter reads
 
-    def extend(self, slots: list[int], positions: torch.Tensor, features: torch.Tensor) -> None:
+    def extend(self, states: list[SequenceState], positions: torch.Tensor, features: torch.Tensor) -> None:
         """Append accepted positions' captured target features [N, F] (F = len(capture_layer_ids) * hidden)
-        to each slot's drafter context (prefill rows and accepted tokens, in order)."""
+        to the drafter context of each row's sequence (``states[i]``: row ``i``'s; prefill rows and accepted
+        tokens, in order)."""
         ...
 
     def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
@@ -59,16 +64,16 @@ class Drafter(Protocol):
         The context holds the features of positions before each request's anchor."""
         ...
 
-    def truncate(self, slot: int, length: int) -> None:
-        """Forget context beyond `length` positions (preemption / fork)."""
+    def truncate(self, state: SequenceState, length: int) -> None:
+        """Forget the sequence's context beyond ``length`` positions."""
         ...
 
-    def fork(self, src: int, dst: int) -> None:
-        """Copy slot ``src``'s context to slot ``dst`` (``n > 1`` completions share the prompt's prefill)."""
+    def fork(self, src: SequenceState, dst: SequenceState) -> None:
+        """Copy ``src``'s context to ``dst``, forked from it (``n > 1`` completions share the prompt's prefill)."""
         ...
 
-    def free(self, slot: int) -> None:
-        """Forget the slot's context (the request finished or was preempted)."""
+    def free(self, state: SequenceState) -> None:
+        """Forget the sequence's context (it finished or was preempted; called before the state is released)."""
         ...
 
 
@@ -85,9 +90,9 @@ class GraphDrafter(Protocol):
     """
 
     def draft_inputs(self, requests: list[DraftRequest], bucket: int) -> torch.Tensor:
-        """Host int64 ``[bucket, C]``: one row per request, then padding rows that read only the null slot 0
-        (never handed out), draft greedily, and whose drafts nobody reads.  All-zero rows must be valid padding
-        (capture runs on them)."""
+        """Host int64 ``[bucket, C]``: one row per request, then padding rows that read no sequence's context
+        (DSpark: the null slot 0, never handed out), draft greedily, and whose drafts nobody reads.  All-zero rows
+        must be valid padding (capture runs on them)."""
         ...
 
     def draft_forward(self, inputs: torch.Tensor, k: int, sampled: bool) -> Drafts:
@@ -111,6 +116,17 @@ class VerifyExtender(Protocol):
     """
 
     def extend_rows(self, slots: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
-        """:meth:`Drafter.extend` of device tensors (``slots`` / ``positions`` [N] int64, ``features`` [N, F]),
-        with no host data or synchronisation, so it can be captured."""
+        """:meth:`Drafter.extend` of device tensors, with no host data or synchronisation, so it can be captured:
+        ``slots`` / ``positions`` [N] int64, ``features`` [N, F]; ``slots`` are the target's state slots, as the
+        model's :meth:`~deepinfer.models.base.VerifyDecodable.verify_inputs` lays them out (``"slots"``)."""
+        ...
+
+
+@runtime_checkable
+class DraftingModel(Protocol):
+    """A model whose checkpoint ships a speculative drafter (V4.1's DSpark)."""
+
+    def make_drafter(self) -> Drafter | None:
+        """The drafter of this model's sequence states (its context follows the states the model makes), or None
+        when this checkpoint has none.  Called once, after ``configure_state``."""
         ...

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.spec.budget import CostTable, SpecPolicy
+from deepinfer.spec_decode.budget import CostTable, SpecPolicy
 from tests.support.engine_checks import assert_same_output, ragged_prompts
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES

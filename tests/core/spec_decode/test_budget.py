@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from deepinfer.spec.budget import CostTable, survival, verify_lengths
+from deepinfer.spec_decode.budget import CostTable, survival, verify_lengths
 
 FLAT = CostTable((1 << 20,), (1.0,))  # every step costs the same: verifying more never hurts
 

@@ -11,7 +11,7 @@ import pytest
 
 import deepinfer
 from deepinfer import LLM, SamplingParams
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec_decode.budget import SpecPolicy
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 
@@ -28,8 +28,7 @@ def _tool():
 
 def test_forced_acceptance_accepts_the_asked_length_on_average():
     llm = LLM(str(TINY_V4), dtype="float32")
-    llm.engine.set_drafter(StandInDrafter(llm.engine.model.vocab_size, 4), SpecPolicy(4))
-    llm.engine.runner.forced_acceptance = 2.5
+    llm.engine.set_drafter(StandInDrafter(llm.engine.model.vocab_size, 4), SpecPolicy(4), forced_acceptance=2.5)
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=31, ignore_eos=True),
                        use_tqdm=False)[0]
     stats = out.spec_decoding_stats

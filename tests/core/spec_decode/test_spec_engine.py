@@ -18,7 +18,7 @@ import torch
 import deepinfer
 from deepinfer import LLM, SamplingParams
 from deepinfer.models.deepseek_v4.state import layer_view
-from deepinfer.spec.budget import CostTable, SpecPolicy
+from deepinfer.spec_decode.budget import CostTable, SpecPolicy
 from tests.support.engine_checks import assert_same_output, homogeneity_p, ragged_prompts
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -205,7 +205,7 @@ def test_state_and_drafter_context_after_speculative_steps_equal_plain_steps():
         for seq in engine.seqs.values():
             state = engine.state_cache.get(seq.seq_id)
             assert state.num_tokens == seq.num_computed
-            assert drafter.context[state.slot] == list(range(len(seq.token_ids) - 1))
+            assert drafter.context[state] == list(range(len(seq.token_ids) - 1))
             rejected += seq.num_computed < len(seq.token_ids) - 1
             fresh = model.new_state()
             ids = seq.token_ids[: state.num_tokens]

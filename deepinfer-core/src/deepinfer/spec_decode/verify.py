@@ -10,7 +10,7 @@ request's own token.  So greedy output is the plain argmax chain and sampled out
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -87,3 +87,24 @@ def forced(sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]]
     out = torch.where(keep, torch.nn.functional.pad(drafts[:, :k], (0, 1)), -1)
     out[every, at] = own
     return out, at
+
+
+@dataclass(slots=True)
+class ForcedAcceptance:
+    """Benchmarks only (lossy; ``tools/bench_dspark.py``): a mean acceptance length ``length`` (tokens per verify
+    step).  Each step accepts ``length - 1`` drafts on average, alternating floor and ceil, whatever the target
+    says (:func:`forced`)."""
+
+    length: float
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.length >= 1.0:
+            raise ValueError(f"forced_acceptance must be a mean acceptance length >= 1 (tokens per verify step), "
+                             f"got {self.length}")
+
+    def next_count(self) -> int:
+        """Drafts the next step accepts (of each speculating request)."""
+        x, t = self.length - 1.0, self.steps
+        self.steps += 1
+        return int(x * (t + 1)) - int(x * t)

@@ -15,7 +15,7 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.kv.spec import SlotBuffer
 from deepinfer.models import ForwardBatch, load_model
 from deepinfer.ops import OpTable
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec_decode.budget import SpecPolicy
 from tests.support.engine_checks import assert_same_output
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 

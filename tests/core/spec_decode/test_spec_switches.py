@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import deepinfer
-from deepinfer import LLM, SamplingParams
+from deepinfer import LLM, SamplingParams, envs
 from deepinfer.models.loader import load_model
 from deepinfer.ops import OpTable
-from deepinfer.spec.budget import SpecPolicy
+from deepinfer.spec_decode.budget import SpecPolicy
 from tests.support.engine_checks import assert_same_output, ragged_prompts
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.structured import build_tokenizer
@@ -42,6 +42,9 @@ def test_llm_takes_the_models_drafter_and_the_draft_length_from_the_environment(
     assert llm.engine.scheduler.spec == SpecPolicy(4, False)  # default 5, capped by the drafter's 4
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "2")
     monkeypatch.setenv("DEEPINFER_ENABLE_MTP_VARLEN", "1")
+    llm.engine.set_drafter(None)
+    llm.engine.set_drafter(StandInDrafter(1057, 4))  # the engine keeps what it read when it started
+    assert llm.engine.scheduler.spec == SpecPolicy(4, False)
     policy = LLM.from_model(_model_with_drafter(), build_tokenizer()).engine.scheduler.spec
     assert policy is not None and (policy.max_draft_len, policy.varlen) == (2, True)
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "0")
@@ -180,8 +183,8 @@ def test_several_ranks_leave_speculation_off_or_refuse_it(monkeypatch):
     model = _model_with_drafter()
     llm = LLM.from_model(model, build_tokenizer())
     llm.engine.set_drafter(None)
-    llm._setup_drafter(model, llm.engine.runner.backend, several_ranks=True)
+    llm._setup_drafter(model, llm.engine.runner.backend, envs.spec_decode(), several_ranks=True)
     assert llm.engine.drafter is None
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "2")
     with pytest.raises(ValueError, match="DEEPINFER_USE_NEXTN_DECODE on several ranks"):
-        llm._setup_drafter(model, llm.engine.runner.backend, several_ranks=True)
+        llm._setup_drafter(model, llm.engine.runner.backend, envs.spec_decode(), several_ranks=True)

@@ -1,4 +1,4 @@
-"""The verifier's host side (spec/verify.py): each draft's target row is processed like plain sampling at that
+"""The verifier's host side (spec_decode/verify.py): each draft's target row is processed like plain sampling at that
 output position, with the drafts before it counted as output (penalties) and the grammar's mask after them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from deepinfer.ops import OpTable
 from deepinfer.sample.sampler import Sampler
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.spec.verify import forced, verify, verify_rows
+from deepinfer.spec_decode.verify import forced, verify, verify_rows
 from deepinfer.step import SamplingRow
 
 V = 8

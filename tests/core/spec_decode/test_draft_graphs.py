@@ -20,8 +20,9 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.backends import Backend
 from deepinfer.runner.draft_graphs import DraftGraphs
-from deepinfer.spec.budget import SpecPolicy
-from deepinfer.spec.drafter import DraftRequest, GraphDrafter
+from deepinfer.spec_decode.budget import SpecPolicy
+from deepinfer.spec_decode.drafter import DraftRequest, GraphDrafter
+from tests.support.dspark_accept import slot_state
 from tests.support.engine_checks import assert_same_output, homogeneity_p
 from tests.support.tiny_assets import TINY_V41_DIR
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -60,7 +61,7 @@ def _with_contexts(llm: LLM):
     gen = torch.Generator().manual_seed(0)
     width = len(drafter.capture_layer_ids) * llm.engine.model.config.hidden_size
     for slot, length in [(1, 40), (2, 7), (4, 200), (5, 13), (6, 64)]:
-        drafter.extend([slot] * length, torch.arange(length), torch.randn(length, width, generator=gen))
+        drafter.extend([slot_state(slot)] * length, torch.arange(length), torch.randn(length, width, generator=gen))
     return drafter
 
 
@@ -75,7 +76,7 @@ def table(request, llm):
     drafter = _with_contexts(_load(True) if request.param else llm)
     yield drafter, request.param
     for slot in range(1, 7):
-        drafter.free(slot)
+        drafter.free(slot_state(slot))
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def drafter(table):
 
 def _requests(n: int) -> list[DraftRequest]:
     at = [(1, 17, 40), (2, 301, 7), (3, 5, 0), (4, 88, 200), (5, 120, 9), (6, 42, 64)]  # slot, anchor, position
-    return [DraftRequest(slot, anchor, position, 0.0, 0) for slot, anchor, position in at[:n]]
+    return [DraftRequest(slot_state(slot), anchor, position, 0.0, 0) for slot, anchor, position in at[:n]]
 
 
 @pytest.mark.parametrize("fail", [False, True], ids=["captured", "capture-fails"])
@@ -127,7 +128,7 @@ def test_padding_reads_no_context(drafter):
 def _mixed_requests(n: int, seed: int = 0) -> list[DraftRequest]:
     """``_requests(n)``, every other one sampled (temperatures 0.7 and 1.3, seeds of ``seed``)."""
     temps = [0.7, 0.0, 1.3, 0.0, 0.7, 1.3]
-    return [DraftRequest(r.slot, r.anchor, r.position, temps[i], seed + 31 * i)
+    return [DraftRequest(r.state, r.anchor, r.position, temps[i], seed + 31 * i)
             for i, r in enumerate(_requests(n))]
 
 
@@ -190,14 +191,14 @@ def test_engine_greedy_output_with_captured_drafts_is_the_plain_output(llm):
         for a, b in zip(plain, spec, strict=True):
             assert_same_output(a, b, tol=2e-2)
             assert b.spec_decoding_stats is not None and b.spec_decoding_stats.num_drafts > 0
-    graphs = engine._draft_graphs
+    graphs = engine.runner.draft_graphs  # kept while speculation is off
     assert graphs is not None and graphs.eager_reason is None
     assert {rows for rows, _, _ in graphs._graphs} >= {1, 4}
 
 
 def test_engine_sampled_output_with_captured_drafts_has_the_plain_distribution(llm):
     """Sampled requests draft through the captured sampled passes (no eager fallback): the output tokens have plain
-    sampling's distribution (a two-sample chi-square over 300 seeds, as tests/core/spec/test_spec_engine.py does
+    sampling's distribution (a two-sample chi-square over 300 seeds, as tests/core/spec_decode/test_spec_engine.py does
     with a stand-in drafter), and a seeded batch run twice gives the same tokens."""
     engine = llm.engine
     drafter = engine.drafter or engine.model.make_drafter()
@@ -228,7 +229,7 @@ def test_engine_sampled_output_with_captured_drafts_has_the_plain_distribution(l
     for a, b in zip(*runs, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert b.spec_decoding_stats is not None and b.spec_decoding_stats.num_drafts > 0
-    graphs = engine._draft_graphs
+    graphs = engine.runner.draft_graphs  # kept while speculation is off
     assert graphs is not None and graphs.eager_reason is None
     assert any(sampled for _, _, sampled in graphs._graphs)  # the sampled passes were captured and replayed
 

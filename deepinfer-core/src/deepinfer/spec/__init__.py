@@ -1,5 +1,0 @@
-"""Speculative decoding: the drafter protocol, the verifier (acceptance) and the verify budget (plain data)."""
-
-from deepinfer.spec.drafter import Drafter, DraftRequest, Drafts, GraphDrafter
-
-__all__ = ["DraftRequest", "Drafter", "Drafts", "GraphDrafter"]
