@@ -62,12 +62,14 @@ def test_v4_async_steps_equal_sequential_steps(checkpoint, limits):
         extra = dict(limits)
         if extra.pop("preempt", False):
             llm = LLM(str(checkpoint), dtype="float32")
-            extra["state_cache_bytes"] = llm.engine.model.state_pool_bytes(2, 60)
+            # two slots of 60 tokens: sequences that grow past a page preempt the other (24 tokens each)
+            extra.update(max_num_seqs=2, state_cache_bytes=llm.engine.model.state_pool_bytes(2, 60))
             del llm
         llm = LLM(str(checkpoint), dtype="float32", async_scheduling=mode, **extra)
         feeds = _spy_feeds(llm)
         prompts = ragged_prompts(llm.engine.model.vocab_size, lengths=[58, 3, 62, 17, 9, 55, 21])  # some cross 64
-        outs[mode] = llm.generate(prompts, _params(12, penalties=True), use_tqdm=False)
+        max_tokens = 24 if limits.get("preempt") else 12
+        outs[mode] = llm.generate(prompts, _params(max_tokens, penalties=True), use_tqdm=False)
         fed[mode] = sum(feeds)
         if limits.get("preempt"):
             assert llm.engine.num_preemptions > 0

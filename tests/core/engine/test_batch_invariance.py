@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deepinfer import LLM, SamplingParams
+from deepinfer import LLM, EngineArgs, SamplingParams
 from deepinfer.backends.cpu import CpuBackend
 from deepinfer.models import load_model
 from deepinfer.ops import OpTable, op_defs
@@ -206,7 +206,8 @@ def test_engine_logprobs_are_bitwise_equal_alone_and_batched(checkpoint, monkeyp
     alone = _engine_needle(checkpoint, batched=False)
     limits = dict(max_num_batched_tokens=24)  # chunked prefill mixed with decode steps
     if how == "preempted":  # room for two prompts: sequences growing past 64 tokens preempt and recompute
-        limits["state_cache_bytes"] = _model(checkpoint, torch.float32, invariant=True).state_pool_bytes(2, 62)
+        model = _model(checkpoint, torch.float32, invariant=True)
+        limits["state_cache_bytes"] = model.state_pool_bytes(EngineArgs().max_num_seqs, 62, sequences=2)
     batched = _engine_needle(checkpoint, batched=True, **limits)
     assert batched.outputs[0].token_ids == alone.outputs[0].token_ids
     assert _flat_logprobs(batched) == _flat_logprobs(alone)  # exact float equality

@@ -117,7 +117,7 @@ def test_engine_limits_are_validated(tokenizer):
         LLM.from_model(model, tokenizer, max_num_seqs=0)
     with pytest.raises(ValueError, match="max_model_len must be an integer in"):
         LLM.from_model(model, tokenizer, max_model_len=10**9)
-    with pytest.raises(ValueError, match="lower max_model_len or raise the budget"):
+    with pytest.raises(ValueError, match="lower max_model_len or raise state_cache_bytes to at least 25600 "):
         LLM.from_model(model, tokenizer, max_model_len=100, state_cache_bytes=model.state_bytes(50))
     fitted = LLM.from_model(model, tokenizer, state_cache_bytes=model.state_bytes(50))
     assert fitted.engine.config.max_model_len == 50  # default lowered to what one sequence fits

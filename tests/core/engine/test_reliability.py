@@ -78,7 +78,7 @@ def test_embedded_model_n2_preempted_with_async_scheduling_completes():
     params = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=12, ignore_eos=True, logprobs=1)
     ample = LLM(str(TINY_V4_DIR), dtype="float32", max_model_len=96)
     (expected,) = ample.generate([prompt], params, use_tqdm=False)
-    budget = ample.engine.model.state_pool_bytes(2, 4)
+    budget = ample.engine.model.state_pool_bytes(ample.engine.config.max_num_seqs, 4, sequences=2)
     del ample
     for async_scheduling in (True, False):
         llm = LLM(str(TINY_V4_DIR), dtype="float32", max_model_len=96, state_cache_bytes=budget,

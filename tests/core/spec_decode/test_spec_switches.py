@@ -105,7 +105,8 @@ def test_greedy_identity_under_chunked_prefill_and_preemption(limits):
               SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, n=2)] * 2 + [GREEDY]
     if limits.pop("preempt", False):
         probe = LLM(str(TINY_V4), dtype="float32")
-        limits["state_cache_bytes"] = probe.engine.model.state_pool_bytes(2, 60)
+        seqs = probe.engine.config.max_num_seqs
+        limits["state_cache_bytes"] = probe.engine.model.state_pool_bytes(seqs, 60, sequences=2)
         del probe
     plain = LLM(str(TINY_V4), dtype="float32", **limits).generate(prompts, params, use_tqdm=False)
     llm = LLM.from_model(_model_with_drafter(), build_tokenizer(), **limits)

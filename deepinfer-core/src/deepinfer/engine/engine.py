@@ -152,7 +152,7 @@ class Engine:
             if not isinstance(params, SamplingParams):
                 raise RequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
             text, token_ids = normalize_prompt(prompt, self.tokenizer)
-            check_request(token_ids, params, self.config, self.model.vocab_size, self.model.state_bytes,
+            check_request(token_ids, params, self.config, self.model.vocab_size, self.model,
                           self.tokenizer is not None)
             grammars = self._grammars(params)
         except RequestError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer.engine.config import EngineConfig
+from deepinfer.models.base import CausalLM
 from deepinfer.sampling_params import SamplingParams
 
 
@@ -86,9 +87,9 @@ def check_prompt_length(token_ids: list[int], max_model_len: int) -> None:
 
 def check_request(
     token_ids: list[int], params: SamplingParams, config: EngineConfig, vocab_size: int,
-    state_bytes: Any, has_tokenizer: bool,
+    model: CausalLM, has_tokenizer: bool,
 ) -> None:
-    """Raise ``RequestError`` when the request cannot run on this engine."""
+    """Raise ``RequestError`` when the request cannot run on this ``model``'s engine."""
     if not token_ids:
         raise RequestError("prompt is empty (it has no tokens)")
     bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < vocab_size), None)
@@ -110,11 +111,12 @@ def check_request(
         raise RequestError(f"stop_token_ids {bad_stop} are outside the vocabulary [0, {vocab_size})")
     if params.n > config.max_num_seqs:
         raise RequestError(f"n must be in [1, max_num_seqs={config.max_num_seqs}], got {params.n}")
-    need = params.n * state_bytes(len(token_ids))
+    need = params.n * model.state_bytes(len(token_ids))
     if need > config.state_cache_bytes:
+        enough = model.state_pool_bytes(config.max_num_seqs, len(token_ids), sequences=params.n)
         raise RequestError(
             f"n={params.n} copies of a {len(token_ids)}-token prompt need {need} bytes of model state; the state "
-            f"cache holds {config.state_cache_bytes} (raise the state cache budget or lower n)"
+            f"cache holds {config.state_cache_bytes} (raise state_cache_bytes to at least {enough}, or lower n)"
         )
     if params.so_args is not None and not has_tokenizer:
         raise RequestError("so_args (structured output) needs the model's tokenizer; this LLM was built without one")
