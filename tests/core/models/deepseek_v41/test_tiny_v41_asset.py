@@ -103,7 +103,7 @@ def test_model_has_learned_the_story_grammar(model, tokenizer, story):
 
 
 def test_deepinfer_agrees_with_the_dense_reference(model, story):
-    from tests.support import v41_dense
+    from tools.train import v41_dense
 
     with torch.no_grad():
         ref = torch.log_softmax(v41_dense.load(ASSET)(story[None])[0], -1)

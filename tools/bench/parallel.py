@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Measure the parallel engine (docs/parallel.md; issue 18's numbers): one engine rank per device under torchrun.
 
-    python tools/bench_parallel.py --model PATH --batch 256                     # one device: the baseline
-    torchrun --nproc-per-node 4 tools/bench_parallel.py --model PATH --dp 4 --ep 4 --batch 256
-    torchrun --nproc-per-node 4 tools/bench_parallel.py --model PATH --dp 4 --ep 4 --batch 256 --redundant 4
+    python -m tools.bench.parallel --model PATH --batch 256                     # one device: the baseline
+    torchrun --nproc-per-node 4 -m tools.bench.parallel --model PATH --dp 4 --ep 4 --batch 256
+    torchrun --nproc-per-node 4 -m tools.bench.parallel --model PATH --dp 4 --ep 4 --batch 256 --redundant 4
 
 Rank 0 prints one JSON line: the world; prefill and decode tokens/s in all and per device (``--batch`` prompts of
 ``--prompt-len`` tokens over all DP ranks, greedy, ``--output-len`` tokens each); the MoE dispatch traffic per

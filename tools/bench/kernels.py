@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Time the CUDA backend's kernels against core's reference ops and the memory roofline (GPU host only).
 
-    python tools/bench_kernels.py            # prints a table; --json PATH also writes the numbers
-    python tools/bench_kernels.py --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample,
+    python -m tools.bench.kernels            # prints a table; --json PATH also writes the numbers
+    python -m tools.bench.kernels --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample,
                                              # fused, packed_kv)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
@@ -17,27 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from bench_common import graph_time
-
-
-def _bench(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e-3  # seconds
-
-
-def _graph_time(fn: Callable[[], object], calls: int = 20) -> float:
-    """Device time per call: ``calls`` calls captured in one CUDA graph, replayed (no host overhead)."""
-    return graph_time(fn, calls)
-
-
-def copy_bandwidth() -> float:
-    import torch
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    t = _bench(lambda: dst.copy_(src))
-    return 2 * src.numel() / t
+from tools.ceilings import copy_bandwidth, matmul_rate
+from tools.timing import device_time, graph_time
 
 
 def rms_norm_rows() -> list[dict[str, object]]:
@@ -54,10 +34,10 @@ def rms_norm_rows() -> list[dict[str, object]]:
         w = torch.randn(dim, device="cuda", dtype=torch.bfloat16)
         weight = None if "per-head" in label or "mHC" in label else w
         nbytes = 2 * x.numel() * x.element_size() + (dim * 2 if weight is not None else 0)
-        ours = _bench(lambda: rms_norm(x, weight, 1e-6))
-        ours_graph = _graph_time(lambda: rms_norm(x, weight, 1e-6))
-        ref = _bench(lambda: reference(x, weight, 1e-6))
-        ref_graph = _graph_time(lambda: reference(x, weight, 1e-6))
+        ours = device_time(lambda: rms_norm(x, weight, 1e-6))
+        ours_graph = graph_time(lambda: rms_norm(x, weight, 1e-6), 20)
+        ref = device_time(lambda: reference(x, weight, 1e-6))
+        ref_graph = graph_time(lambda: reference(x, weight, 1e-6), 20)
         out.append({"op": "rms_norm", "case": f"{label} {rows}x{dim} bf16", "bytes": nbytes, "ours_s": ours,
                     "ours_graph_s": ours_graph, "reference_s": ref, "reference_graph_s": ref_graph,
                     "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"})
@@ -97,20 +77,11 @@ def rope_and_hc_rows() -> list[dict[str, object]]:
                       lambda: hc_pre(st, fn, base, scale, 1e-6, 1e-6, 20),
                       lambda: hc_pre_reference(st, fn, base, scale, 1e-6, 1e-6, 20), HC_PRE))
         for op, case, nb, ours_fn, ref_fn, kernel in cases:
-            out.append({"op": op, "case": case, "bytes": nb, "ours_s": _bench(ours_fn),
-                        "ours_graph_s": _graph_time(ours_fn), "reference_s": _bench(ref_fn),
-                        "reference_graph_s": _graph_time(ref_fn),
+            out.append({"op": op, "case": case, "bytes": nb, "ours_s": device_time(ours_fn),
+                        "ours_graph_s": graph_time(ours_fn, 20), "reference_s": device_time(ref_fn),
+                        "reference_graph_s": graph_time(ref_fn, 20),
                         "path": "cubin" if kernel.launch_counts["cubin"] else "jit"})
     return out
-
-
-def matmul_rate() -> float:
-    """bf16 FLOP/s of an 8192^3 matmul on random data (the compute ceiling)."""
-    import torch
-
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    return 2 * 8192**3 / _bench(lambda: a @ b)
 
 
 def moe_rows(peak: float) -> list[dict[str, object]]:
@@ -137,9 +108,10 @@ def moe_rows(peak: float) -> list[dict[str, object]]:
             return moe_experts(x, ids, w, w13, w2, 10.0)
 
         row = {"op": "moe_experts", "case": f"{label} T={tokens} E={experts} k={top_k} bf16", "bytes": nbytes,
-               "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(ours_fn),
-               "ours_graph_s": _graph_time(ours_fn, calls=5),
-               "reference_s": _bench(lambda: reference(x, ids, w, w13, w2, 10.0)), "reference_graph_s": float("nan"),
+               "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": device_time(ours_fn),
+               "ours_graph_s": graph_time(ours_fn, 5),
+               "reference_s": device_time(lambda: reference(x, ids, w, w13, w2, 10.0)),
+               "reference_graph_s": float("nan"),
                "path": "cubin" if UP_KERNEL.launch_counts["cubin"] and DOWN_KERNEL.launch_counts["cubin"] else "jit"}
         out.append(row)
     return out
@@ -177,9 +149,9 @@ def attention_rows(peak: float) -> list[dict[str, object]]:
 
         row = {"op": "sparse_attention", "case": f"{label} T={tokens} H={heads} D={dim} K={width} bf16",
                "bytes": nbytes, "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak),
-               "ours_s": _bench(ours_fn), "ours_graph_s": _graph_time(ours_fn, calls=5),
-               "reference_s": _bench(lambda: reference(q, kv, indices, sinks, dim**-0.5)),
-               "reference_graph_s": _graph_time(lambda: reference(q, kv, indices, sinks, dim**-0.5), calls=2),
+               "ours_s": device_time(ours_fn), "ours_graph_s": graph_time(ours_fn, 5),
+               "reference_s": device_time(lambda: reference(q, kv, indices, sinks, dim**-0.5)),
+               "reference_graph_s": graph_time(lambda: reference(q, kv, indices, sinks, dim**-0.5), 2),
                "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"}
         out.append(row)
     return out
@@ -211,10 +183,10 @@ def indexer_rows(peak: float) -> list[dict[str, object]]:
         flops = 2 * tokens * heads * entries * dim
 
         row = {"op": "indexer_topk", "case": f"{label} T={tokens} N={entries} bf16", "bytes": nbytes, "flops": flops,
-               "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": _bench(lambda: indexer_topk(*args)),
-               "ours_graph_s": _graph_time(lambda: indexer_topk(*args), calls=5),
-               "reference_s": _bench(lambda: reference(*args)),
-               "reference_graph_s": _graph_time(lambda: reference(*args), calls=2),
+               "floor_s": max(nbytes / _BW[0], flops / peak), "ours_s": device_time(lambda: indexer_topk(*args)),
+               "ours_graph_s": graph_time(lambda: indexer_topk(*args), 5),
+               "reference_s": device_time(lambda: reference(*args)),
+               "reference_graph_s": graph_time(lambda: reference(*args), 2),
                "path": "cubin" if KERNEL.launch_counts["cubin"] else "jit"}
         out.append(row)
     return out
@@ -295,8 +267,8 @@ def _packed_row(op: str, case: str, nbytes: int, flops: int, peak: float, packed
                 unpacking: Callable[[], object], kernel: Any) -> dict[str, object]:
     """One row of a packed-KV kernel against the unpack-then-plain-op path it replaces (eager and graph times)."""
     return {"op": op, "case": case, "bytes": nbytes, "flops": flops, "floor_s": max(nbytes / _BW[0], flops / peak),
-            "ours_s": _bench(packed), "ours_graph_s": _graph_time(packed, calls=5), "reference_s": _bench(unpacking),
-            "reference_graph_s": _graph_time(unpacking, calls=5),
+            "ours_s": device_time(packed), "ours_graph_s": graph_time(packed, 5), "reference_s": device_time(unpacking),
+            "reference_graph_s": graph_time(unpacking, 5),
             "path": "cubin" if kernel.launch_counts["cubin"] else "jit"}
 
 
@@ -317,20 +289,20 @@ def compress_and_sample_rows() -> list[dict[str, object]]:
         args = (kv, score)
         out.append({"op": "compress_pool", "case": f"{label} {windows}x{slots}x512 bf16",
                     "bytes": kv.numel() * 6 + windows * 512 * 2,
-                    "ours_s": _bench(lambda: compress_pool.compress_pool(*args)),
-                    "ours_graph_s": _graph_time(lambda: compress_pool.compress_pool(*args)),
-                    "reference_s": _bench(lambda: pool_reference(*args)),
-                    "reference_graph_s": _graph_time(lambda: pool_reference(*args)),
+                    "ours_s": device_time(lambda: compress_pool.compress_pool(*args)),
+                    "ours_graph_s": graph_time(lambda: compress_pool.compress_pool(*args), 20),
+                    "reference_s": device_time(lambda: pool_reference(*args)),
+                    "reference_graph_s": graph_time(lambda: pool_reference(*args), 20),
                     "path": "cubin" if compress_pool.KERNEL.launch_counts["cubin"] else "jit"})
     for rows in (1, 16, 64):
         logits = torch.randn(rows, 129280, device="cuda") * 3
         args = (logits, torch.zeros(rows, dtype=torch.bool, device="cuda"),
                 torch.arange(rows, device="cuda") * 7919, torch.full((rows,), 100, device="cuda"))
         out.append({"op": "sample", "case": f"seeded b{rows} V=129280 fp32", "bytes": logits.numel() * 4,
-                    "ours_s": _bench(lambda: sample_tokens.sample_tokens(*args)),
-                    "ours_graph_s": _graph_time(lambda: sample_tokens.sample_tokens(*args)),
-                    "reference_s": _bench(lambda: sample_reference(*args)),
-                    "reference_graph_s": _graph_time(lambda: sample_reference(*args), calls=2),
+                    "ours_s": device_time(lambda: sample_tokens.sample_tokens(*args)),
+                    "ours_graph_s": graph_time(lambda: sample_tokens.sample_tokens(*args), 20),
+                    "reference_s": device_time(lambda: sample_reference(*args)),
+                    "reference_graph_s": graph_time(lambda: sample_reference(*args), 2),
                     "path": "cubin" if sample_tokens.KERNEL.launch_counts["cubin"] else "jit"})
     out.extend(verify_rows())
     return out
@@ -355,10 +327,10 @@ def verify_rows() -> list[dict[str, object]]:
                 torch.full((rows,), 100, device="cuda"))
         out.append({"op": "verify_drafts", "case": f"b{rows} K={k} V={vocab} {'q' if with_q else 'greedy drafter'}",
                     "bytes": (target.numel() + (q.numel() if with_q else 0)) * 4,
-                    "ours_s": _bench(lambda: verify_drafts.verify_drafts(*args)),
-                    "ours_graph_s": _graph_time(lambda: verify_drafts.verify_drafts(*args)),
-                    "reference_s": _bench(lambda: verify_reference(*args)),
-                    "reference_graph_s": _graph_time(lambda: verify_reference(*args), calls=2),
+                    "ours_s": device_time(lambda: verify_drafts.verify_drafts(*args)),
+                    "ours_graph_s": graph_time(lambda: verify_drafts.verify_drafts(*args), 20),
+                    "reference_s": device_time(lambda: verify_reference(*args)),
+                    "reference_graph_s": graph_time(lambda: verify_reference(*args), 2),
                     "path": "cubin" if verify_drafts.KERNEL.launch_counts["cubin"] else "jit"})
     return out
 
@@ -406,8 +378,8 @@ def fused_rows() -> list[dict[str, object]]:
         cases.append(("router", f"{label} {tokens}x4096 E=256 top-6", gate.numel() * 2 + x.numel() * 2, moe_router,
                       lambda x=x, g=gate, b=bias: moe_router.moe_router(x, g, b, 6, 2.5, "sqrtsoftplus"),
                       lambda x=x, g=gate, b=bias: router_reference(x, g, b, 6, 2.5, "sqrtsoftplus")))
-    return [{"op": op, "case": case, "bytes": nbytes, "ours_s": _bench(ours), "ours_graph_s": _graph_time(ours),
-             "reference_s": _bench(ref), "reference_graph_s": _graph_time(ref),
+    return [{"op": op, "case": case, "bytes": nbytes, "ours_s": device_time(ours), "ours_graph_s": graph_time(ours, 20),
+             "reference_s": device_time(ref), "reference_graph_s": graph_time(ref, 20),
              "path": "cubin" if module.KERNEL.launch_counts["cubin"] else "jit"}
             for op, case, nbytes, module, ours, ref in cases]
 

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Time mHC pre (``hc_pre``: split-K projection + finish) under candidate tiles, in CUDA graphs (GPU host only).
 
-    python tools/sweep_hc_pre.py                       # V4 site: streams [T, 4, 4096] bf16, T = 1, 16, 64, 1024
-    python tools/sweep_hc_pre.py --tokens 1,1024 --json sweep.json
+    python -m tools.sweep.hc_pre                       # V4 site: streams [T, 4, 4096] bf16, T = 1, 16, 64, 1024
+    python -m tools.sweep.hc_pre --tokens 1,1024 --json sweep.json
 
 One line per (tokens, candidate): µs per call of the whole op (mix + finish) and of the mix kernel alone, the
 share of the memory roofline (x read once, collapsed written, fn read once, at the measured copy bandwidth), the
@@ -24,13 +23,6 @@ N, DIM = 4, 4096
 #: The tiles before the bf16-term split (IEEE fp32 FMAs): tokens -> (block_t, block_k, warps, stages).
 OLD_TIERS = {1: (1, 256, 1, 1), 2: (2, 256, 1, 1), 4: (4, 256, 1, 1), 8: (8, 256, 1, 1), 16: (16, 256, 4, 1),
              64: (32, 128, 4, 2), 1 << 30: (128, 32, 4, 3)}
-
-
-def _graph_us(fn, calls: int = 10) -> float:
-    """Device µs per call of ``fn`` replayed from a CUDA graph (bench_kernels' measurement)."""
-    from bench_kernels import _graph_time  # tools/ is on sys.path when this script runs
-
-    return _graph_time(fn, calls) * 1e6
 
 
 def reference64(streams, fn, base, scale, norm_eps: float, hc_eps: float, iters: int):
@@ -96,11 +88,12 @@ def candidates(default):
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from bench_kernels import copy_bandwidth
 
     from deepinfer_cuda.arch import hc_pre_config
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import hc_pre as module
+    from tools.ceilings import copy_bandwidth
+    from tools.timing import graph_time
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="1,16,64,1024")
@@ -131,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                 out = [t.clone() for t in plan.run(index)]
                 torch.cuda.synchronize()
                 (mix_kernel, mix_launch), _ = plan.steps
-                us = _graph_us(lambda: plan.run(index))
+                us = graph_time(lambda: plan.run(index), 10) * 1e6
                 finish_only = name.startswith("finish")  # same mix as the default's: not timed again
-                mix_us = float("nan") if finish_only else _graph_us(lambda: mix_launch.run(mix_kernel, index))
+                mix_us = float("nan") if finish_only else \
+                    graph_time(lambda: mix_launch.run(mix_kernel, index), 10) * 1e6
             except Exception as exc:  # a candidate that does not compile or launch: report it, go on
                 first = str(exc).splitlines()[0][:200] if str(exc) else ''
                 print(f"  {name:46s} FAILED: {type(exc).__name__}: {first}")
@@ -163,5 +157,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, __import__("os").path.dirname(__file__))
     sys.exit(main())

@@ -3,11 +3,11 @@
 For each prompt, greedy generation with the full prefill and with the truncated one (KEEP kept rows): the max
 |difference| of the first token's log-probabilities, and how many of the next N greedy tokens agree before the
 first difference.  Prompts are random token ids (any model), or with ``--text stories`` the start of fresh
-stories of tools/tiny_corpus.py (the embedded model's own domain).  The numbers go into
+stories of ``tools.train.corpus`` (the embedded model's own domain).  The numbers go into
 docs/models/deepseek_v41.md.
 
-    .venv/bin/python tools/measure_truncation.py [--model DIR] [--keep 140 ...] [--tokens 32] [--prompts 16]
-                                                 [--length 400] [--text random|stories]
+    .venv/bin/python -m tools.eval.truncation [--model DIR] [--keep 140 ...] [--tokens 32] [--prompts 16]
+                                              [--length 400] [--text random|stories]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def random_prompts(tokenizer, vocab_size: int, count: int, length: int) -> list[
 
 def story_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     """``count`` prompts of ``length`` tokens, each the start of its own run of fresh stories (bos story eos ...)."""
-    from tiny_corpus import build_corpus, pack  # tools/: this script's directory
+    from tools.train.corpus import build_corpus, pack
 
     rows = pack(tokenizer, build_corpus(40 * count * max(1, length // 256), seed=4242), length)
     assert len(rows) >= count, "not enough story text for the prompts"

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Time the MoE expert GEMMs of prefill under candidate tiles, in CUDA graphs (GPU host only, ~60-90 s).
 
-    python tools/sweep_moe_prefill.py                       # V4 slice layer: 64 experts of 4096 -> 2x2048, top-6
-    python tools/sweep_moe_prefill.py --tokens 1024 --budget 40 --json sweep.json
+    python -m tools.sweep.moe_prefill                       # V4 slice layer: 64 experts of 4096 -> 2x2048, top-6
+    python -m tools.sweep.moe_prefill --tokens 1024 --budget 40 --json sweep.json
 
 Each candidate is one kernel's tiles (``up`` or ``down``: block rows, column tile, reduction tile, warps, stages,
 program order); the other kernel keeps a base config of the same block rows and order, since the two share the
 plan's blocks.  All candidates are first compiled in parallel worker processes (Triton's disk cache), then, per
-token count, every candidate's kernel is timed alone from a CUDA graph (bench_kernels' ``_graph_time``) and the
+token count, every candidate's kernel is timed alone from a CUDA graph (``tools.timing.graph_time``) and the
 whole op's output is checked against core's reference (``err``: max |ours - reference|, next to the default's)
 and the default's output (``vs default``).  One line per (case, candidate): µs, % of the 695 TFLOP/s bf16 peak
 for the kernel's useful FLOPs, % of its floor (max of those FLOPs at peak and its weights read once at the
@@ -26,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-PEAK_FLOPS = 695e12  #: the measured bf16 matmul rate of the H200 (bench_kernels.matmul_rate)
+PEAK_FLOPS = 695e12  #: the measured bf16 matmul rate of the H200 (tools.ceilings.matmul_rate)
 
 
 @dataclass(frozen=True)
@@ -127,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     import multiprocessing
 
     import torch
-    from bench_kernels import _graph_time, copy_bandwidth  # tools/ is on sys.path when this script runs
 
     from deepinfer.ops.moe import moe_experts as reference
     from deepinfer_cuda.arch import SM90A, moe_experts_config
     from deepinfer_cuda.kernels import moe_experts as moe
+    from tools.ceilings import copy_bandwidth
+    from tools.timing import graph_time
 
     h, i, e, k = args.hidden, args.inter, args.experts, args.top_k
     default = moe_experts_config(SM90A, 96, h, i)  # the prefill tier (any slots per expert >= 32)
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
               f"down {flops['down'] / 1e9:.0f} GFLOP, floor {floor['down']:.0f} us", flush=True)
         default_out = None
         default_err = float("nan")
-        op_us = _graph_time(lambda: moe.prepare(x, ids, w, w13, w2, 10.0, arch=SM90A).run(index), calls=3) * 1e6
+        op_us = graph_time(lambda: moe.prepare(x, ids, w, w13, w2, 10.0, arch=SM90A).run(index), 3) * 1e6
         print(f"  whole op (plan, up, down, combine) with the default tiles: {op_us:.1f} us, "
               f"{100 * (flops['up'] + flops['down']) / PEAK_FLOPS / (op_us * 1e-6):.1f}% of peak", flush=True)
         for idx, c in enumerate(cands):
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 vs_default = (out - default_out).abs().max().item()
                 kernel = moe.UP_KERNEL if c.kernel == "up" else moe.DOWN_KERNEL
                 launch = next(step for kk, step in plan.steps if kk is kernel)
-                us = _graph_time(lambda: launch.run(kernel, index), calls=3) * 1e6
+                us = graph_time(lambda: launch.run(kernel, index), 3) * 1e6
             except Exception as ex:  # noqa: BLE001 - a candidate that fails is reported, not fatal
                 print(f"  {c.label()}: FAILED {type(ex).__name__}: {str(ex).splitlines()[0] if str(ex) else ''}")
                 continue

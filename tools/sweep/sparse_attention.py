@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Time sparse attention at V4-Flash shapes under candidate tiles, in CUDA graphs (GPU host only).
 
-    python tools/sweep_sparse_attention.py                  # all cases, every candidate (~60-90 s)
-    python tools/sweep_sparse_attention.py --cases csa,b1   # some cases; --json PATH also writes the rows
+    python -m tools.sweep.sparse_attention                  # all cases, every candidate (~60-90 s)
+    python -m tools.sweep.sparse_attention --cases csa,b1   # some cases; --json PATH also writes the rows
 
 Cases (64 heads x 512, one K=V pool, sinks): a 1024-token prefill's three layer kinds, with the index rows the
 model builds (a 128-row window, -1 before the sequence start; HCA adds 8 entries, CSA 512 top-k slots of which
@@ -27,13 +26,6 @@ import sys
 import time
 
 HEADS, DIM, WINDOW, PREFILL = 64, 512, 128, 1024
-
-
-def _graph_us(fn, calls: int = 10) -> float:
-    """Device µs per call of ``fn`` replayed from a CUDA graph (bench_kernels' measurement)."""
-    from bench_kernels import _graph_time  # tools/ is on sys.path when this script runs
-
-    return _graph_time(fn, calls) * 1e6
 
 
 def prefill_indices(kind: str, tokens: int, gen):
@@ -69,16 +61,6 @@ def make_case(name: str, gen):
     kv = torch.randn(pool, DIM, generator=gen).bfloat16()
     sinks = torch.randn(HEADS, generator=gen)
     return [t.cuda() for t in (q, kv, idx, sinks)]
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bytes (read + written) per second."""
-    import torch
-    from triton.testing import do_bench
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
 
 
 def candidates(base):
@@ -120,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_cuda.arch import sparse_attention_config
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import sparse_attention as module
+    from tools.ceilings import copy_bandwidth
+    from tools.timing import graph_time
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="swa,hca,csa,b1,b16,b64")
@@ -160,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 pick = torch.linspace(0, q.shape[0] - 1, min(4, q.shape[0]), device=q.device).long()
                 alone = module.prepare(q[pick], kv, idx[pick], sinks, scale, arch=arch, split=True,
                                        tiles=tiles).run(index)
-                us = _graph_us(call)
+                us = graph_time(call, 10) * 1e6
             except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is reported, not fatal
                 error = str(exc).splitlines()[0][:160] if str(exc) else ""
                 print(f"  {number:2d}  {describe(tiles)}: FAILED {type(exc).__name__}: {error}", flush=True)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark the DeepSeek-V4-Flash slice on one GPU: HF transformers (baseline) against the roofline.
 
 The slice: hidden 4096, 64 heads x 512, q_lora 1024, o_groups 8 x 1024, 64 routed experts top-6 + 1 shared of
@@ -22,7 +21,7 @@ a CUDA graph once, as a measurement only (the engine runs prefill steps eagerly)
 device time without the host's launches in the way.  ``--profile DIR`` also writes a
 torch.profiler tables of one decode step (batch 16) and one prefill (nvidia ops), by CUDA and by CPU time.
 
-    python tools/bench_v4_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64]
+    python -m tools.bench.v4_slice [--json PATH] [--cases prefill,decode1,decode16,decode64]
                                    [--variants nvidia,nvidia-eager] [--profile DIR] [--no-hf]
                                    [--engine 1,16,64] [--mixed 63] [--sync-trace]
 
@@ -43,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench_common import (
+from tools.bench.steps import (
     SwitchableOps,
     deepinfer_cases,
     di_decode_step,
@@ -51,11 +50,9 @@ from bench_common import (
     di_prefill_once,
     di_step,
     jit_launches,
-    measure_ceilings,
-    queue_time,
-    sync,
-    time_median,
 )
+from tools.ceilings import ceilings
+from tools.timing import queue_time, sync, time_median
 
 SLICE = dict(
     vocab_size=129280, hidden_size=4096, num_hidden_layers=8, num_attention_heads=64, num_key_value_heads=1,
@@ -148,11 +145,12 @@ def hf_cases(model, cases: list[str]) -> list[dict[str, object]]:
 def op_tables() -> dict[str, object]:
     """The op tables of ``--variants`` by name."""
     from deepinfer.ops import OpTable
-    from deepinfer_cuda.ops import OVERRIDES
+    from deepinfer_cuda.ops import kernels_by_op
 
+    kernels = kernels_by_op()
     return {
-        "nvidia": OpTable(OVERRIDES, "nvidia"),
-        "nvidia-no-moe": OpTable({k: v for k, v in OVERRIDES.items() if k != "moe_experts"}, "nvidia"),
+        "nvidia": OpTable(kernels, "nvidia"),
+        "nvidia-no-moe": OpTable({k: v for k, v in kernels.items() if k != "moe_experts"}, "nvidia"),
         "reference": OpTable(),
     }
 
@@ -353,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     variants = [v for v in args.variants.split(",") if v]
-    bw, peak = measure_ceilings()
+    roof = ceilings()
+    bw, peak = roof.bandwidth, roof.bf16_flops
     hf = build_hf(DEVICE)
     counts = ParamCounts(hf, SLICE["n_routed_experts"])
     rows = hf_cases(hf, cases) if not args.no_hf else [

@@ -1,9 +1,9 @@
-"""What the slice benchmarks share (tools/bench_v4_slice.py, tools/bench_v41_slice.py): timing, the roofline
-ceilings measured in the same run, and one DeepInfer step of a pooled model (prefill, decode eager or replayed
-from CUDA graphs, a prefill captured once as a device-time measurement).
+"""What the slice benchmarks share (``tools.bench.v4_slice``, ``tools.bench.v41_slice``): one DeepInfer step of a
+pooled model (prefill, decode eager or replayed from CUDA graphs, a prefill captured once as a device-time
+measurement), the cases they time, and per-kernel profiles.
 
-Every function works on the CPU too (no CUDA: no synchronisation, ceilings timed with torch, graphs replayed
-eagerly by the CPU backend), so the benchmarks' ``--tiny`` runs test them here.
+Every function works on the CPU too (no CUDA: no synchronisation, graphs replayed eagerly by the CPU backend), so the
+benchmarks' ``--tiny`` runs test them here.
 """
 
 from __future__ import annotations
@@ -13,101 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
-def sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def time_median(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``fn`` (synchronised), after one warm-up call."""
-    fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def graph_time(fn: Callable[[], object], calls: int = 1, *, per_call: int = 1, warmup: int = 25,
-               rep: int = 200) -> float:
-    """Device seconds per call: ``fn`` captured ``calls`` times in one CUDA graph (after a warm-up on a side
-    stream), the graph's replays timed by ``triton.testing.do_bench`` (median), divided by ``calls * per_call``
-    (``per_call``: the calls ``fn`` itself makes).  No host overhead in the number."""
-    import torch
-    from triton.testing import do_bench
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median") * 1e-3 / (calls * per_call)
-
-
-def queue_time(fn: Callable[[], object], repeats: int) -> float:
-    """Median host time until ``fn`` returns, its device work queued but not awaited (after one warm-up call):
-    below the synchronised wall time, the step is device-bound; near it, host-bound."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    sync()
-    return statistics.median(samples)
-
-
-def measure_ceilings(device: str = "cuda", small: bool = False) -> tuple[float, float]:
-    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), on random data (``small``: a few MB
-    and a 512-wide matmul, for CPU test runs)."""
-    import torch
-
-    n, m = (1 << 22, 512) if small else (1 << 29, 8192)
-    src = torch.randn(n, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
-    b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
-    if device == "cuda":
-        from triton.testing import do_bench
-
-        copy_s = do_bench(lambda d=dst, s=src: d.copy_(s), return_mode="median") * 1e-3
-        matmul_s = do_bench(lambda: a @ b, return_mode="median") * 1e-3
-    else:
-        copy_s, matmul_s = time_median(lambda: dst.copy_(src), 3), time_median(lambda: a @ b, 3)
-    return 2 * src.numel() * 2 / copy_s, 2 * m**3 / matmul_s
-
-
-def measure_fp8_matmul(device: str = "cuda", small: bool = False) -> float | None:
-    """FP8 e4m3 matmul FLOP/s (cuBLAS through ``torch._scaled_mm``, per-tensor scales, bf16 out) on random data;
-    None where it cannot run (no CUDA, or a torch without it)."""
-    import torch
-
-    if device != "cuda":
-        return None
-    m = 512 if small else 8192
-    a = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
-    b = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
-    one = torch.ones((), device=device)
-    try:
-        from triton.testing import do_bench
-
-        seconds = do_bench(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                           return_mode="median") * 1e-3
-    except (RuntimeError, AttributeError, TypeError) as exc:
-        print(f"FP8 matmul ceiling not measured: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-        return None
-    return 2 * m**3 / seconds
+from tools.timing import queue_time, sync, time_median
 
 
 class SwitchableOps:

@@ -6,16 +6,16 @@ each generating ``--max-tokens`` tokens (1: the time is the prefill).  Prints th
 over ``--repeats`` batches (each timed batch in a fresh engine), the tokens served from the cache, the replay a
 hit costs, and the largest logprob difference between the modes (the cache is exact: rounding only).
 
-``--slice``: the V4.1-Flash slice of ``tools/bench_v41_slice.py`` (8 layers at V4.1-Flash's dims, 384 experts,
+``--slice``: the V4.1-Flash slice of ``tools.bench.v41_slice`` (8 layers at V4.1-Flash's dims, 384 experts,
 bf16 random weights) on the GPU, built once and served by each mode's fresh engine (``LLM.from_model``); its
 state cache holds ``--concurrency`` + 1 sequences of prefix + suffix tokens.  A hit replays
 ``layers x (window - 1) + n-gram history`` tokens before it (1020 on the slice), so the default prefix there is
 4096 tokens.  ``--slice --tiny``: the same on the CPU at toy dims (tests the script).
 
-    python tools/bench_prefix_cache.py                     # the embedded tiny V4.1 on the CPU, fp32
-    python tools/bench_prefix_cache.py --device cuda --model /path/to/checkpoint --dtype bfloat16
-    python tools/bench_prefix_cache.py --slice             # the V4.1-Flash slice on the GPU, bf16
-    python tools/bench_prefix_cache.py --slice --tiny      # the slice at toy dims on the CPU
+    python -m tools.bench.prefix_cache                     # the embedded tiny V4.1 on the CPU, fp32
+    python -m tools.bench.prefix_cache --device cuda --model /path/to/checkpoint --dtype bfloat16
+    python -m tools.bench.prefix_cache --slice             # the V4.1-Flash slice on the GPU, bf16
+    python -m tools.bench.prefix_cache --slice --tiny      # the slice at toy dims on the CPU
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _engine(args: argparse.Namespace, caching: bool, model: Any) -> Any:
         from deepinfer import LLM
 
         return LLM(args.model, dtype=args.dtype, enable_prefix_caching=caching, max_num_seqs=seqs, **kw)
-    from v41_slice_engine import slice_llm
+    from tools.bench.v41_slice_engine import slice_llm
 
     # every request of the batch and the warm-up one, whole (cache off: nothing shared)
     kw.setdefault("state_cache_bytes", model.state_pool_bytes(seqs + 1, args.prefix + args.suffix + args.max_tokens))
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("DEEPINFER_ACCELERATOR", "nvidia" if args.device == "cuda" else "cpu")
     model, name = None, args.model or "embedded tiny V4.1"
     if args.slice:
-        from v41_slice_engine import build_slice, describe
+        from tools.bench.v41_slice_engine import build_slice, describe
 
         began = time.perf_counter()
         model = build_slice(args.tiny)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"prompt tokens {prompt}, served from the cache {cached} ({cached / prompt * 100:.1f}%); "
           f"same tokens: {agree} of {len(pairs)} requests; max |logprob difference| {diff:.3g}")
     if model is not None:
-        from v41_slice_engine import check_shared_stack, jit_line
+        from tools.bench.v41_slice_engine import check_shared_stack, jit_line
 
         print(check_shared_stack(model))
         if jit_line(model):

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Decode tokens/s with DSpark speculative decoding against plain decoding, through ``LLM.generate``.
 
-    python tools/bench_dspark.py --model DIR [--batches 1,16,64] [--acceptance 1.5,2.5,3.5] [--real]
+    python -m tools.bench.dspark --model DIR [--batches 1,16,64] [--acceptance 1.5,2.5,3.5] [--real]
                                  [--k 4] [--new-tokens 64] [--prompt-len 256] [--json PATH]
-    python tools/bench_dspark.py --slice [--tiny] [--profile] [--host-phases] [...]
+    python -m tools.bench.dspark --slice [--tiny] [--profile] [--host-phases] [...]
 
 Per batch size: plain decoding, then speculative decoding with the checkpoint's drafter (``make_drafter``; a
 stand-in proposing arbitrary tokens when the checkpoint has none) at each forced acceptance length L: the runner
@@ -13,9 +12,9 @@ real (meaningful with trained weights; its measured acceptance length is reporte
 ``ignore_eos``; decode time = time of ``--new-tokens`` tokens minus the time of 1 (the prefill), best of
 ``--repeats``.
 
-``--slice``: no checkpoint; the V4.1-Flash slice of ``tools/bench_v41_slice.py`` (8 layers at V4.1-Flash's dims,
-bf16 random weights) on the GPU with a DSpark drafter of random weights at the same dims (``tools/
-v41_slice_engine.py``); ``--slice --tiny``: both at toy dims on the CPU (tests the script).  The output says which
+``--slice``: no checkpoint; the V4.1-Flash slice of ``tools.bench.v41_slice`` (8 layers at V4.1-Flash's dims,
+bf16 random weights) on the GPU with a DSpark drafter of random weights at the same dims (``tools.bench.
+v41_slice_engine``); ``--slice --tiny``: both at toy dims on the CPU (tests the script).  The output says which
 drafter ran, and how many steps of each mode replayed captured graphs: plain decoding's decode steps, speculative
 decoding's verify steps (draft, then one fixed-shape forward of anchor and drafts: ``runner/verify_graphs.py``).
 """
@@ -131,7 +130,7 @@ def load_checkpoint(model: str, dtype: str, max_seqs: int, k: int):
 def load_slice(tiny: bool, max_seqs: int, tokens: int):
     """(LLM, drafter, the drafter in words) over the V4.1-Flash slice with a random DSpark drafter; the state
     cache holds ``max_seqs`` sequences of ``tokens`` tokens."""
-    from v41_slice_engine import build_slice, describe, describe_drafter, slice_drafter, slice_llm
+    from tools.bench.v41_slice_engine import build_slice, describe, describe_drafter, slice_drafter, slice_llm
 
     began = time.perf_counter()
     model = build_slice(tiny, drafter=True)
@@ -183,10 +182,9 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     """Kernels of one decode step, plain and speculative at forced acceptance ``length``: the kernel totals of a
     ``new_tokens`` run minus those of a 1-token run (the prefill), over the steps between them; with the host's
     wall time a step (what the kernels leave to launches, read-backs and host work)."""
-    from bench_common import kernel_totals, profile_table
-
     from deepinfer import SamplingParams
     from deepinfer.spec.budget import SpecPolicy
+    from tools.bench.steps import kernel_totals, profile_table
 
     engine = llm.engine
     gen = torch.Generator().manual_seed(batch)
@@ -370,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['graph_steps']:>5} of {r['steps']:<4}")
     print(graphs_line(llm, rows))
     if args.slice:
-        from v41_slice_engine import check_shared_stack, jit_line
+        from tools.bench.v41_slice_engine import check_shared_stack, jit_line
 
         print(check_shared_stack(llm.engine.model))
         if jit_line(llm.engine.model):

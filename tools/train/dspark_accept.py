@@ -1,6 +1,6 @@
 """The DSpark drafter's data and acceptance, measured with DeepInfer's own model and drafter: target-written
 sequences (sampled prompt, greedy continuation) with the drafter's input features captured on the way, and
-offline speculative steps against the target's greedy tokens.  Used by ``tools/train_tiny_dspark.py`` and the
+offline speculative steps against the target's greedy tokens.  Used by ``tools.train.tiny_dspark`` and the
 embedded model's test."""
 
 from __future__ import annotations

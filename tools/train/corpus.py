@@ -1,7 +1,7 @@
 """The tiny embedded models' shared training pieces: the story corpus, the tokenizer, batching and the loop.
 
-Used by tools/train_tiny_v4.py (DeepSeek-V4, trained through transformers) and tools/train_tiny_v41.py
-(DeepSeek-V4.1, trained through the dense reference in tests/support/v41_dense.py): both models read the same
+Used by ``tools.train.tiny_v4`` (DeepSeek-V4, trained through transformers) and ``tools.train.tiny_v41``
+(DeepSeek-V4.1, trained through the dense reference ``tools.train.v41_dense``): both models read the same
 generated stories and train with the same schedule, so they differ only in their architecture.
 """
 

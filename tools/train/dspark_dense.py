@@ -3,7 +3,7 @@ model the training tool optimises.
 
 Written from the description (docs/spec_decode.md, drafter section), with no import from deepinfer; the blocks
 (norms, mHC mixes, RoPE, the FP8 fake-quantizer, the MoE) are the dense V4.1 reference's
-(``tests/support/v41_dense.py``).  Its ``state_dict`` has the released names (``mtp.{i}.attn.wq_a.weight``,
+(``tools.train.v41_dense``).  Its ``state_dict`` has the released names (``mtp.{i}.attn.wq_a.weight``,
 ``mtp.0.main_proj.weight``, ``mtp.{n-1}.markov_head.embed.weight`` ...), so saving it into a checkpoint gives
 what DeepInfer loads.
 
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tests.support import v41_dense as vd
+from tools.train import v41_dense as vd
 
 
 @dataclass
@@ -148,7 +148,7 @@ class Stage(nn.Module):
 
 
 class DSparkDense(nn.Module):
-    """The drafter of a :class:`~tests.support.v41_dense.V41Model` (whose embedding and head it reads)."""
+    """The drafter of a :class:`~tools.train.v41_dense.V41Model` (whose embedding and head it reads)."""
 
     def __init__(self, cfg: vd.V41Config, spec: DSparkSpec):
         super().__init__()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark a DeepSeek-V4.1-Flash slice on one GPU against the roofline measured in the same run.
 
 The slice has V4.1-Flash's per-layer dims: hidden 5120, 4 mHC streams (single-pass), 64 heads x 512 (rope 64),
@@ -31,9 +30,9 @@ process.  Its roofline counts the bytes actually stored, and its FLOPs at the FP
 cuBLAS ``_scaled_mm``) for the FP8 GEMMs, at the bf16 rate for the rest (MXFP4 experts are dequantized to bf16
 in the tile); prefill prints its rate against the FP8 ceiling.  Weight and state memory of both are printed.
 
-    python tools/bench_v41_slice.py [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager] [--released]
-                                [--profile]
-    python tools/bench_v41_slice.py --tiny      # a small config on the CPU (reference ops): tests the script
+    python -m tools.bench.v41_slice [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager] [--released]
+                                    [--profile]
+    python -m tools.bench.v41_slice --tiny      # a small config on the CPU (reference ops): tests the script
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ import json
 import sys
 from typing import Any
 
-from bench_common import SwitchableOps, deepinfer_cases, jit_launches, measure_ceilings, measure_fp8_matmul
+from tools.bench.steps import SwitchableOps, deepinfer_cases, jit_launches
+from tools.ceilings import Ceilings, ceilings
 
 #: V4.1-Flash's per-layer dims; ``n_routed_experts`` is what the layers route over (see ``EXPERTS``).
 SLICE: dict[str, Any] = dict(
@@ -204,7 +204,7 @@ def build_model(shape: Shape, ops: Any, released: bool = False):
     fp32), its MoE layers then pointed at one shared stack of ``shape.experts`` routed experts + the shared one;
     ``released``: in the released formats, kept as stored (MXFP4 experts, and a shared FP8 expert per layer).
     A config with draft layers also gets random ``mtp.*`` tensors (bf16 only; their experts as in the config:
-    ``tools/v41_slice_engine.py`` points them at a stack of their own)."""
+    ``tools.bench.v41_slice_engine`` points them at a stack of their own)."""
     import torch
 
     from deepinfer.models.deepseek_v41.dspark_weights import expected_mtp_shapes
@@ -310,21 +310,12 @@ def count_bytes(cfg: Any, shape: Shape, released: bool = False) -> Bytes:
                  dense + layers * (shape.experts * expert + shared) + embeddings + table)
 
 
-@dataclasses.dataclass(slots=True, frozen=True)
-class Ceilings:
-    """Measured in this run: copy bandwidth (read + write bytes/s), bf16 and FP8 matmul FLOP/s (None: not
-    measured, FP8 GEMMs then count at the bf16 rate)."""
-
-    copy: float
-    bf16: float
-    fp8: float | None = None
-
-
-def report(rows: list[dict[str, Any]], counts: Bytes, ceilings: Ceilings, device: str, title: str = "bf16") -> str:
-    """A markdown table: each case's time, its roofline and the fraction of it reached (prefill: MFU too)."""
-    bw, peak = ceilings.copy, ceilings.bf16
-    fp8_peak = ceilings.fp8 or peak
-    fp8_note = f", FP8 matmul {ceilings.fp8 / 1e12:.1f} TFLOP/s" if ceilings.fp8 else ""
+def report(rows: list[dict[str, Any]], counts: Bytes, roof: Ceilings, device: str, title: str = "bf16") -> str:
+    """A markdown table: each case's time, its roofline and the fraction of it reached (prefill: MFU too; without
+    an FP8 rate, FP8 GEMMs count at the bf16 rate)."""
+    bw, peak = roof.bandwidth, roof.bf16_flops
+    fp8_peak = roof.fp8_flops or peak
+    fp8_note = f", FP8 matmul {roof.fp8_flops / 1e12:.1f} TFLOP/s" if roof.fp8_flops else ""
     lines = [f"{title} slice on {device}; ceilings measured now: copy {bw / 1e12:.3f} TB/s, bf16 matmul "
              f"{peak / 1e12:.1f} TFLOP/s{fp8_note}; dense {counts.dense / 1e9:.2f} GB, one expert "
              f"{counts.expert / 1e6:.1f} MB; weights {counts.resident / 1e9:.1f} GB (every layer its experts)",
@@ -341,13 +332,13 @@ def report(rows: list[dict[str, Any]], counts: Bytes, ceilings: Ceilings, device
         frac = f"{floor / best:.0%}"
         if r["case"].startswith("prefill"):
             frac += f" (MFU {r['flops'] / best / peak:.0%} of bf16"
-            frac += f", {r['flops'] / best / ceilings.fp8:.0%} of FP8)" if ceilings.fp8 else ")"
+            frac += f", {r['flops'] / best / roof.fp8_flops:.0%} of FP8)" if roof.fp8_flops else ")"
         lines.append(f"| {r['case']} | {r['s'] * 1e3:.2f} | {replay} | {floor * 1e3:.3f} | {r['bound']} | "
                      f"{read / 1e9:.2f} | {frac} |")
     return "\n".join(lines)
 
 
-def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released: bool, ceilings: Ceilings,
+def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released: bool, roof: Ceilings,
               device: str, profile: bool = False) -> dict[str, Any]:
     """Build the slice (bf16, or ``released``), time its cases, print its report; the results as plain data."""
     from deepinfer.kv.sizing import describe_density, tokens_per_gib
@@ -373,7 +364,7 @@ def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released:
             row["eager_s"] = times["eager"][key]
         rows.append(row)
     title = "released-format (FP8 / MXFP4 / packed KV)" if released else "bf16"
-    print(report(rows, counts, ceilings, device, title))
+    print(report(rows, counts, roof, device, title))
     for key, table_md in times["graphs"].items():
         if key.endswith(" profile"):
             print(f"\n{title}, {key} (kernels of replayed steps):\n{table_md}")
@@ -389,9 +380,9 @@ def op_table(tiny: bool) -> Any:
 
     if tiny:
         return OpTable()
-    from deepinfer_cuda.ops import OVERRIDES
+    from deepinfer_cuda.ops import kernels_by_op
 
-    return OpTable(OVERRIDES, "nvidia")
+    return OpTable(kernels_by_op(), "nvidia")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,12 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     shape = SMALL if args.tiny else FULL
     cases = [c for c in args.cases.split(",") if c]
     table = op_table(args.tiny)
-    bw, peak = measure_ceilings(shape.device, small=args.tiny)
-    ceilings = Ceilings(bw, peak, measure_fp8_matmul(shape.device, small=args.tiny) if args.released else None)
+    roof = ceilings(shape.device, small=args.tiny, fp8=args.released)
     device = torch.cuda.get_device_name() if shape.device == "cuda" else "cpu"
     slices = []
     for released in (False, True) if args.released else (False,):
-        slices.append(run_slice(shape, table, cases, args.eager, released, ceilings, device, args.profile))
+        slices.append(run_slice(shape, table, cases, args.eager, released, roof, device, args.profile))
         if shape.device == "cuda":
             torch.cuda.empty_cache()
     if args.released:
@@ -428,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
               f"state {bf16['tokens_per_gib']:,.0f} -> {rel['tokens_per_gib']:,.0f} tokens/GiB; faster: {speedups}")
     if shape.device == "cuda":
         print(f"\nkernel launches through Triton JIT (no cubin in the kernel set): {jit_launches() or 'none'}")
-    result = {"device": device, "copy_Bps": bw, "bf16_flops": peak, "fp8_flops": ceilings.fp8,
+    result = {"device": device, "copy_Bps": roof.bandwidth, "bf16_flops": roof.bf16_flops, "fp8_flops": roof.fp8_flops,
               "torch": torch.__version__, "rows": slices[0]["rows"], "slices": slices}
     print(json.dumps(result))
     if args.json:

@@ -1,4 +1,4 @@
-"""The V4.1-Flash slice of ``tools/bench_v41_slice.py`` served by an engine (``LLM.from_model``), optionally with a
+"""The V4.1-Flash slice of ``tools.bench.v41_slice`` served by an engine (``LLM.from_model``), optionally with a
 DSpark drafter of random weights at the slice's dims: engine-level benchmarks (prefix caching, speculative
 decoding) on a GPU that holds no checkpoint.  ``tiny``: the same on the CPU at toy dims, with core's reference ops
 (it tests the scripts).
@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bench_common import backend_for, jit_launches
-from bench_v41_slice import (
+from tools.bench.steps import backend_for, jit_launches
+from tools.bench.v41_slice import (
     FULL,
     SMALL,
     Shape,

@@ -4,7 +4,7 @@ What: the target (frozen) writes its own data: each sequence starts at BOS, its 
 temperature 1 (P random in [--prompt-min, --prompt-max]: the prompts are the target's own samples), the rest are
 its greedy continuation.  DeepInfer's V4.1 model generates them token by token and captures the drafter's input
 features (``ForwardBatch.capture_rows``) on the way.  The drafter is the dense one of
-``tests/support/dspark_dense.py`` (differentiable, the released tensor names); its draft layers start from the
+``tools.train.dspark_dense`` (differentiable, the released tensor names); its draft layers start from the
 target's last layers (same tensor shapes, the drafter's expert count permitting) and ``main_proj`` from the last
 target layer's features.  Loss (DeepSpec's): for random anchors, the block ``[anchor, noise x (K-1)]``
 predicts the next K tokens (teacher-forced Markov inputs), cross-entropy weighted ``exp(-j / K)`` over the
@@ -19,7 +19,7 @@ accepted while they equal the target's tokens, then the target's bonus token).
 
 Run (a few CPU minutes, 2 threads):
 
-    nice .venv/bin/python tools/train_tiny_dspark.py --model deepinfer-core/src/deepinfer/assets/tiny_v41
+    nice .venv/bin/python -m tools.train.tiny_dspark --model deepinfer-core/src/deepinfer/assets/tiny_v41
 
 ``--dry-run`` trains and measures without writing the asset.  Everything derives from --seed.
 """
@@ -30,13 +30,11 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
 # On a shared 2-core machine, spinning OpenMP workers starve each other (3x slower); must precede torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 
 import torch  # noqa: E402 - after OMP_WAIT_POLICY is set (see above)
 import torch.nn.functional as F  # noqa: E402 - as torch
@@ -44,9 +42,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402 - as torch
 
 from deepinfer.models import load_model  # noqa: E402 - as torch
 from deepinfer.ops import OpTable  # noqa: E402 - as torch
-from tests.support import dspark_dense as dd  # noqa: E402 - importable only after the sys.path line above
-from tests.support import v41_dense as vd  # noqa: E402 - as above
-from tests.support.dspark_accept import Sequences, generate, measure  # noqa: E402 - as above
+from tools.train import dspark_dense as dd  # noqa: E402 - as torch
+from tools.train import v41_dense as vd  # noqa: E402 - as torch
+from tools.train.dspark_accept import Sequences, generate, measure  # noqa: E402 - as torch
 
 #: Drafter tensors kept in fp32 in the checkpoint (as the target's: mHC, sinks, router biases, norms).
 KEEP_FP32 = ("_fn", "_base", "_scale", "attn_sink", "gate.bias", "norm.weight", "confidence_head.proj.weight")

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Time the CUDA MoE routers against core's reference ops (GPU host only).
 
-    python tools/bench_moe_router.py                 # table; --json PATH also writes the rows
+    python -m tools.bench.moe_router                 # table; --json PATH also writes the rows
 
 Per case: device time per call replayed from a CUDA graph (what a decode step pays; the router GEMM included, and
 timed alone in the ``gemm us`` column: the rest is what the kernel replaces) and eager time per call (host launch
@@ -20,10 +19,10 @@ import sys
 
 def rows() -> list[dict[str, object]]:
     import torch
-    from bench_kernels import _bench, _graph_time  # tools/ is on sys.path when this script runs
 
     from deepinfer.ops import moe as reference
     from deepinfer_cuda.kernels import moe_hash_router, moe_router
+    from tools.timing import device_time, graph_time
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = []
@@ -48,9 +47,9 @@ def rows() -> list[dict[str, object]]:
                 else:
                     same, err = True, got - expected
                 out.append({"op": name, "case": f"T={tokens} E={experts} k=6 bf16",
-                            "gemm_graph_us": _graph_time(lambda: torch.nn.functional.linear(x, w)) * 1e6,
-                            "ref_graph_us": _graph_time(ref) * 1e6, "graph_us": _graph_time(ours) * 1e6,
-                            "ref_eager_us": _bench(ref) * 1e6, "eager_us": _bench(ours) * 1e6,
+                            "gemm_graph_us": graph_time(lambda: torch.nn.functional.linear(x, w), 20) * 1e6,
+                            "ref_graph_us": graph_time(ref, 20) * 1e6, "graph_us": graph_time(ours, 20) * 1e6,
+                            "ref_eager_us": device_time(ref) * 1e6, "eager_us": device_time(ours) * 1e6,
                             "same_experts": same, "max_weight_err": err.abs().max().item(),
                             "path": "cubin" if module.KERNEL.launch_counts["cubin"] else "jit"})
     return out

@@ -13,7 +13,7 @@ indexer gets no gradient through its top-k (as in HF's model) and keeps its rand
 
 Run (1000 steps of 8 x 256 tokens: about 16 minutes on 2 CPU cores shared with other jobs, ~1 s/step):
 
-    .venv/bin/python tools/train_tiny_v4.py --out deepinfer-core/src/deepinfer/assets/tiny_v4 --steps 1000 --seed 0
+    .venv/bin/python -m tools.train.tiny_v4 --out deepinfer-core/src/deepinfer/assets/tiny_v4 --steps 1000 --seed 0
 
 Everything (corpus, tokenizer, hash routes, initialisation, batches) derives from --seed, so a rerun
 with the same flags and torch version reproduces the checkpoint up to floating-point kernel order.
@@ -34,13 +34,14 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402 - after OMP_WAIT_POLICY is set (see above)
-from tiny_corpus import PROMPTS, add_training_args, build_corpus, pack, train, train_tokenizer  # noqa: E402
 from transformers import (  # noqa: E402 - as torch
     DeepseekV4Config,
     DeepseekV4ForCausalLM,
     GenerationConfig,
     PreTrainedTokenizerFast,
 )
+
+from tools.train.corpus import PROMPTS, add_training_args, build_corpus, pack, train, train_tokenizer  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # Model: the smallest config that still has every V4 block kind.

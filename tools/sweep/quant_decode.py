@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Time the released-format decode kernels under candidate tiles against the copy roofline (GPU host, < 4 min).
 
-    python tools/sweep_quant_decode.py                  # V4.1-Flash: FP8 projections at 1 and 16 rows, MXFP4 experts
-    python tools/sweep_quant_decode.py --shapes all --budget 300 --json sweep.json   # every AOT shape of the FP8 GEMM
-    python tools/sweep_quant_decode.py --forms tma      # the FP8 config's tiles against TMA weight tiles only
-    TRITON_INTERPRET=1 python tools/sweep_quant_decode.py --tiny                     # CPU: tiny shapes (the test's)
+    python -m tools.sweep.quant_decode                  # V4.1-Flash: FP8 projections at 1 and 16 rows, MXFP4 experts
+    python -m tools.sweep.quant_decode --shapes all --budget 300 --json sweep.json   # every AOT shape of the FP8 GEMM
+    python -m tools.sweep.quant_decode --forms tma      # the FP8 config's tiles against TMA weight tiles only
+    TRITON_INTERPRET=1 python -m tools.sweep.quant_decode --tiny                     # CPU: tiny shapes (the test's)
 
 FP8 (``fp8_block_linear`` / ``_grouped``, 128x128 ue8m0 blocks): for each (N, K, groups) of
 ``fp8_block_linear.AOT_SHAPES`` (default: V4.1-Flash's) and each row tier (1 row; 16 rows for the 63-row tier),
@@ -257,7 +256,7 @@ def _timer(tiny: bool):
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) / calls * 1e6
-        from bench_common import graph_time
+        from tools.timing import graph_time
 
         return graph_time(fn, per_call=calls, warmup=5, rep=40) * 1e6
 
@@ -440,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                     failed.add((job[1], job[2]) if job[0] == "fp8" else job[2])
                     print(f"  compile/run failed: {job[0]} {job[1] or ''} {job[2]}: {err}")
         print(f"compiled {len(jobs)} candidates in {time.time() - t0:.0f} s ({len(failed)} failed)", flush=True)
-        from bench_kernels import copy_bandwidth  # tools/ is on sys.path when this script runs
+        from tools.ceilings import copy_bandwidth
 
         _BANDWIDTH[0] = copy_bandwidth()
         print(f"copy bandwidth {_BANDWIDTH[0] / 1e12:.2f} TB/s", flush=True)

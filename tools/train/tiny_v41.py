@@ -7,18 +7,18 @@ with sinks, partial + inverse RoPE (YaRN on the compressed family) and grouped O
 (FP8 SWA, FP4 latents, FP4 indexer q / k: the head dims are multiples of their blocks); two Engram layers with
 the tokenizer-derived compressed token map; sqrt-softplus MoE with ``gate_temp`` and a shared expert; V4.1 has
 no hash layers), with a byte-level BPE tokenizer that also reserves the DSpark noise token.  Trained for a
-quarter of an hour on the simple English stories of tools/tiny_corpus.py, so the example and the end-to-end
+quarter of an hour on the simple English stories of ``tools.train.corpus``, so the example and the end-to-end
 tests run offline in seconds and print words.
 
 How: transformers has no V4.1 in a release, so the training forward is the repository's dense PyTorch
-reference of V4.1 (tests/support/v41_dense.py, differentiable; the fake-quantizers straight-through, the
+reference of V4.1 (``tools.train.v41_dense``, differentiable; the fake-quantizers straight-through, the
 integer selections without gradient, so the indexers keep their random initialisation).  Its parameters carry
 the checkpoint's own tensor names, so the state dict is the checkpoint.  After saving, the tool loads the files
 with DeepInfer's own V4.1 loader and checks its logits against the trained model's (the saved bf16 weights).
 
 Run (2 CPU threads; about a quarter of an hour on a shared 2-core machine):
 
-    nice .venv/bin/python tools/train_tiny_v41.py --out deepinfer-core/src/deepinfer/assets/tiny_v41
+    nice .venv/bin/python -m tools.train.tiny_v41 --out deepinfer-core/src/deepinfer/assets/tiny_v41
 
 The DSpark fields (block size, noise token, target layers, drafter experts) are in config.json with
 ``num_nextn_predict_layers`` 0: the drafter (``mtp.*``) is trained and added separately.  Everything derives
@@ -31,22 +31,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 # On a shared 2-core machine, spinning OpenMP workers starve each other (3x slower); must precede torch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 
 import torch  # noqa: E402 - after OMP_WAIT_POLICY is set (see above)
 import torch.nn.functional as F  # noqa: E402 - as torch
 from safetensors.torch import save_file  # noqa: E402 - as torch
-from tiny_corpus import PROMPTS, add_training_args, build_corpus, pack, train, train_tokenizer  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402 - as torch
 
-from tests.support import v41_dense  # noqa: E402 - importable only after the sys.path line above
+from deepinfer.testing.model_runs import run_chunked  # noqa: E402 - as torch
+from tools.train import v41_dense  # noqa: E402 - as torch
+from tools.train.corpus import PROMPTS, add_training_args, build_corpus, pack, train, train_tokenizer  # noqa: E402
 
 NOISE = "<｜dspark▁noise｜>"  # the DSpark drafter's mask token (id 3: right after bos, eos, pad)
 
@@ -160,7 +159,6 @@ def check_deepinfer_matches(model: v41_dense.V41Model, out: Path, rows: torch.Te
     indexer keys give exactly tied index scores, which two implementations may break differently."""
     from deepinfer.models import load_model
     from deepinfer.ops import OpTable
-    from tests.support.model_runs import run_chunked
 
     loaded = load_model(out, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
     model.eval()

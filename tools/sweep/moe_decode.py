@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Time the MoE experts op at small decode batches under candidate tiles, in CUDA graphs (GPU host only).
 
-    python tools/tune_moe_decode.py                    # V4 slice layer: 64 experts of 4096 -> 2x2048, top-6
-    python tools/tune_moe_decode.py --experts 256 --tokens 1,8,32 --json tune.json
+    python -m tools.sweep.moe_decode                    # V4 slice layer: 64 experts of 4096 -> 2x2048, top-6
+    python -m tools.sweep.moe_decode --experts 256 --tokens 1,8,32 --json tune.json
 
 For each batch, every candidate ``MoeTiles`` (``arch.moe_experts_config``'s tier first) runs the whole op (plan,
 up, down, combine) 10 times per graph replay; the table gives µs per call and the share of the copy ceiling that
@@ -16,13 +15,6 @@ import argparse
 import itertools
 import json
 import sys
-
-
-def _graph_us(fn, calls: int = 10) -> float:
-    """Device µs per call of ``fn`` replayed from a CUDA graph (bench_kernels' measurement)."""
-    from bench_kernels import _graph_time  # tools/ is on sys.path when this script runs
-
-    return _graph_time(fn, calls) * 1e6
 
 
 def candidates(base):
@@ -43,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import moe_experts as moe
     from deepinfer_cuda.kernels import moe_routing as routing
+    from tools.ceilings import copy_bandwidth
+    from tools.timing import graph_time
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=4096)
@@ -55,12 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     h, i, e, k = args.hidden, args.inter, args.experts, args.top_k
     w13 = (torch.randn(e, 2 * i, h, device="cuda") * h**-0.5).bfloat16()
     w2 = (torch.randn(e, h, i, device="cuda") * i**-0.5).bfloat16()
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    from triton.testing import do_bench
-
-    bandwidth = 2 * src.numel() / (do_bench(lambda d=dst, s=src: d.copy_(s), return_mode="median") * 1e-3)
-    del src, dst
+    bandwidth = copy_bandwidth()
     index, arch = cuda_target(w13)
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
@@ -70,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         hit = int(torch.unique(ids).numel())
         floor_us = hit * 3 * i * h * 2 / bandwidth * 1e6
         base = moe_experts_config(arch, tokens * k // e, h, i)
-        plan_kernel = _graph_us(lambda: routing.plan(ids, e, base.block_m, arch=arch)[2][0][1].run(
-            routing.PLAN_KERNEL, index)) if tokens * k <= routing.PLAN_KERNEL_MAX_SLOTS else float("nan")
-        plan_torch = _graph_us(lambda: routing.expert_blocks(ids, e, base.block_m))
+        plan_kernel = graph_time(lambda: routing.plan(ids, e, base.block_m, arch=arch)[2][0][1].run(
+            routing.PLAN_KERNEL, index), 10) * 1e6 if tokens * k <= routing.PLAN_KERNEL_MAX_SLOTS else float("nan")
+        plan_torch = graph_time(lambda: routing.expert_blocks(ids, e, base.block_m), 10) * 1e6
         print(f"T={tokens} ({hit} experts hit, floor {floor_us:.1f} us): plan kernel {plan_kernel:.1f} us, "
               f"torch plan {plan_torch:.1f} us")
         for tiles in candidates(base):
-            us = _graph_us(lambda: moe.prepare(x, ids, w, w13, w2, 10.0, arch=arch, tiles=tiles).run(index))
+            us = graph_time(lambda: moe.prepare(x, ids, w, w13, w2, 10.0, arch=arch, tiles=tiles).run(index), 10) * 1e6
             row = {"tokens": tokens, "hit": hit, "us": us, "floor_us": floor_us, "config_tier": tiles == base,
                    "up_n": tiles.up_block_n, "down_n": tiles.down_block_n, "block_k": tiles.up_block_k,
                    "stages": tiles.up.num_stages, "plan_kernel_us": plan_kernel, "plan_torch_us": plan_torch}
