@@ -118,8 +118,6 @@ def _entry(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, weight_ptr, pos_ptr
     tl.store(row_ptr + cols, _rounded(entry, dtype, INTERPRETED).to(dtype), mask=cols < DIM)
 
 
-
-
 @triton.jit
 def _compress_entries_kernel(window_ptr, previous_ptr, has_prev_ptr, needed_ptr, bias_ptr, weight_ptr, pos_ptr,
                              inv_freq_ptr, out_ptr, eps, scaling, R: tl.constexpr, DIM: tl.constexpr,

@@ -31,7 +31,6 @@ def fp8_block_grouped_linear_fixed_tiles(x: torch.Tensor, weight: torch.Tensor, 
                      fixed=True).run(index)
 
 
-
 @override("fp8_block_grouped_linear", batch_invariant=fp8_block_grouped_linear_fixed_tiles, aot=KERNELS)
 def fp8_block_grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
                              block_k: int) -> torch.Tensor:

@@ -448,7 +448,6 @@ def fp8_block_linear_fixed_tiles(x: torch.Tensor, weight: torch.Tensor, scale: t
     return plan_gemm(x, weight, scale, block_n, block_k, 1, arch=arch, interpreted=INTERPRETED, fixed=True).run(index)
 
 
-
 @override("fp8_block_linear", batch_invariant=fp8_block_linear_fixed_tiles, aot=KERNELS)
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int
                      ) -> torch.Tensor:

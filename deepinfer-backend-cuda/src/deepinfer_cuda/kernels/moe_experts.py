@@ -296,7 +296,6 @@ def moe_experts_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.T
     return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch, tiles=tiles).run(index)
 
 
-
 @override("moe_experts", batch_invariant=moe_experts_fixed_tiles,
           aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL))
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -263,7 +263,6 @@ def moe_experts_fp8_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: tor
                    tiles=tiles).run(index)
 
 
-
 @override("moe_experts_fp8", batch_invariant=moe_experts_fp8_fixed_tiles,
           aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL))
 def moe_experts_fp8(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,

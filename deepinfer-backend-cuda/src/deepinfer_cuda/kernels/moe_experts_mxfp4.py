@@ -343,7 +343,6 @@ def moe_experts_mxfp4_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: t
     return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch, tiles=tiles).run(index)
 
 
-
 @override("moe_experts_mxfp4", batch_invariant=moe_experts_mxfp4_fixed_tiles,
           aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, scaled.UP_KERNEL, scaled.DOWN_KERNEL, COMBINE_KERNEL))
 def moe_experts_mxfp4(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
