@@ -16,13 +16,14 @@ import argparse
 import json
 import sys
 
+from tools.timing import device_time, graph_time
+
 
 def rows() -> list[dict[str, object]]:
     import torch
 
     from deepinfer.ops import moe as reference
     from deepinfer_cuda.kernels import moe_hash_router, moe_router
-    from tools.timing import device_time, graph_time
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = []

@@ -19,6 +19,9 @@ import json
 import sys
 import traceback
 
+from tools.ceilings import copy_bandwidth
+from tools.timing import graph_time
+
 N, DIM = 4, 4096
 #: The tiles before the bf16-term split (IEEE fp32 FMAs): tokens -> (block_t, block_k, warps, stages).
 OLD_TIERS = {1: (1, 256, 1, 1), 2: (2, 256, 1, 1), 4: (4, 256, 1, 1), 8: (8, 256, 1, 1), 16: (16, 256, 4, 1),
@@ -92,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_cuda.arch import hc_pre_config
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import hc_pre as module
-    from tools.ceilings import copy_bandwidth
-    from tools.timing import graph_time
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="1,16,64,1024")

@@ -16,6 +16,9 @@ import itertools
 import json
 import sys
 
+from tools.ceilings import copy_bandwidth
+from tools.timing import graph_time
+
 
 def candidates(base):
     from deepinfer_cuda.arch import LaunchConfig, MoeTiles
@@ -35,8 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import moe_experts as moe
     from deepinfer_cuda.kernels import moe_routing as routing
-    from tools.ceilings import copy_bandwidth
-    from tools.timing import graph_time
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=4096)

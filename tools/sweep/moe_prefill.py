@@ -25,6 +25,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
+from tools.ceilings import copy_bandwidth
+from tools.timing import graph_time
+
 PEAK_FLOPS = 695e12  #: the measured bf16 matmul rate of the H200 (tools.ceilings.matmul_rate)
 
 
@@ -130,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer.ops.moe import moe_experts as reference
     from deepinfer_cuda.arch import SM90A, moe_experts_config
     from deepinfer_cuda.kernels import moe_experts as moe
-    from tools.ceilings import copy_bandwidth
-    from tools.timing import graph_time
 
     h, i, e, k = args.hidden, args.inter, args.experts, args.top_k
     default = moe_experts_config(SM90A, 96, h, i)  # the prefill tier (any slots per expert >= 32)

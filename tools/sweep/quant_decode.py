@@ -35,6 +35,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
+from tools.ceilings import copy_bandwidth
+from tools.timing import graph_time
+
 #: V4.1-Flash's FP8 projections (N per group, K, groups): wq_a | wkv, wq_b, wo_a (grouped), wo_b, the shared
 #: expert's w1 | w3 and w2
 FLASH41 = ((1792, 5120, 1), (32768, 1280, 1), (1024, 4096, 8), (5120, 8192, 1), (4608, 5120, 1), (5120, 2304, 1))
@@ -256,7 +259,6 @@ def _timer(tiny: bool):
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) / calls * 1e6
-        from tools.timing import graph_time
 
         return graph_time(fn, per_call=calls, warmup=5, rep=40) * 1e6
 
@@ -439,7 +441,6 @@ def main(argv: list[str] | None = None) -> int:
                     failed.add((job[1], job[2]) if job[0] == "fp8" else job[2])
                     print(f"  compile/run failed: {job[0]} {job[1] or ''} {job[2]}: {err}")
         print(f"compiled {len(jobs)} candidates in {time.time() - t0:.0f} s ({len(failed)} failed)", flush=True)
-        from tools.ceilings import copy_bandwidth
 
         _BANDWIDTH[0] = copy_bandwidth()
         print(f"copy bandwidth {_BANDWIDTH[0] / 1e12:.2f} TB/s", flush=True)

@@ -25,6 +25,9 @@ import json
 import sys
 import time
 
+from tools.ceilings import copy_bandwidth
+from tools.timing import graph_time
+
 HEADS, DIM, WINDOW, PREFILL = 64, 512, 128, 1024
 
 
@@ -102,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_cuda.arch import sparse_attention_config
     from deepinfer_cuda.kernel_set.dispatch import cuda_target
     from deepinfer_cuda.kernels import sparse_attention as module
-    from tools.ceilings import copy_bandwidth
-    from tools.timing import graph_time
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="swa,hca,csa,b1,b16,b64")
