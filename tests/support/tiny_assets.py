@@ -22,3 +22,8 @@ def corpus() -> ModuleType:
     from tools.train import corpus
 
     return corpus
+
+
+def known_words(stories: int = 2000, seed: int = 7) -> set[str]:
+    """The whitespace-separated words (with punctuation) of ``stories`` fresh stories."""
+    return set(" ".join(corpus().build_corpus(stories, seed=seed)).split())

@@ -11,7 +11,7 @@ grouped form (``fp8_block_grouped_linear.py``) is the same kernel with a group a
   scale block's partial sum of ``x * code`` is scaled once per (row, block) instead of once per weight; fp32
   scales (and fp16 activations, whose range could round ``code * s``) take the reference's route per weight,
   ``code * s`` rounded to x's dtype.  Three tile forms (``arch.fp8_linear_config``, tuned by
-  ``tools/sweep_quant_decode.py``): one row at a time with FMAs over [block_n, block_k] byte tiles (``row_loop``:
+  ``tools/sweep/quant_decode.py``): one row at a time with FMAs over [block_n, block_k] byte tiles (``row_loop``:
   decode's single row, where a 16-row ``tl.dot`` would waste 15 rows), or 16-row ``tl.dot`` tiles of one scale
   block each (``SUB``); either optionally split along K (``split_k``) into fp32 partials that
   ``split_k_sum.py`` adds in split order (deterministic), so narrow projections (1536..5120 columns) still give

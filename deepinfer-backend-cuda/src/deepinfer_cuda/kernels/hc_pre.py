@@ -406,7 +406,7 @@ def plan_hc_pre(streams: torch.Tensor, previous_pre: torch.Tensor | None, fn: to
 def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
             hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch, tiles: HcPreTiles | None = None) -> LaunchChain:
     """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched.
-    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep_hc_pre.py times candidates this way)."""
+    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep/hc_pre.py times candidates this way)."""
     return plan_hc_pre(streams, None, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, arch=arch, tiles=tiles,
                        interpreted=INTERPRETED)
 

@@ -356,7 +356,7 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     with ``positions`` and ``inv_freq``, ``sparse_attention_inverse_rope`` (the rotation in the epilogue).
 
     ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
-    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep_sparse_attention.py)."""
+    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep/sparse_attention.py)."""
     q = q.contiguous()
     pool: dict[str, object] = dict(kv_ptr=kv.to(q.dtype).contiguous(), entries_ptr=None, entry_base=0)
     return plan_attention(q, pool, PLAIN_POOL, indices, sinks, scale, positions, inv_freq, rope_scaling, arch=arch,

@@ -1,4 +1,4 @@
-"""The embedded tiny V4.1's trained DSpark drafter (``tools/train_tiny_dspark.py``): it loads, and its drafts are
+"""The embedded tiny V4.1's trained DSpark drafter (``tools/train/tiny_dspark.py``): it loads, and its drafts are
 accepted: offline speculative steps against the target's own greedy tokens on held-out sequences (the target
 samples a prompt from BOS with a seed the training never used, then continues greedily)."""
 
