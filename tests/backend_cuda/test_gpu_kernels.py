@@ -197,7 +197,7 @@ def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
 @pytest.mark.cuda
 def test_kernels_match_reference_at_model_shapes():
     # Conformance samples are small; this checks the V4-Flash shapes (e.g. positions up to 2^20 for RoPE).
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.testing import assert_close
 
     defs = op_defs()

@@ -398,7 +398,7 @@ def _call(op: str, args: tuple):
 
 
 def _check_against_reference(op: str, args: tuple, got: torch.Tensor) -> None:
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.testing import assert_close
 
     definition = op_defs()[op]

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import dataclasses
     import os
     import torch
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close
     from deepinfer_cuda.arch import SM90A, sparse_attention_config
     from deepinfer_cuda.kernels import sparse_attention as module
