@@ -46,7 +46,7 @@ case "$accel" in
     "${pip[@]}" -e ./deepinfer-backend-cuda
     # The kernel set: Triton kernels compiled ahead of time (cubins for sm_90a and sm_100a + manifest.json)
     # by the Triton installed here, so the runtime loads cubins from the same compiler its JIT would use.
-    "$venv/bin/python" tools/build_kernel_set.py ;;
+    "$venv/bin/python" -m deepinfer_cuda.kernel_set.build ;;
   ascend) "${pip[@]}" -e "./deepinfer-backend-ascend[npu]" ;;
   cpu) ;;
 esac

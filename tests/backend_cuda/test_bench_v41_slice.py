@@ -1,4 +1,4 @@
-"""``tools/bench_v41_slice.py`` on the CPU (``--tiny``): the slice builds with every V4.1 layer role, its steps run
+"""``tools.bench.v41_slice`` on the CPU (``--tiny``): the slice builds with every V4.1 layer role, its steps run
 through the shared benchmark helpers (prefill, decode through the decode graphs), and the report's roofline
 arithmetic holds.  The GPU run (the real dims) is the lead's; this keeps the script from rotting in between."""
 
@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+from tools.bench import v41_slice as bench
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bytes_of_the_v41_flash_slice_follow_the_routing():
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import bench_v41_slice as bench
-    finally:
-        sys.path.remove(str(TOOLS))
     cfg = bench._config(bench.FULL)
     roles = {(r.mode, r.ratio) for r in cfg.layers}
     assert {("full", 2), ("reuse", 2), ("reindex", 2), ("full", 1), ("reuse", 1), ("reindex", 1)} <= roles
@@ -37,10 +34,9 @@ def test_bytes_of_the_v41_flash_slice_follow_the_routing():
 def test_tiny_slice_runs_on_the_cpu(tmp_path):
     out = tmp_path / "slice.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_v41_slice.py"), "--tiny", "--cases",
+    proc = subprocess.run([sys.executable, "-m", "tools.bench.v41_slice", "--tiny", "--cases",
                            "prefill,decode1,decode16", "--json", str(out), "--profile"], capture_output=True, text=True,
-                          env=env,
-                          timeout=600)
+                          env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| case |" in proc.stdout
     assert proc.stdout.count("| kernel | us / step |") == 2  # --profile: one table per decode case
@@ -53,11 +49,6 @@ def test_tiny_slice_runs_on_the_cpu(tmp_path):
 def test_released_bytes_count_the_stored_formats():
     """Released: dense projections FP8 (1 byte + a ue8m0 byte per 128x128 block), routed experts MXFP4 (17/32
     byte a value), the shared expert FP8, Engram rows FP8 + ue8m0 per 32; FP8 GEMM FLOPs counted apart."""
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import bench_v41_slice as bench
-    finally:
-        sys.path.remove(str(TOOLS))
     cfg = bench._config(bench.FULL)
     bf16, rel = bench.count_bytes(cfg, bench.FULL), bench.count_bytes(cfg, bench.FULL, released=True)
     assert rel.expert * 64 == bf16.expert * 17  # 2 bytes -> 1/2 + 1/32
@@ -74,8 +65,8 @@ def test_released_bytes_count_the_stored_formats():
 def test_tiny_released_slice_runs_on_the_cpu(tmp_path):
     out = tmp_path / "slice.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_v41_slice.py"), "--tiny", "--released", "--cases",
-                           "prefill,decode1", "--json", str(out)], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tools.bench.v41_slice", "--tiny", "--released", "--cases",
+                           "prefill,decode1", "--json", str(out)], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "released vs bf16" in proc.stdout

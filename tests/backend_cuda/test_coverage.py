@@ -10,10 +10,11 @@ import torch
 
 from deepinfer.ops import OpTable, op_defs
 from deepinfer.testing import check_coverage, coverage_params, samples
-from deepinfer_cuda.coverage import COVERAGE
-from deepinfer_cuda.plugin import CudaBackend
 
 triton = pytest.importorskip("triton")
+
+from deepinfer_cuda.ops import coverage, kernels_by_op  # noqa: E402 - the kernel modules import Triton
+from deepinfer_cuda.plugin import CudaBackend  # noqa: E402
 
 
 def _streams(n: int, rows: int = 3, dim: int = 64):
@@ -27,20 +28,20 @@ def _streams(n: int, rows: int = 3, dim: int = 64):
                                         (8, True)])
 def test_hc_kernels_cover_power_of_two_stream_counts(n, covered):
     streams, fn, base, scale = _streams(n)
-    assert COVERAGE["hc_pre"](streams, fn, base, scale, 1e-6, 1e-6, 20) is covered
+    assert coverage()["hc_pre"](streams, fn, base, scale, 1e-6, 1e-6, 20) is covered
     out, post, comb = streams[:, 0], torch.rand(3, n), torch.rand(3, n, n)
-    assert COVERAGE["hc_post"](out, streams, post, comb) is covered
+    assert coverage()["hc_post"](out, streams, post, comb) is covered
 
 
 def test_hc_pre_needs_a_sinkhorn_round():
-    assert not COVERAGE["hc_pre"](*_streams(4), 1e-6, 1e-6, 0)
+    assert not coverage()["hc_pre"](*_streams(4), 1e-6, 1e-6, 0)
 
 
 @pytest.mark.parametrize("pairs, dim, covered", [(8, 64, True), (32, 64, True), (6, 64, False), (64, 64, False)])
 def test_rotating_kernels_cover_a_power_of_two_pair_count_within_the_row(pairs, dim, covered):
     x, positions, inv_freq = torch.randn(2, 4, dim), torch.arange(2), torch.rand(pairs)
-    assert COVERAGE["rope"](x, positions, inv_freq) is covered
-    assert COVERAGE["rms_norm_rope"](x, None, 1e-6, positions, inv_freq) is covered
+    assert coverage()["rope"](x, positions, inv_freq) is covered
+    assert coverage()["rms_norm_rope"](x, None, 1e-6, positions, inv_freq) is covered
 
 
 @pytest.mark.parametrize("block, dim, covered", [(32, 512, True), (16, 512, True), (64, 512, True),
@@ -54,8 +55,8 @@ def test_fused_quantizers_cover_power_of_two_blocks_within_the_rope_channels(blo
     from deepinfer_cuda.kernels import rope_fp4_e2m1_fake_quant as fp4
 
     x, positions, inv_freq = torch.randn(2, dim), torch.arange(2), torch.rand(32)
-    assert COVERAGE["rms_norm_rope_fp8_e4m3_fake_quant"](x, None, 1e-6, positions, inv_freq, 1.0, block) is covered
-    assert COVERAGE["rope_fp4_e2m1_fake_quant"](x, positions, inv_freq, 1.0, block, "ue8m0") is covered
+    assert coverage()["rms_norm_rope_fp8_e4m3_fake_quant"](x, None, 1e-6, positions, inv_freq, 1.0, block) is covered
+    assert coverage()["rope_fp4_e2m1_fake_quant"](x, positions, inv_freq, 1.0, block, "ue8m0") is covered
     if not covered:  # the kernels' own check agrees
         with pytest.raises(ValueError, match="block"):
             fp8.prepare(x, None, 1e-6, positions, inv_freq, 1.0, block, arch=SM90A)
@@ -90,18 +91,17 @@ def test_conformance_samples_outside_the_kernels_run_the_reference(op_name, dtyp
     assert covered > 0 and uncovered > 0
 
 
-@pytest.mark.parametrize("op_name", sorted(COVERAGE))
+@pytest.mark.parametrize("op_name", sorted(coverage()))
 def test_declarations_agree_with_each_kernels_own_check(op_name):
     """``prepare`` (plans a launch, runs nothing: fine on the CPU) raises exactly for the samples declared
     uncovered, so the table never sends a kernel what it refuses, nor falls back where the kernel would run."""
     from deepinfer_cuda.arch import SM90A
-    from deepinfer_cuda.ops import OVERRIDES
 
-    module = importlib.import_module(OVERRIDES[op_name].__module__)
+    module = importlib.import_module(kernels_by_op()[op_name].__module__)
     op = op_defs()[op_name]
     for dtype in op.dtypes:
         for case in samples(op, dtype):
-            declared = COVERAGE[op_name](*case.args, **case.kwargs)
+            declared = coverage()[op_name](*case.args, **case.kwargs)
             try:
                 module.prepare(*case.args, **case.kwargs, arch=SM90A)
                 planned = True

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from deepinfer.spec_decode.drafter import DraftRequest
-from tests.support.dspark_accept import slot_state
 from tests.support.tiny_assets import TINY_V41_DIR
+from tools.train.dspark_accept import slot_state
 
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),

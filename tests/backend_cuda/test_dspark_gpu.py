@@ -15,9 +15,9 @@ from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.ops import OpTable
 from deepinfer.spec_decode.drafter import DraftRequest
-from tests.support import dspark_dense as dd
-from tests.support.dspark_accept import slot_state
 from tests.support.v41_fixtures import FIXTURES
+from tools.train import dspark_dense as dd
+from tools.train.dspark_accept import slot_state
 
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -102,7 +102,7 @@ def test_the_embedded_drafter_is_accepted_on_the_gpu():
     target's own greedy tokens (fp32 on the CPU: 4.62 on these sequences; bf16 may flip a few near-ties)."""
     from deepinfer_cuda.plugin import CudaBackend
     from tests.core.models.deepseek_v41.test_tiny_v41_dspark import ASSET, MIN_ACCEPTANCE_LENGTH
-    from tests.support.dspark_accept import generate, measure
+    from tools.train.dspark_accept import generate, measure
 
     backend = CudaBackend()
     ops = OpTable(backend.load_ops(), "nvidia", coverage=backend.op_coverage())

@@ -95,9 +95,9 @@ def test_engine_runs_on_the_gpu_with_the_cuda_op_table(case, nvidia):
     model = llm.engine.model
     assert model.device.type == "cuda" and model.dtype == torch.bfloat16
     assert model.embed.is_cuda and model.layers[0].attn.w_in.weights[0].is_cuda
-    from deepinfer_cuda.ops import OVERRIDES
+    from deepinfer_cuda.ops import kernels_by_op
 
-    for name, fn in OVERRIDES.items():
+    for name, fn in kernels_by_op().items():
         op = getattr(model.ops, name)  # a partially covered op is the kernel behind a reference fallback
         assert name in model.ops.overridden and getattr(op, "__wrapped__", op) is fn, f"op {name} is not CUDA's"
     state = model.new_state()

@@ -187,17 +187,17 @@ def _call(module, args):
 @requires_cuda
 @pytest.mark.cuda
 def test_aot_cubin_equals_jit_bitwise(device_kernel_set):
-    from deepinfer_cuda.kernels import ALL
+    from deepinfer_cuda.ops import aot_kernels
 
-    assert_aot_equals_jit(device_kernel_set, ALL, list(_model_shape_cases()), _call, restore=device_kernel_set,
-                          name=lambda m: m.KERNEL.name, jit_relaunches_all=True)
+    assert_aot_equals_jit(device_kernel_set, aot_kernels(), list(_model_shape_cases()), _call,
+                          restore=device_kernel_set, name=lambda m: m.KERNEL.name, jit_relaunches_all=True)
 
 
 @requires_cuda
 @pytest.mark.cuda
 def test_kernels_match_reference_at_model_shapes():
     # Conformance samples are small; this checks the V4-Flash shapes (e.g. positions up to 2^20 for RoPE).
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.testing import assert_close
 
     defs = op_defs()

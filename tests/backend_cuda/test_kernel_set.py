@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import struct
+import sys
 
 import pytest
 import torch
@@ -18,9 +19,9 @@ from deepinfer_cuda.kernel_set.build import build_kernel_set  # noqa: E402
 from deepinfer_cuda.kernel_set.dispatch import KernelSet, TritonKernel  # noqa: E402
 from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, Manifest, sha256_bytes, variant_key  # noqa: E402
 from deepinfer_cuda.kernel_set.specialize import signature_of  # noqa: E402
-from deepinfer_cuda.kernels import ALL  # noqa: E402
 from deepinfer_cuda.kernels import rms_norm as rms_mod  # noqa: E402
-from deepinfer_cuda.ops import OVERRIDES  # noqa: E402
+from deepinfer_cuda.ops import aot_kernels, batch_invariant_ops, kernels_by_op, overrides  # noqa: E402
+from deepinfer_cuda.override import override  # noqa: E402
 from deepinfer_cuda.plugin import CudaBackend  # noqa: E402
 
 EM_CUDA = 190
@@ -140,10 +141,15 @@ ONE_ARCH_KERNELS = {"fp8_block_linear_mx": "sm_100a", "moe_experts_mxfp4_scaled_
                     "moe_experts_mxfp4_scaled_down": "sm_100a"}
 
 
-def test_every_kernel_is_listed_once_and_compiles_for_every_arch():
-    assert len({k.name for k in ALL}) == len(ALL)
-    assert all(isinstance(k, TritonKernel) for k in ALL)
-    for kernel in ALL:
+def test_every_kernel_is_compiled_ahead_of_time_for_every_arch():
+    """Each Triton kernel a kernel module defines is named in some ``@override(..., aot=...)`` (the builder's list),
+    under a name of its own."""
+    every = aot_kernels()
+    assert len({k.name for k in every}) == len(every) and all(isinstance(k, TritonKernel) for k in every)
+    modules = [m for n, m in list(sys.modules.items()) if n.startswith("deepinfer_cuda.kernels.")]  # all: overrides()
+    defined = {f"{m.__name__}.{name}": k for m in modules for name, k in vars(m).items() if isinstance(k, TritonKernel)}
+    assert defined and not {w for w, k in defined.items() if k not in every}, "kernels no override compiles"
+    for kernel in every:
         for arch in ARCHS:
             if ONE_ARCH_KERNELS.get(kernel.name, arch.name) == arch.name:
                 assert kernel.aot_variants(arch), f"{kernel.name} has no AOT variants for {arch.name}"
@@ -156,10 +162,19 @@ def test_overrides_use_core_op_names_and_signatures():
     defaults) differ from the reference's: building it is the check."""
     backend = CudaBackend()
     table = OpTable(backend.load_ops(), "nvidia", coverage=backend.op_coverage())
-    assert table.overridden == frozenset(OVERRIDES)
-    assert backend.load_ops() is OVERRIDES
+    assert table.overridden == frozenset(kernels_by_op()) == frozenset(overrides())
     assert table.partially_covered <= table.overridden and "hc_pre" in table.partially_covered
+    fixed = OpTable(kernels_by_op(batch_invariant=True), "nvidia", coverage=backend.op_coverage())
+    assert fixed.overridden == table.overridden and set(backend.batch_invariant_ops) <= table.overridden
+    assert kernels_by_op(batch_invariant=True)["moe_experts"] is not kernels_by_op()["moe_experts"]  # fixed tiles
+    assert set(batch_invariant_ops()) >= {"sparse_attention", "moe_experts"} and "rms_norm" not in batch_invariant_ops()
     assert set(SUPPORTED_CAPABILITIES) == {a.capability for a in ARCHS}
+
+
+def test_an_op_has_one_kernel():
+    with pytest.raises(ValueError, match="op 'rms_norm' has two kernels"):
+        override("rms_norm")(lambda x, weight, eps: x)
+    assert overrides()["rms_norm"].kernel is rms_mod.rms_norm
 
 
 def test_tma_descriptor_variant_lowers_to_a_tensor_map_the_launcher_packs():

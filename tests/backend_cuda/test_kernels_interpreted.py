@@ -24,14 +24,13 @@ SCRIPT = textwrap.dedent(
     import importlib, types
     import torch
     import triton.language as tl
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close, samples
     from deepinfer_cuda.arch import SM90A
-    from deepinfer_cuda.coverage import COVERAGE
-    from deepinfer_cuda.ops import OVERRIDES
+    from deepinfer_cuda.ops import coverage, kernels_by_op
 
     torch.set_num_threads(1)
-    defs = op_defs()
+    defs, OVERRIDES, COVERAGE = op_defs(), kernels_by_op(), coverage()
     for name in sorted(OVERRIDES):  # every kernel module first: a kernel may call another module's jitted helpers
         module = importlib.import_module(OVERRIDES[name].__module__)  # the kernel module the op's wrapper is in
         # the module of the kernel's Triton function too: a fused op runs another op's kernel with an epilogue
@@ -70,10 +69,10 @@ SCRIPT = textwrap.dedent(
                     reason="a GPU is present: test_gpu_kernels.py checks the compiled kernels themselves (Triton 3.6's "
                            "interpreter also fails on numpy 2.5 there: 1-element scalar arrays in range())")
 def test_every_override_matches_the_reference_under_the_triton_interpreter():
-    from deepinfer_cuda.ops import OVERRIDES
+    from deepinfer_cuda.ops import kernels_by_op
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     checked = dict(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("OK "))
-    assert set(checked) == set(OVERRIDES) and all(int(n) > 0 for n in checked.values()), proc.stdout
+    assert set(checked) == set(kernels_by_op()) and all(int(n) > 0 for n in checked.values()), proc.stdout

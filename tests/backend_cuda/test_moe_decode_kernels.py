@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     """
     import torch
     from deepinfer.ops.moe import moe_experts as reference
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close
     from deepinfer_cuda.arch import SM90A, moe_experts_config
     from deepinfer_cuda.kernels import moe_experts as moe, moe_routing as routing

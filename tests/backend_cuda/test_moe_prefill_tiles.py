@@ -8,7 +8,7 @@ program order are reached there.
   projections rounded the other way: the interpreter's dot sums in another order than torch's);
 - the column-inner program order (``MoeTiles.cols_inner``) gives the same bits as the block-inner one: the order
   only changes which program runs when, not what any program computes;
-- every sweep candidate of ``tools/sweep_moe_prefill.py`` turns into valid tiles (its kernel's tiles are the
+- every sweep candidate of ``tools.sweep.moe_prefill`` turns into valid tiles (its kernel's tiles are the
   candidate's, the other kernel's the base of the same block rows).
 """
 
@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +30,7 @@ SCRIPT = textwrap.dedent(
     import dataclasses
     import torch
     from deepinfer.ops.moe import moe_experts as reference
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close
     from deepinfer_cuda.arch import SM90A, moe_experts_config
     from deepinfer_cuda.kernels import moe_experts as moe
@@ -93,12 +92,8 @@ def test_moe_prefill_tiles_under_the_triton_interpreter():
 
 
 def test_sweep_candidates_make_valid_tiles():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    try:
-        import sweep_moe_prefill as sweep
-    finally:
-        sys.path.pop(0)
     from deepinfer_cuda.arch import SM90A, moe_experts_config
+    from tools.sweep import moe_prefill as sweep
 
     cands = sweep.candidates()
     assert len(cands) == len(set(cands)) and len(cands) <= 40

@@ -347,12 +347,11 @@ def _kernels() -> dict:
         fp8_e4m3_unpack,
         moe_experts_fp8,
         moe_experts_mxfp4,
-        split_k_sum,
     )
 
-    ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, split_k_sum.KERNEL, moe_experts_mxfp4.UP_KERNEL,
-          moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL, fp4_e2m1_pack.KERNEL,
-          fp4_e2m1_unpack.KERNEL, moe_experts_fp8.UP_KERNEL, moe_experts_fp8.DOWN_KERNEL)
+    ks = (fp8_block_linear.KERNEL, fp8_block_linear.ACT_QUANT_KERNEL, fp8_block_linear.SPLIT_K_SUM_KERNEL,
+          moe_experts_mxfp4.UP_KERNEL, moe_experts_mxfp4.DOWN_KERNEL, fp8_e4m3_pack.KERNEL, fp8_e4m3_unpack.KERNEL,
+          fp4_e2m1_pack.KERNEL, fp4_e2m1_unpack.KERNEL, moe_experts_fp8.UP_KERNEL, moe_experts_fp8.DOWN_KERNEL)
     return {k.name: k for k in ks}
 
 
@@ -399,7 +398,7 @@ def _call(op: str, args: tuple):
 
 
 def _check_against_reference(op: str, args: tuple, got: torch.Tensor) -> None:
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.testing import assert_close
 
     definition = op_defs()[op]

@@ -74,7 +74,7 @@ def test_fp32_weight_scales_keep_the_fp8_promotion_form_on_sm100():
 INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import torch
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close, samples
     from deepinfer_cuda.arch import SM100A, Fp8LinearTiles, LaunchConfig, MoeTiles, Mxfp4Tiles
     import deepinfer_cuda.kernels.fp8_block_linear as fp8
@@ -203,7 +203,7 @@ def test_block_scaled_forms_on_this_gpu():
     """The SM100 forms' tiles launched on the present GPU (H200: Triton decomposes ``dot_scaled``; B200: natively) at
     V4.1-Flash's dims: the FP8 GEMM within the op's tolerance, the MXFP4 experts' bf16 form within the op's, its MXFP8
     form to the emulated scheme."""
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.testing import assert_close
     from deepinfer_cuda.arch import SM100A, fp8_linear_config, mxfp4_block_scaled_tiles
     from deepinfer_cuda.kernel_set.dispatch import cuda_target

@@ -5,7 +5,7 @@ entries), so the kernel skips those chunks (``SparseAttentionTiles.skip_empty``)
 a chunk of -1 leaves the split's softmax state bit for bit as it is; these tests check that claim on rows whose
 live columns start and end inside splits and inside chunks, in both regimes, with skipping on and off, for both
 forms of the products (``transposed``) (under Triton's interpreter on CPU; the GPU runs the default tiles in
-test_sparse_attention_splits.py and every candidate in tools/sweep_sparse_attention.py).
+test_sparse_attention_splits.py and every candidate in tools/sweep/sparse_attention.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import dataclasses
     import os
     import torch
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close
     from deepinfer_cuda.arch import SM90A, sparse_attention_config
     from deepinfer_cuda.kernels import sparse_attention as module

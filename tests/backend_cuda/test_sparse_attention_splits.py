@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 CHECKS = textwrap.dedent(
     """
     import torch
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
     from deepinfer.testing.conformance import assert_close
     from deepinfer_cuda.arch import sparse_attention_config
     from deepinfer_cuda.kernels import sparse_attention as module

@@ -1,7 +1,7 @@
-"""``tools/sweep_quant_decode.py --tiny`` end to end on the CPU (Triton's interpreter): every candidate of the tiny
-cases runs the op's plan with its tiles and matches core's reference (``err`` 0 or within the FP8 / MXFP4 bounds,
+"""``python -m tools.sweep.quant_decode --tiny`` end to end on the CPU (Triton's interpreter): every candidate of the
+tiny cases runs the op's plan with its tiles and matches core's reference (``err`` 0 or within the FP8 / MXFP4 bounds,
 no ``BAD`` row), and the summary prints the entries to paste into ``arch.py``.  The GPU run is the lead's:
-``python tools/sweep_quant_decode.py`` on the H200."""
+``python -m tools.sweep.quant_decode`` on the H200."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import torch
 
 pytest.importorskip("triton")
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "sweep_quant_decode.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the sweep itself there")
 def test_the_sweep_runs_tiny_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
-           "PYTHONPATH": os.pathsep.join([str(TOOL.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(TOOL), "--tiny"], capture_output=True, text=True, env=env, timeout=600)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tools.sweep.quant_decode", "--tiny"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     out = proc.stdout
     assert "BAD" not in out, out
@@ -33,9 +33,7 @@ def test_the_sweep_runs_tiny_under_the_interpreter():
 def test_the_summary_prints_tma_tiles_as_pasteable_entries(capsys, monkeypatch):
     """A TMA candidate that wins prints as ``Fp8DecodeTile(..., tma=True)``, which evaluates to that tile."""
     from deepinfer_cuda.arch import Fp8DecodeTile
-
-    monkeypatch.syspath_prepend(str(TOOL.parent))
-    import sweep_quant_decode as sweep
+    from tools.sweep import quant_decode as sweep
 
     case = {"op": "fp8", "n": 96, "k": 256, "groups": 1, "rows": 1, "tier": 1, "bytes": 1, "err": 0.0}
     tiles = [Fp8DecodeTile(True, 4, 512, 1, 4, 1), Fp8DecodeTile(True, 8, 1024, 2, 4, 3, tma=True)]

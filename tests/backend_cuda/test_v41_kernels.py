@@ -196,7 +196,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     sys.path.insert(0, {root!r})
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer_cuda.arch import SM90A
     import deepinfer_cuda.kernels.fp8_e4m3_fake_quant as fp8
     import deepinfer_cuda.kernels.fp4_e2m1_fake_quant as fp4
@@ -277,7 +277,7 @@ def _call(op: str, args: tuple):
 
 
 def _check_against_reference(op: str, args: tuple, got) -> None:
-    from deepinfer.ops.registry import OpSample, op_defs
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.testing import assert_close
 
     definition = op_defs()[op]
@@ -302,8 +302,8 @@ def test_v41_kernels_match_the_reference_at_v41_flash_dims():
 def test_fused_quantizers_equal_the_rotation_then_the_reference_quantizer_bitwise():
     """The QUANT epilogue is the quantizer's arithmetic bit for bit: the fused op's output is the reference
     quantizer of the rotating kernel's own output, and the two kernels composed (at V4.1-Flash's dims)."""
+    from deepinfer.ops import OpSample, op_defs
     from deepinfer.ops.fake_quant import same_bits
-    from deepinfer.ops.registry import OpSample, op_defs
 
     for op, args in v41_cases("cuda"):
         if op not in FUSED:

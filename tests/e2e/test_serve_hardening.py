@@ -4,20 +4,17 @@ OpenAI's shape through uvicorn."""
 
 from __future__ import annotations
 
-import importlib
 import json
-from pathlib import Path
 
 import httpx
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+from tools.bench.serve_stall import measure as measure_stall
 
 
-def test_a_huge_prompt_does_not_stall_running_streams(server_url, monkeypatch):
-    """``tools/bench_serve_stall.py``: a ~1.2 MB prompt takes the embedded tokenizer seconds, then is refused
+def test_a_huge_prompt_does_not_stall_running_streams(server_url):
+    """``tools/bench/serve_stall.py``: a ~1.2 MB prompt takes the embedded tokenizer seconds, then is refused
     (longer than max_model_len); a stream that runs meanwhile keeps streaming."""
-    monkeypatch.syspath_prepend(str(TOOLS))
-    stall = importlib.import_module("bench_serve_stall").measure(server_url, megabytes=1.2)
+    stall = measure_stall(server_url, megabytes=1.2)
     error = stall.body["error"]
     assert stall.status == 400 and error["param"] == "prompt" and "max_model_len" in error["message"]
     # Tokenized on the engine thread, the stream would wait the whole time; off it, it keeps streaming.

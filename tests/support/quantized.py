@@ -1,106 +1,13 @@
-"""Released-format checkpoints made from known weights: FP8 e4m3 with block scales, MXFP4 experts, FP8 Engram
-tables, written beside their dequantized twin (the same model with each quantized weight replaced by its
-dequantized fp32 value, computed here independently of DeepInfer's dequantization)."""
+"""Released-format checkpoints (written by ``tools.fixtures.quantize``) and a CPU emulation of the CUDA FP8 GEMMs'
+rounding."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Callable
-from pathlib import Path
-
 import torch
 
-from tests.support.v4_fixtures import read_tensors, write_checkpoint
+from tools.fixtures.quantize import V41_RELEASED, quantize_checkpoint, v4_layout, v41_released_layout
 
-#: (format, block) of a weight: ("fp8", (rows, cols) block) or ("mxfp4", (1, 32)); None leaves it as it is.
-Layout = Callable[[str, torch.Tensor], tuple[str, tuple[int, int]] | None]
-
-#: Projections the released V4 checkpoints store in FP8 (compressor, indexer, embedding and head stay BF16).
-V4_DENSE_QUANTIZED = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".shared_experts.")
-
-
-def v4_layout(expert_dtype: str, block: tuple[int, int]) -> Layout:
-    """V4 as released: dense projections FP8 with ``block`` scales, routed experts MXFP4 or FP8."""
-
-    def layout(name: str, w: torch.Tensor) -> tuple[str, tuple[int, int]] | None:
-        expert = ".ffn.experts." in name
-        if not name.endswith(".weight") or not (expert or any(p in name for p in V4_DENSE_QUANTIZED)):
-            return None
-        return ("mxfp4", (1, 32)) if expert and expert_dtype == "fp4" else ("fp8", block)
-
-    return layout
-
-
-V41_DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
-         ".shared_experts.")
-V41_RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
-            "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
-
-
-def v41_released_layout(name: str, w: torch.Tensor):
-    """As released, except that odd layers' dense weights use 128x128 blocks (the per-tensor detection must find
-    both); expert weights whose K is not a multiple of 32 (tiny dims) are FP8."""
-    if not name.endswith(".weight"):
-        return None
-    if name.endswith("engram.embed.weight"):
-        return "fp8", (1, 32)
-    if ".ffn.experts." in name:
-        return ("mxfp4", (1, 32)) if w.shape[1] % 32 == 0 else ("fp8", (32, 32))
-    if any(p in name for p in V41_DENSE):
-        return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
-    return None
-
-
-def quantize_checkpoint(source: str | Path, target: str | Path, layout: Layout, scale_format: str = "ue8m0",
-                        quantization_config: dict | None = None) -> tuple[Path, Path]:
-    """Quantize a saved checkpoint by ``layout``; writes ``target/quantized`` (with ``quantization_config`` in
-    its config.json, at the top level) and ``target/dequantized``."""
-    from deepinfer.quant import quantize_fp8_block, quantize_mxfp4
-
-    source, target = Path(source), Path(target)
-    config = json.loads((source / "config.json").read_text())
-    quantized, dequantized = {}, {}
-    for name, w in read_tensors(source).items():
-        found = layout(name, w)
-        if found is None:  # (a scale written for a quantized weight below is not overwritten)
-            quantized.setdefault(name, w)
-            dequantized.setdefault(name, w)
-            continue
-        fmt, block = found
-        stem = name.removesuffix(".weight")
-        if fmt == "mxfp4":
-            q = quantize_mxfp4(w)
-            quantized[name], quantized[stem + ".scale"] = q.data.view(torch.int8), q.scale  # packed as released
-            dequantized[name] = _dequant_mxfp4(q.data, q.scale)
-        else:
-            q = quantize_fp8_block(w, block, scale_format)
-            quantized[name], quantized[stem + ".scale"] = q.data, q.scale
-            dequantized[name] = _dequant_fp8(q.data, q.scale, block)
-    released = {**config, "quantization_config": quantization_config or {}}
-    out = (write_checkpoint(target / "quantized", quantized, released),
-           write_checkpoint(target / "dequantized", dequantized, config))
-    for extra in source.iterdir():  # the tokenizer and generation config travel along
-        if extra.suffix == ".json" and extra.name != "config.json" and extra.name.startswith(("tokenizer", "gen")):
-            for directory in out:
-                shutil.copy(extra, directory / extra.name)
-    return out
-
-
-def _dequant_fp8(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    out = data.float().clone()
-    for i in range(scale.shape[0]):
-        for j in range(scale.shape[1]):
-            out[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] *= scale[i, j].float()
-    return out
-
-
-def _dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-    table = torch.tensor(magnitudes + [-m for m in magnitudes])
-    low, high = table[(packed & 0xF).long()], table[(packed >> 4).long()]
-    values = torch.stack([low, high], dim=-1).flatten(-2)
-    return values * scale.float().repeat_interleave(32, dim=-1)
+__all__ = ["V41_RELEASED", "fp8_prefill_emulation", "quantize_checkpoint", "v41_released_layout", "v4_layout"]
 
 
 def fp8_prefill_emulation(ops):

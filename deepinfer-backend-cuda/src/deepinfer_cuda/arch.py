@@ -139,7 +139,7 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
     FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
     warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns at once
     (``step_d`` 256 would hold 60 registers a thread instead of 168, but was slower).
-    H200 sweep (2026-11-29, ``tools/sweep_hc_pre.py``, same bits for all): the
+    H200 sweep (2026-11-29, ``tools/sweep/hc_pre.py``, same bits for all): the
     prefill tier at 4 warps / 2 stages 54 us a 1024-token call (8 warps / 3 stages 63.5), the finish over the whole
     chunk at once (step_d 0) 57 vs 63.5 us there and 12.3 vs 11.8 us at one token; slices of 128 columns would
     save 2 us a decode call but cost 9 us a prefill call.
@@ -189,7 +189,7 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
       (~96 slots an expert) an expert is one block, so each weight tile leaves L2 once.  With TMA weight tiles
       and 4 stages the 1024-token layer (shared expert included) took 684 + 359 µs against 739 + 371 with
       pointer loads and 3 stages (H200); the old 64-row tiles over 64 + 64 / 128 columns ran at 41% / 33% of
-      the bf16 peak.  ``tools/sweep_moe_prefill.py`` times the alternatives.
+      the bf16 peak.  ``tools/sweep/moe_prefill.py`` times the alternatives.
     fp32 inputs (tests) halve the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed
     the padded problem dims.
     """
@@ -239,7 +239,7 @@ class Mxfp4Tiles:
 
 
 #: Measured MXFP4 decode tiles below one slot per expert, (hidden, inter) -> tiles; a shape not listed gets
-#: :func:`mxfp4_decode_default`.  Paste ``tools/sweep_quant_decode.py``'s "best" line here (H200, bf16).
+#: :func:`mxfp4_decode_default`.  Paste ``tools/sweep/quant_decode.py``'s "best" line here (H200, bf16).
 MXFP4_DECODE_TILES: dict[tuple[int, int], Mxfp4Tiles] = {
     (5120, 2304): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps=4, num_stages=3), 16, 1024,
                                       LaunchConfig(num_warps=4, num_stages=3), 64, 256), row_loop=True, tma=True),
@@ -309,7 +309,7 @@ def moe_fp8_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: in
     """Tiles of the FP8 expert GEMMs (``kernels/moe_experts_fp8.py``): ``moe_experts_config``'s tiers, the weight
     tiles arriving as e4m3 bytes (half bf16's shared memory a stage) and dequantized in registers before tl.dot.
     Untuned: the bf16 kernel's tiles are the starting point (decode reads half the bytes, prefill adds a
-    dequantization per weight tile); ``tools/sweep_moe_prefill.py``-style sweeps should replace them on the H200."""
+    dequantization per weight tile); ``tools/sweep/moe_prefill.py``-style sweeps should replace them on the H200."""
     return moe_experts_config(arch, slots_per_expert, hidden, inter, element_bytes)
 
 
@@ -378,7 +378,7 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     of its query's splits and merges them in registers instead: the same code and the same merge order, so the
     result is bitwise the same either way, and the choice is free to depend on the batch.
     ``skip_empty``: each program walks only the chunks from its first to its last valid index (a 1024-token CSA
-    prefill row of 640 columns has ~250 valid ones on average, -1 at both ends).  ``tools/sweep_sparse_attention.py``
+    prefill row of 640 columns has ~250 valid ones on average, -1 at both ends).  ``tools/sweep/sparse_attention.py``
     times the alternatives; on the H200 (2026-11-29) 64-row chunks with 2 stages were the fastest plain form in
     every case (a 1024-token prefill: sliding 252 us, HCA 334, CSA 540, against 294 / 353 / 619 with 32-row chunks
     and 3 stages; decode b1 14.5 us, b64 66 us); 128-row transposed chunks were close (CSA 481, b64 56, b1 17).
@@ -545,7 +545,7 @@ class Fp8LinearTiles:
 
 @dataclass(slots=True, frozen=True)
 class Fp8DecodeTile:
-    """One entry of :data:`FP8_DECODE_TILES` (what ``tools/sweep_quant_decode.py`` prints)."""
+    """One entry of :data:`FP8_DECODE_TILES` (what ``tools/sweep/quant_decode.py`` prints)."""
 
     row_loop: bool  #: FMAs a row at a time (True) or 16-row ``tl.dot`` tiles (False)
     block_n: int  #: weight rows (output columns) per program; >= 16 for tl.dot tiles
@@ -562,7 +562,7 @@ FP8_ACT_MIN_ROWS = 64
 #: Row tiers of the weight-only (decode) regime: a call of ``rows`` takes the first tier >= rows.
 FP8_DECODE_ROW_TIERS = (1, FP8_ACT_MIN_ROWS - 1)
 #: Measured decode tiles, (N per group, K, groups, row tier) -> tile; a shape not listed gets
-#: :func:`fp8_decode_default`.  Paste ``tools/sweep_quant_decode.py``'s "best" lines here (H200, bf16 activations).
+#: :func:`fp8_decode_default`.  Paste ``tools/sweep/quant_decode.py``'s "best" lines here (H200, bf16 activations).
 FP8_DECODE_TILES: dict[tuple[int, int, int, int], Fp8DecodeTile] = {  # the H200 sweeps of 2026-12-02
     (1024, 4096, 8, 1): Fp8DecodeTile(True, 16, 2048, 1, 8, 2, tma=True),
     (1024, 4096, 8, 63): Fp8DecodeTile(False, 32, 512, 1, 4, 3, tma=True),
@@ -610,7 +610,7 @@ def fp8_linear_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, bl
       tiles at every row count from 64 (Triton 3.6 lowers a 64-row ``dot_scaled`` tile to bf16 MMAs), 128 deep a
       step whatever the weight's block (the scales go per 32 to the tensor cores), 8 warps, 3 stages.  Compiled for
       sm_100a, never run on a Blackwell GPU: untuned.
-    Decode untuned until ``tools/sweep_quant_decode.py`` has filled the table (docs/performance.md)."""
+    Decode untuned until ``tools/sweep/quant_decode.py`` has filled the table (docs/performance.md)."""
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no FP8 GEMM configuration for {arch.name}")
     if batch_invariant or rows < FP8_ACT_MIN_ROWS or element_bytes != 2:

@@ -20,25 +20,12 @@ class CudaBackend(Backend):
     device_type = "cuda"
     auto_priority = 100
     dist_backend = "nccl"
-    #: Kernels whose programs read only their own row with fixed tiles: a row's bits never depend on the batch
-    #: (sparse_attention: one program per query, fixed key chunks; compress_pool: per window; sample_tokens: per
-    #: row and fixed vocabulary chunks).  Each passed check_batch_invariance on an H200 (2026-11-29).  moe_experts:
-    #: its fixed-tile form (``ops.BATCH_INVARIANT_OVERRIDES``, what ``load_ops`` gives under the flag).  V4.1's
-    #: row-local kernels (single-pass mHC, the final collapse, the fake-quantizers, Engram's hash, gate and FP8
-    #: table lookup) are declared by construction (a row's or block's program reads only it, tiles from the model
-    #: dims); not yet run through check_batch_invariance on an H200; the window K=V's fused norm + rope + FP8 as
-    #: ``rms_norm_rope`` (``rope`` and so its fused FP4 form are not declared).  The released formats' GEMMs under
-    #: the flag run their fixed-tile forms (the weight-only FP8 regime at every row count; MoE's fixed tiles); the
-    #: KV packers are per block; attention over packed rows is sparse_attention's kernel (per query, fixed chunks),
-    #: its rows decoded.  verify_drafts: per request, fixed vocabulary chunks reduced in chunk order (declared by
-    #: construction; not yet run through check_batch_invariance on an H200).
-    batch_invariant_ops = ("sparse_attention", "sparse_attention_inverse_rope", "compress_pool", "compress_entries",
-                           "sample_tokens", "hc_pre", "rms_norm_rope", "moe_experts", "hc_pre_single_pass",
-                           "hc_collapse", "fp8_e4m3_fake_quant", "fp4_e2m1_fake_quant", "engram_hash", "engram_gate",
-                           "rms_norm_rope_fp8_e4m3_fake_quant", "fp8_block_linear", "fp8_block_grouped_linear",
-                           "moe_experts_mxfp4", "fp8_e4m3_pack", "fp8_e4m3_unpack", "fp4_e2m1_pack", "fp4_e2m1_unpack",
-                           "sparse_attention_packed_inverse_rope", "embedding_fp8", "moe_experts_fp8",
-                           "verify_drafts")
+    @property
+    def batch_invariant_ops(self) -> tuple[str, ...]:
+        """The ops each kernel module declares batch-invariant (``@override(..., batch_invariant=...)``)."""
+        from deepinfer_cuda.ops import batch_invariant_ops
+
+        return batch_invariant_ops()
 
     def unavailable_reason(self) -> str | None:
         if torch.version.cuda is None:
@@ -54,14 +41,14 @@ class CudaBackend(Backend):
 
     def load_ops(self) -> Mapping[str, Callable[..., Any]]:
         from deepinfer import envs
-        from deepinfer_cuda.ops import BATCH_INVARIANT_OVERRIDES, OVERRIDES
+        from deepinfer_cuda.ops import kernels_by_op
 
-        return {**OVERRIDES, **BATCH_INVARIANT_OVERRIDES} if envs.batch_invariant() else OVERRIDES
+        return kernels_by_op(batch_invariant=envs.batch_invariant())
 
     def op_coverage(self) -> Mapping[str, Callable[..., bool]]:
-        from deepinfer_cuda.coverage import COVERAGE
+        from deepinfer_cuda.ops import coverage
 
-        return COVERAGE
+        return coverage()
 
     def memory_info(self, device: torch.device) -> tuple[int, int]:
         return torch.cuda.mem_get_info(device)

@@ -1,21 +1,15 @@
-"""``tools/bench_prefix_cache.py --slice --tiny``: the V4.1-Flash slice (random weights, the shared expert stack)
+"""``tools.bench.prefix_cache --slice --tiny``: the V4.1-Flash slice (random weights, the shared expert stack)
 served by fresh engines through ``LLM.from_model``, with and without the prefix cache, at toy dims on the CPU.
 The GPU run (``--slice``, the real dims) is the lead's; this keeps the script from rotting in between."""
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
-
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
-
-TOOLS = Path(__file__).resolve().parents[3] / "tools"
+from tools.bench import prefix_cache as bench
 
 
 def test_the_tiny_slice_hits_the_shared_prefix_and_replays_its_bound(monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(TOOLS))
     monkeypatch.setenv("DEEPINFER_ACCELERATOR", "cpu")
-    bench = importlib.import_module("bench_prefix_cache")
     result = bench.main(["--slice", "--tiny", "--prefix", "160", "--suffix", "8", "--concurrency", "3",
                          "--repeats", "1"])
     out = capsys.readouterr().out

@@ -77,7 +77,7 @@ def test_a_width_off_the_block_is_refused():
 
 
 def test_fp4_unpack_decodes_every_code():
-    from deepinfer.ops.quant import E2M1_VALUES
+    from deepinfer.quant.formats import E2M1_VALUES
 
     codes = torch.arange(16, dtype=torch.uint8)
     packed = torch.cat([codes[0::2] | (codes[1::2] << 4), torch.tensor([127], dtype=torch.uint8)])[None]  # scale 1

@@ -43,3 +43,20 @@ def test_table_serves_every_protocol_method_as_a_plain_attribute():
     table = OpTable()
     for name in _protocol_methods():
         assert name in vars(table) and callable(vars(table)[name]), name
+
+
+def test_the_catalog_lists_every_module_that_registers_ops():
+    """``deepinfer.ops.catalog`` loads the op modules by an explicit list: a new module of this package that registers
+    an op, and is not listed, would leave its ops out of every table."""
+    import importlib
+    import pkgutil
+
+    import deepinfer.ops as package
+    from deepinfer.ops.catalog import OP_MODULES
+    from deepinfer.ops.registry import registered
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    registering = {d.reference.__module__ for d in registered().values()}
+    assert registering == {m.__name__ for m in OP_MODULES}
+    assert set(registered()) == set(op_defs())

@@ -1,9 +1,8 @@
-"""tools/bench_dspark.py on the embedded tiny V4 (no drafter: the tool's stand-in), and forced acceptance: the
+"""tools.bench.dspark on the embedded tiny V4 (no drafter: the tool's stand-in), and forced acceptance: the
 benchmark-only mode accepts L - 1 drafts a step on average, so the measured acceptance length is L."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,15 +14,13 @@ from deepinfer.spec_decode.budget import SpecPolicy
 from tests.support.stand_in_drafter import StandInDrafter
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 
-TOOL = Path(__file__).resolve().parents[3] / "tools" / "bench_dspark.py"
 TINY_V4 = Path(deepinfer.__file__).parent / "assets" / "tiny_v4"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_dspark", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tools.bench import dspark
+
+    return dspark
 
 
 def test_forced_acceptance_accepts_the_asked_length_on_average():
@@ -50,10 +47,9 @@ def test_bench_dspark_reports_forced_and_real_rows(tmp_path):
             assert r["acceptance"] < 1.5  # arbitrary drafts are (almost) never what the model says
 
 
-def test_bench_dspark_on_the_tiny_slice_drafts_with_a_random_dspark_drafter(monkeypatch, capsys, tmp_path):
+def test_bench_dspark_on_the_tiny_slice_drafts_with_a_random_dspark_drafter(capsys, tmp_path):
     """``--slice --tiny``: the slice target and a DSpark drafter built from random weights (no checkpoint);
     plain decode steps go through the decode graphs, speculative pure-decode steps through the verify graphs."""
-    monkeypatch.syspath_prepend(str(TOOL.parent))
     out = tmp_path / "rows.json"
     assert _tool().main(["--slice", "--tiny", "--batches", "2", "--acceptance", "2.5", "--new-tokens", "9",
                          "--prompt-len", "8", "--repeats", "1", "--json", str(out)]) == 0
@@ -66,8 +62,7 @@ def test_bench_dspark_on_the_tiny_slice_drafts_with_a_random_dspark_drafter(monk
 
 
 @pytest.mark.slow  # ~1 min of profiling on the CPU; the test above covers the rest of the tool
-def test_bench_dspark_profile_prints_a_plain_and_a_speculative_step(monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(TOOL.parent))
+def test_bench_dspark_profile_prints_a_plain_and_a_speculative_step(capsys):
     assert _tool().main(["--slice", "--tiny", "--batches", "1", "--acceptance", "3", "--new-tokens", "9",
                          "--prompt-len", "8", "--repeats", "1", "--profile"]) == 0
     text = capsys.readouterr().out

@@ -22,10 +22,10 @@ from deepinfer.backends import Backend
 from deepinfer.runner.draft_graphs import DraftGraphs
 from deepinfer.spec_decode.budget import SpecPolicy
 from deepinfer.spec_decode.drafter import DraftRequest, GraphDrafter
-from tests.support.dspark_accept import slot_state
 from tests.support.engine_checks import assert_same_output, homogeneity_p
 from tests.support.tiny_assets import TINY_V41_DIR
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
+from tools.train.dspark_accept import slot_state
 
 
 class CapturingBackend(Backend):

@@ -13,7 +13,7 @@ from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES
 
 dspark = pytest.importorskip("deepinfer.models.deepseek_v41.dspark")
-dd = pytest.importorskip("tests.support.dspark_dense")
+dd = pytest.importorskip("tools.train.dspark_dense")
 
 STEEP = CostTable(tuple(range(1, 257)), tuple(1.0 + 0.08 * n for n in range(1, 257)))
 

@@ -10,29 +10,16 @@ emitted, so the launcher never guesses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deepinfer_cuda.arch import CudaArch
-from deepinfer_cuda.kernel_set.manifest import HIDDEN_PARAMS_BY_COUNT, KernelEntry, sha256_bytes, variant_key
+from deepinfer_cuda.kernel_set.dispatch import TritonKernel
+from deepinfer_cuda.kernel_set.manifest import HIDDEN_PARAMS_BY_COUNT, KernelEntry, Variant, sha256_bytes, variant_key
 from deepinfer_cuda.kernel_set.specialize import ptx_param_types, tensordesc_rank
-
-if TYPE_CHECKING:
-    from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 
 _PTX_ENTRY = re.compile(r"\.visible\s+\.entry\s+(\w+)\s*\(([^)]*)\)")
 _PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?(\.\w+)")  # a CUtensorMap: .align 64 .b8 [128]
-
-
-@dataclass(slots=True, frozen=True)
-class Variant:
-    """One specialization to compile: what :func:`specialize.signature_of` yields for some live call."""
-
-    signature: dict[str, str]  #: runtime params in order: name -> "*bf16:D", "i32:D", "fp32", ...
-    constexprs: dict[str, Any] = field(default_factory=dict)
-    num_warps: int = 4
-    num_stages: int = 1
 
 
 class AotError(RuntimeError):

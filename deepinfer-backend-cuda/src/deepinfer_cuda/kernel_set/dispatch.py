@@ -20,12 +20,12 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, arch_for_capability
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.cubin import CubinFunction
 from deepinfer_cuda.kernel_set.manifest import (
     MANIFEST_NAME,
     KernelEntry,
     Manifest,
+    Variant,
     kernel_sources_digest,
     sha256_bytes,
     variant_key,
@@ -66,7 +66,7 @@ class KernelSet:
             return
         if manifest.kernel_sources != kernel_sources_digest():
             self.refusal = ("built from other kernel sources than this package's (deepinfer_cuda/kernels changed "
-                            "since; rebuild: python tools/build_kernel_set.py)")
+                            "since; rebuild: python -m deepinfer_cuda.kernel_set.build)")
             return
         self.manifest = manifest
         self.entries = {e.key: e for e in manifest.kernels}

@@ -43,6 +43,17 @@ def variant_key(kernel: str, arch: str, signature: dict[str, str], constexprs: d
     return f"{kernel}|{arch}|{sig}|{const}|w{num_warps}s{num_stages}"
 
 
+@dataclass(slots=True, frozen=True)
+class Variant:
+    """One specialization to compile: what :func:`.specialize.signature_of` yields for some live call (its
+    :func:`variant_key` names the cubin)."""
+
+    signature: dict[str, str]  #: runtime params in order: name -> "*bf16:D", "i32:D", "fp32", ...
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 1
+
+
 @dataclass(slots=True)
 class KernelEntry:
     """One cubin: a kernel compiled for one arch and one specialization."""

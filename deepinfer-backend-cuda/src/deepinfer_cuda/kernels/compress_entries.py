@@ -27,9 +27,10 @@ from triton.language.extra import libdevice
 
 from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, compress_entries_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.compress_pool import _rounded
+from deepinfer_cuda.override import override
 
 #: (ratio, dim, overlap) compiled ahead of time: V4's CSA (ratio 4, series a | b) at head dim 512, its indexer's
 #: compressor at 128, HCA (ratio 128); rope dim 64 throughout.
@@ -117,8 +118,6 @@ def _entry(window_ptr, previous_ptr, has_prev_ptr, bias_ptr, weight_ptr, pos_ptr
     tl.store(row_ptr + cols, _rounded(entry, dtype, INTERPRETED).to(dtype), mask=cols < DIM)
 
 
-
-
 @triton.jit
 def _compress_entries_kernel(window_ptr, previous_ptr, has_prev_ptr, needed_ptr, bias_ptr, weight_ptr, pos_ptr,
                              inv_freq_ptr, out_ptr, eps, scaling, R: tl.constexpr, DIM: tl.constexpr,
@@ -176,6 +175,15 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("compress_entries", _compress_entries_kernel, _aot_variants)
 
 
+def covers(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
+           position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
+           inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None) -> bool:
+    """An even entry width (each program splits its row into pairs) whose rope channels fit one tile."""
+    width = position_bias.shape[-1]
+    dim = width // 2 if previous is not None else width
+    return dim % 2 == 0 and coverage.rope_fits(inv_freq, dim)
+
+
 def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
             position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
             inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None, *,
@@ -185,7 +193,7 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
     overlap = previous is not None
     width = position_bias.shape[-1]
     dim = width // 2 if overlap else width
-    if not coverage.compress_entries(window, previous, has_previous, position_bias, norm_weight, eps, positions,
+    if not covers(window, previous, has_previous, position_bias, norm_weight, eps, positions,
                                      inv_freq, rope_scaling, needed):  # each program splits its row into pairs
         raise ValueError(f"compress_entries: an even entry width with a power-of-two count of rope pairs at most "
                          f"half of it expected, got width {dim} and {inv_freq.numel()} pairs")
@@ -208,6 +216,8 @@ def prepare(window: torch.Tensor, previous: torch.Tensor | None, has_previous: t
     return Launch((n,), cfg, args, out)
 
 
+# batch-invariant: one program per window
+@override("compress_entries", coverage=covers, batch_invariant=True, aot=(KERNEL,))
 def compress_entries(window: torch.Tensor, previous: torch.Tensor | None, has_previous: torch.Tensor | None,
                      position_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
                      inv_freq: torch.Tensor, rope_scaling: float, needed: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,8 +13,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, compress_pool_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: (slots, channels) compiled ahead of time: CSA (ratio 4: 2 x 4 slots), V4.1's ratios 2 and 1 (4 and 2 slots),
 #: HCA (ratio 128), at head_dim 512 and the indexer's 128.
@@ -82,6 +83,8 @@ def prepare(kv: torch.Tensor, score: torch.Tensor, *, arch: CudaArch) -> Launch:
     return Launch((windows, triton.cdiv(dim, block_c)), cfg, args, out)
 
 
+# batch-invariant: one program per window; checked on an H200
+@override("compress_pool", batch_invariant=True, aot=(KERNEL,))
 def compress_pool(kv: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
     """Pooled entries [W, C] in kv.dtype of kv [W, S, C] weighted by a per-channel softmax of score [W, S, C]."""
     index, arch = cuda_target(kv)

@@ -19,9 +19,10 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, engram_gate_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import _f32
+from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4.1-Flash (4 x 5120).
 AOT_SHAPES = ((4, 5120),)
@@ -94,6 +95,8 @@ def prepare(streams: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_wei
     return Launch((tokens, n), cfg, args, out)
 
 
+# batch-invariant: per token; by construction (not yet checked on an H200)
+@override("engram_gate", batch_invariant=True, aot=(KERNEL,))
 def engram_gate(streams: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_weight: torch.Tensor,
                 k_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The streams [T, S, D] plus the Engram value [T, D], gated per stream by its key [T, S, D]; streams' dtype."""

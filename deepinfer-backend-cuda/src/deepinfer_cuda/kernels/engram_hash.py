@@ -19,8 +19,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, engram_hash_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: (look-back width N = max n-gram size, hash heads) compiled ahead of time: V4.1-Flash's defaults (4, 8).
 AOT_SHAPES = ((4, 8),)
@@ -86,6 +87,8 @@ def prepare(lookback: torch.Tensor, multipliers: torch.Tensor, primes: torch.Ten
     return Launch((triton.cdiv(tokens, cfg.block_rows),), cfg, args, out)
 
 
+# batch-invariant: per token; by construction (not yet checked on an H200)
+@override("engram_hash", batch_invariant=True, aot=(KERNEL,))
 def engram_hash(lookback: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor,
                 offsets: torch.Tensor) -> torch.Tensor:
     """Table rows [T, C] int64 of each token's n-grams from its look-back compressed ids [T, N] int64."""

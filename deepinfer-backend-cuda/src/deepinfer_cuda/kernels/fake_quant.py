@@ -25,8 +25,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, fake_quant_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch
+from deepinfer_cuda.kernel_set.manifest import Variant
 
 #: FORMAT constexpr: FP8 with a ue8m0 scale, FP4 with an e4m3 scale, FP4 with a ue8m0 scale.
 FP8_UE8M0, FP4_E4M3, FP4_UE8M0 = 0, 1, 2

@@ -14,6 +14,7 @@ from deepinfer.ops.fake_quant import ScaleFormat
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.fake_quant import FP4_E4M3, FP4_UE8M0, aot_variants, fake_quant_kernel, plan_fake_quant
+from deepinfer_cuda.override import override
 
 #: libdevice's rint has no interpreter implementation; the interpreter test turns this on.
 INTERPRETED = False
@@ -34,6 +35,8 @@ def prepare(x: torch.Tensor, block: int, scale_format: ScaleFormat, *, arch: Cud
     return plan_fake_quant(x, block, FORMATS[scale_format], arch=arch, interpreted=INTERPRETED)
 
 
+# batch-invariant: per block; by construction (not yet checked on an H200)
+@override("fp4_e2m1_fake_quant", batch_invariant=True, aot=(KERNEL,))
 def fp4_e2m1_fake_quant(x: torch.Tensor, block: int, scale_format: ScaleFormat) -> torch.Tensor:
     """x [..., D] rounded to FP4 e2m1 with one ``scale_format`` scale per ``block`` channels and back; x's dtype."""
     index, arch = cuda_target(x)

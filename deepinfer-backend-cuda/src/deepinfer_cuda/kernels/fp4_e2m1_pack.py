@@ -13,6 +13,7 @@ from deepinfer.ops.fake_quant import ScaleFormat
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.kv_pack import SCALE_FORMATS, _pack_kernel, pack_variants, plan_pack
+from deepinfer_cuda.override import override
 
 #: libdevice's rint has no interpreter implementation; the interpreter test turns this on.
 INTERPRETED = False
@@ -25,6 +26,8 @@ def prepare(x: torch.Tensor, block: int, scale_format: ScaleFormat, *, arch: Cud
     return plan_pack(x, block, SCALE_FORMATS[scale_format], arch=arch, interpreted=INTERPRETED)
 
 
+# batch-invariant: per block
+@override("fp4_e2m1_pack", batch_invariant=True, aot=(KERNEL,))
 def fp4_e2m1_pack(x: torch.Tensor, block: int, scale_format: ScaleFormat) -> torch.Tensor:
     """x [..., D] -> packed rows [..., D / 2 + D / block] uint8."""
     index, arch = cuda_target(x)

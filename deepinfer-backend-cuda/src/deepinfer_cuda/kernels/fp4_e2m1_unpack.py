@@ -13,6 +13,7 @@ from deepinfer.ops.fake_quant import ScaleFormat
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.kv_pack import SCALE_FORMATS, _unpack_kernel, plan_unpack, unpack_variants
+from deepinfer_cuda.override import override
 
 KERNEL = TritonKernel("fp4_e2m1_unpack", _unpack_kernel, functools.partial(unpack_variants, fmt_kind="fp4"))
 
@@ -24,6 +25,8 @@ def prepare(packed: torch.Tensor, block: int, scale_format: ScaleFormat, dtype: 
     return plan_unpack(packed, block, SCALE_FORMATS[scale_format], dtype, arch=arch)
 
 
+# batch-invariant: per block
+@override("fp4_e2m1_unpack", batch_invariant=True, aot=(KERNEL,))
 def fp4_e2m1_unpack(packed: torch.Tensor, block: int, scale_format: ScaleFormat, dtype: torch.dtype
                     ) -> torch.Tensor:
     """Packed rows [..., D / 2 + D / block] uint8 -> values [..., D] in ``dtype``."""

@@ -11,7 +11,7 @@ grouped form (``fp8_block_grouped_linear.py``) is the same kernel with a group a
   scale block's partial sum of ``x * code`` is scaled once per (row, block) instead of once per weight; fp32
   scales (and fp16 activations, whose range could round ``code * s``) take the reference's route per weight,
   ``code * s`` rounded to x's dtype.  Three tile forms (``arch.fp8_linear_config``, tuned by
-  ``tools/sweep_quant_decode.py``): one row at a time with FMAs over [block_n, block_k] byte tiles (``row_loop``:
+  ``tools/sweep/quant_decode.py``): one row at a time with FMAs over [block_n, block_k] byte tiles (``row_loop``:
   decode's single row, where a 16-row ``tl.dot`` would waste 15 rows), or 16-row ``tl.dot`` tiles of one scale
   block each (``SUB``); either optionally split along K (``split_k``) into fp32 partials that
   ``split_k_sum.py`` adds in split order (deterministic), so narrow projections (1536..5120 columns) still give
@@ -51,13 +51,14 @@ from deepinfer_cuda.arch import (
     fp8_act_quant_config,
     fp8_linear_config,
 )
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels import fp8_block_linear_mx, split_k_sum
 from deepinfer_cuda.kernels.fake_quant import _round_to_grid
 from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_code as _e4m3_code
 from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_value as _e4m3_value
 from deepinfer_cuda.kernels.split_k_sum import to_dtype
+from deepinfer_cuda.override import override
 
 #: The interpreter test turns this on (fp32 products, integer decoding of the codes, rounding by hand).
 INTERPRETED = False
@@ -315,9 +316,9 @@ def _weight_block(const: dict[str, object]) -> list[int]:
     return [rows, cols]
 
 
-def aot_split_counts(arch: CudaArch) -> set[int]:
-    """The split counts of the AOT decode tiles (``split_k_sum.py`` compiles one variant each)."""
-    return {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)}
+def _split_sum_variants(arch: CudaArch) -> list[Variant]:
+    """One split-K sum per split count of the AOT decode tiles."""
+    return split_k_sum.variants(arch, {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)})
 
 
 def _gemm_variants(arch: CudaArch) -> list[Variant]:
@@ -360,6 +361,9 @@ def _mx_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("fp8_block_linear", _fp8_linear_kernel, _gemm_variants)
 MX_KERNEL = TritonKernel("fp8_block_linear_mx", fp8_block_linear_mx.mx_linear_kernel, _mx_variants)
 ACT_QUANT_KERNEL = TritonKernel("fp8_act_quant", _act_quant_kernel, _act_quant_variants)
+SPLIT_K_SUM_KERNEL = TritonKernel("split_k_sum", split_k_sum.split_k_sum_kernel, _split_sum_variants)
+#: Every kernel a GEMM of this module (or the grouped one) launches.
+KERNELS = (KERNEL, MX_KERNEL, ACT_QUANT_KERNEL, SPLIT_K_SUM_KERNEL)
 
 
 def _scale_bytes(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -427,7 +431,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
                   dict(x_ptr=a, xs_ptr=xs, w_ptr=w_arg, ws_ptr=ws, y_ptr=out, M=m, **const), result)
     steps.append((KERNEL, gemm))
     if split > 1:
-        steps.append((split_k_sum.KERNEL, split_k_sum.plan(out, y, arch=arch, interpreted=interpreted)))
+        steps.append((SPLIT_K_SUM_KERNEL, split_k_sum.plan(out, y, arch=arch, interpreted=interpreted)))
     return LaunchChain(steps, lambda: result)
 
 
@@ -437,15 +441,16 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n:
     return plan_gemm(x, weight, scale, block_n, block_k, 1, arch=arch, interpreted=INTERPRETED)
 
 
-def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int
-                     ) -> torch.Tensor:
-    """``x @ (weight * scale)^T`` [..., N] in x's dtype."""
-    index, arch = cuda_target(x)
-    return prepare(x, weight, scale, block_n, block_k, arch=arch).run(index)
-
-
 def fp8_block_linear_fixed_tiles(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
                                  block_k: int) -> torch.Tensor:
     """:func:`fp8_block_linear` with the weight-only regime for every batch (the batch-invariant table's)."""
     index, arch = cuda_target(x)
     return plan_gemm(x, weight, scale, block_n, block_k, 1, arch=arch, interpreted=INTERPRETED, fixed=True).run(index)
+
+
+@override("fp8_block_linear", batch_invariant=fp8_block_linear_fixed_tiles, aot=KERNELS)
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int
+                     ) -> torch.Tensor:
+    """``x @ (weight * scale)^T`` [..., N] in x's dtype."""
+    index, arch = cuda_target(x)
+    return prepare(x, weight, scale, block_n, block_k, arch=arch).run(index)

@@ -12,6 +12,7 @@ import torch
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.fake_quant import FP8_UE8M0, aot_variants, fake_quant_kernel, plan_fake_quant
+from deepinfer_cuda.override import override
 
 #: libdevice's rint has no interpreter implementation; the interpreter test turns this on.
 INTERPRETED = False
@@ -28,6 +29,8 @@ def prepare(x: torch.Tensor, block: int, *, arch: CudaArch) -> Launch:
     return plan_fake_quant(x, block, FP8_UE8M0, arch=arch, interpreted=INTERPRETED)
 
 
+# batch-invariant: per block; by construction (not yet checked on an H200)
+@override("fp8_e4m3_fake_quant", batch_invariant=True, aot=(KERNEL,))
 def fp8_e4m3_fake_quant(x: torch.Tensor, block: int) -> torch.Tensor:
     """x [..., D] rounded to FP8 e4m3 with a power-of-two scale per ``block`` channels and back; x's dtype."""
     index, arch = cuda_target(x)

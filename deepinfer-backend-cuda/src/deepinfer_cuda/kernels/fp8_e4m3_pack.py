@@ -13,6 +13,7 @@ from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.fake_quant import FP8_UE8M0
 from deepinfer_cuda.kernels.kv_pack import _pack_kernel, pack_variants, plan_pack
+from deepinfer_cuda.override import override
 
 #: libdevice's rint has no interpreter implementation; the interpreter test turns this on.
 INTERPRETED = False
@@ -23,6 +24,8 @@ def prepare(x: torch.Tensor, block: int, *, arch: CudaArch) -> Launch:
     return plan_pack(x, block, FP8_UE8M0, arch=arch, interpreted=INTERPRETED)
 
 
+# batch-invariant: per block
+@override("fp8_e4m3_pack", batch_invariant=True, aot=(KERNEL,))
 def fp8_e4m3_pack(x: torch.Tensor, block: int) -> torch.Tensor:
     """x [..., D] -> packed rows [..., D + D / block] uint8."""
     index, arch = cuda_target(x)

@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_collapse_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4.1-Flash (4 x 5120), V4 (4 x 4096).
 AOT_SHAPES = ((4, 5120), (4, 4096))
@@ -67,6 +68,8 @@ def prepare(streams: torch.Tensor, pre: torch.Tensor, *, arch: CudaArch) -> Laun
     return Launch((tokens, triton.cdiv(dim, const["BLOCK_D"])), cfg, args, out)
 
 
+# batch-invariant: row-local, tiles from the model dims; by construction (not yet checked on an H200)
+@override("hc_collapse", batch_invariant=True, aot=(KERNEL,))
 def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """``sum_k pre[k] * streams[k]`` [T, D] in streams.dtype; streams [T, N, D], pre [T, N] fp32."""
     index, arch = cuda_target(streams)

@@ -16,8 +16,9 @@ import triton.language as tl
 
 from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_post_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
 AOT_SHAPES = ((4, 4096), (4, 5120))
@@ -63,11 +64,16 @@ def _aot_variants(arch: CudaArch) -> list[Variant]:
 KERNEL = TritonKernel("hc_post", _hc_post_kernel, _aot_variants)
 
 
+def covers(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> bool:
+    """The streams are one tile: a power-of-two count."""
+    return coverage.is_pow2(streams.shape[1])
+
+
 def prepare(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, *,
             arch: CudaArch) -> Launch:
     """Plan ``hc_post(...)`` for ``arch``: output allocated, arguments built, nothing launched."""
     tokens, n, dim = streams.shape
-    if not coverage.hc_post(out, streams, post, comb):
+    if not covers(out, streams, post, comb):
         raise ValueError(f"hc_post: {n} streams; the kernel needs a power of two (the op table runs core's "
                          "reference for other counts)")
     out, streams = out.contiguous(), streams.contiguous()
@@ -79,6 +85,7 @@ def prepare(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
     return Launch((tokens, triton.cdiv(dim, const["BLOCK_D"])), cfg, args, y)
 
 
+@override("hc_post", coverage=covers, aot=(KERNEL,))
 def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """New streams [T, N, D] after a sublayer; out [T, D], streams [T, N, D], post [T, N] fp32, comb [T, N, N] fp32."""
     index, arch = cuda_target(streams)

@@ -31,8 +31,9 @@ import triton.language as tl
 
 from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, HcPreTier, HcPreTiles, hc_pre_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
 AOT_SHAPES = ((4, 4096), (4, 5120))
@@ -357,13 +358,19 @@ SINGLE_PASS_KERNEL = TritonKernel("hc_pre_single_pass", _hc_pre_finish_kernel,
                                   functools.partial(_aot_variants, which="finish", single_pass=True))
 
 
+def covers(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+           hc_eps: float, sinkhorn_iters: int) -> bool:
+    """The streams are one tile (a power-of-two count; 1, 2, 4 and 8 ran on an H200); one Sinkhorn round or more."""
+    return coverage.is_pow2(streams.shape[1]) and sinkhorn_iters >= 1
+
+
 def plan_hc_pre(streams: torch.Tensor, previous_pre: torch.Tensor | None, fn: torch.Tensor, base: torch.Tensor,
                 scale: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch,
                 tiles: HcPreTiles | None, interpreted: bool) -> LaunchChain:
     """Both kernels' launches; ``previous_pre`` [T, N] given: the single-pass form (the finish collapses with it and
     also writes this site's pre).  The chain's result: (collapsed, post, comb), or (collapsed, pre, post, comb)."""
     tokens, n, dim = streams.shape
-    if not coverage.hc_pre(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
+    if not covers(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters):
         raise ValueError(f"hc_pre: needs a power-of-two stream count (got {n}) and sinkhorn_iters >= 1 (got "
                          f"{sinkhorn_iters}); the op table runs core's reference for other inputs")
     streams = streams.contiguous()
@@ -399,11 +406,13 @@ def plan_hc_pre(streams: torch.Tensor, previous_pre: torch.Tensor | None, fn: to
 def prepare(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
             hc_eps: float, sinkhorn_iters: int, *, arch: CudaArch, tiles: HcPreTiles | None = None) -> LaunchChain:
     """Plan ``hc_pre(...)`` for ``arch``: outputs and workspaces allocated, arguments built, nothing launched.
-    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep_hc_pre.py times candidates this way)."""
+    ``tiles`` overrides ``arch.hc_pre_config`` (tools/sweep/hc_pre.py times candidates this way)."""
     return plan_hc_pre(streams, None, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, arch=arch, tiles=tiles,
                        interpreted=INTERPRETED)
 
 
+# batch-invariant: a token's programs read only its streams, tiles from the model dims
+@override("hc_pre", coverage=covers, batch_invariant=True, aot=(MIX_KERNEL, KERNEL))
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
            hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(collapsed [T, D] in streams.dtype, post [T, N] fp32, comb [T, N, N] fp32) of one mHC site."""

@@ -13,7 +13,9 @@ import torch
 
 from deepinfer_cuda.arch import CudaArch, HcPreTiles
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, cuda_target
-from deepinfer_cuda.kernels.hc_pre import SINGLE_PASS_KERNEL, plan_hc_pre
+from deepinfer_cuda.kernels import hc_pre
+from deepinfer_cuda.kernels.hc_pre import MIX_KERNEL, SINGLE_PASS_KERNEL, plan_hc_pre
+from deepinfer_cuda.override import override
 
 #: Set by the CPU tests under Triton's interpreter (see ``hc_pre``'s mix kernel).
 INTERPRETED = False
@@ -28,6 +30,14 @@ def prepare(streams: torch.Tensor, previous_pre: torch.Tensor, fn: torch.Tensor,
                        tiles=tiles, interpreted=INTERPRETED)
 
 
+def covers(streams: torch.Tensor, previous_pre: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
+           scale: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int) -> bool:
+    """As ``hc_pre`` (the same kernels)."""
+    return hc_pre.covers(streams, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+
+
+# batch-invariant: hc_pre's kernels; by construction (not yet checked on an H200)
+@override("hc_pre_single_pass", coverage=covers, batch_invariant=True, aot=(MIX_KERNEL, SINGLE_PASS_KERNEL))
 def hc_pre_single_pass(streams: torch.Tensor, previous_pre: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
                        scale: torch.Tensor, norm_eps: float, hc_eps: float, sinkhorn_iters: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from deepinfer.ops.indexer import candidate_blocks
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.indexer_topk import KERNEL, PackedKeys, plan_scores, top_entries
+from deepinfer_cuda.override import override
 
 #: As ``indexer_topk.INTERPRETED`` (fp32 products under Triton's CPU interpreter), for this op.
 INTERPRETED = False
@@ -48,6 +49,7 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids:
                            topk_blocks, kernel=KERNEL, arch=arch, interpreted=INTERPRETED)
 
 
+@override("indexer_candidates", aot=(KERNEL,))
 def indexer_candidates(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
                        limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float, block_size: int,
                        topk_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops.fake_quant import ScaleFormat
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, cuda_target
 from deepinfer_cuda.kernels.indexer_candidates import plan_candidates
 from deepinfer_cuda.kernels.indexer_topk import PackedKeys
 from deepinfer_cuda.kernels.indexer_topk_packed import KERNEL
+from deepinfer_cuda.override import override
 
 #: As ``indexer_topk_packed.INTERPRETED``, for this op.
 INTERPRETED = False
@@ -32,6 +34,13 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key
                            topk_blocks, kernel=KERNEL, arch=arch, interpreted=INTERPRETED)
 
 
+def covers(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor, key_block: int,
+           key_scale_format: str, seq_ids: torch.Tensor, limits: torch.Tensor, topk: int, softmax_scale: float,
+           weights_scale: float, block_size: int, topk_blocks: int) -> bool:
+    return coverage.packed_keys_fit(q, key_block)
+
+
+@override("indexer_candidates_packed", coverage=covers, aot=(KERNEL,))
 def indexer_candidates_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor,
                               key_rows: torch.Tensor, key_block: int, key_scale_format: ScaleFormat,
                               seq_ids: torch.Tensor, limits: torch.Tensor, topk: int, softmax_scale: float,

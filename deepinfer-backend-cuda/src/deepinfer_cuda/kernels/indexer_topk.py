@@ -23,9 +23,10 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, indexer_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.packed_rows import fp4_row_values
+from deepinfer_cuda.override import override
 
 #: (index heads, index head dim) compiled ahead of time: V4-Flash 64 x 128, V4.1-Flash 32 x 128.
 AOT_SHAPES = ((64, 128), (32, 128))
@@ -192,6 +193,7 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids:
     return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
+@override("indexer_topk", aot=(KERNEL,))
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,

@@ -13,9 +13,10 @@ import torch
 import triton
 
 from deepinfer_cuda.arch import CudaArch
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.indexer_topk import aot_variants, index_scores_kernel, plan_scores, top_entries
+from deepinfer_cuda.override import override
 
 #: As ``indexer_topk.INTERPRETED`` (fp32 products under Triton's CPU interpreter), for this op.
 INTERPRETED = False
@@ -47,6 +48,7 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids:
     return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
+@override("indexer_topk_in_blocks", aot=(KERNEL,))
 def indexer_topk_in_blocks(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
                            limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float,
                            blocks: torch.Tensor, block_size: int) -> torch.Tensor:

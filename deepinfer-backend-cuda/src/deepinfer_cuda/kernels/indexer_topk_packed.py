@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops.fake_quant import ScaleFormat
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.indexer_topk import PackedKeys, aot_variants, index_scores_kernel, plan_scores, top_entries
+from deepinfer_cuda.override import override
 
 #: (index heads, index head dim) compiled ahead of time: V4.1-Flash 32 x 128, keys FP4 + ue8m0 per 32 (68 B).
 AOT_SHAPES = ((32, 128),)
@@ -42,6 +44,13 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key
     return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
+def covers(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor, key_block: int,
+           key_scale_format: str, seq_ids: torch.Tensor, limits: torch.Tensor, topk: int, softmax_scale: float,
+           weights_scale: float) -> bool:
+    return coverage.packed_keys_fit(q, key_block)
+
+
+@override("indexer_topk_packed", coverage=covers, aot=(KERNEL,))
 def indexer_topk_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor,
                         key_block: int, key_scale_format: ScaleFormat, seq_ids: torch.Tensor, limits: torch.Tensor,
                         topk: int, softmax_scale: float, weights_scale: float) -> torch.Tensor:

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, fake_quant_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import _CONSTANTS, FP4_E4M3, FP4_UE8M0, FP8_UE8M0, _pow2_ceil, _round_to_grid
 from deepinfer_cuda.kernels.fp8_block_linear import _e4m3_code, _e4m3_value
 

@@ -32,9 +32,11 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_batch_invariant_config, moe_combine_config, moe_experts_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels import moe_routing
 from deepinfer_cuda.kernels.moe_routing import expert_blocks, plan  # noqa: F401  (expert_blocks: re-exported)
+from deepinfer_cuda.override import override
 
 #: (hidden, intermediate, top-k) compiled ahead of time: V4-Flash (4096, 2048) and V4.1-Flash (5120, 2304) at top-6,
 #: and at top-7: the V4 model runs its shared expert as one more slot per token; V4.1-Flash's DSpark drafter at top-3.
@@ -284,13 +286,6 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     return LaunchChain(steps, lambda: out)
 
 
-def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                swiglu_limit: float | None) -> torch.Tensor:
-    """Routed experts [T, H]: x [T, H]; ids [T, k] int64; weights [T, k] fp32; w13 [E, 2I, H]; w2 [E, H, I]."""
-    index, arch = cuda_target(x)
-    return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch).run(index)
-
-
 def moe_experts_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                             w2: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
     """:func:`moe_experts` with one tile configuration for every batch (the batch-invariant table's: the combine
@@ -299,3 +294,12 @@ def moe_experts_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.T
     index, arch = cuda_target(x)
     tiles = moe_batch_invariant_config(arch, x.shape[1], w13.shape[1] // 2, x.element_size())
     return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch, tiles=tiles).run(index)
+
+
+@override("moe_experts", batch_invariant=moe_experts_fixed_tiles,
+          aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL))
+def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                swiglu_limit: float | None) -> torch.Tensor:
+    """Routed experts [T, H]: x [T, H]; ids [T, k] int64; weights [T, k] fp32; w13 [E, 2I, H]; w2 [E, H, I]."""
+    index, arch = cuda_target(x)
+    return prepare(x, ids, weights, w13, w2, swiglu_limit, arch=arch).run(index)

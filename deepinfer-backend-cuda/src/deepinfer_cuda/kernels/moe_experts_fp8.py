@@ -27,8 +27,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deepinfer.ops.quant import scale_values
 from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_combine_config, moe_fp8_batch_invariant_config, moe_fp8_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels import moe_routing
 from deepinfer_cuda.kernels.fp8_block_linear import _code_values, _weight_scale
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
@@ -41,6 +42,7 @@ from deepinfer_cuda.kernels.moe_experts import (
 )
 from deepinfer_cuda.kernels.moe_routing import plan
 from deepinfer_cuda.kernels.split_k_sum import to_dtype
+from deepinfer_cuda.override import override
 
 #: The interpreter test turns this on (integer decoding of the codes, fp32 products, rounding by hand).
 INTERPRETED = False
@@ -251,16 +253,6 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     return LaunchChain(steps, lambda: out)
 
 
-def moe_experts_fp8(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, block_n: int, block_k: int,
-                    swiglu_limit: float | None) -> torch.Tensor:
-    """Routed experts [T, H]: x [T, H]; ids [T, k]; weights [T, k] fp32; w13 [E, 2I, H] e4m3 + scales
-    [E, 2I/bn, H/bk]; w2 [E, H, I] e4m3 + scales [E, H/bn, I/bk] (ceilings)."""
-    index, arch = cuda_target(x)
-    return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, block_n, block_k, swiglu_limit,
-                   arch=arch).run(index)
-
-
 def moe_experts_fp8_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                                 w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, block_n: int,
                                 block_k: int, swiglu_limit: float | None) -> torch.Tensor:
@@ -269,3 +261,15 @@ def moe_experts_fp8_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: tor
     tiles = moe_fp8_batch_invariant_config(arch, x.shape[1], w13.shape[1] // 2, x.element_size())
     return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, block_n, block_k, swiglu_limit, arch=arch,
                    tiles=tiles).run(index)
+
+
+@override("moe_experts_fp8", batch_invariant=moe_experts_fp8_fixed_tiles,
+          aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, COMBINE_KERNEL))
+def moe_experts_fp8(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, block_n: int, block_k: int,
+                    swiglu_limit: float | None) -> torch.Tensor:
+    """Routed experts [T, H]: x [T, H]; ids [T, k]; weights [T, k] fp32; w13 [E, 2I, H] e4m3 + scales
+    [E, 2I/bn, H/bk]; w2 [E, H, I] e4m3 + scales [E, H/bn, I/bk] (ceilings)."""
+    index, arch = cuda_target(x)
+    return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, block_n, block_k, swiglu_limit,
+                   arch=arch).run(index)

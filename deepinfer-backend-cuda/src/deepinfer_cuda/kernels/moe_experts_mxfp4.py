@@ -41,9 +41,10 @@ from deepinfer_cuda.arch import (
     moe_mxfp4_batch_invariant_config,
     moe_mxfp4_config,
 )
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels import moe_experts_mxfp4_scaled as scaled
+from deepinfer_cuda.kernels import moe_routing
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -55,6 +56,7 @@ from deepinfer_cuda.kernels.moe_experts import (
     program_block,
 )
 from deepinfer_cuda.kernels.moe_routing import plan
+from deepinfer_cuda.override import override
 
 #: The interpreter test turns this on (fp32 products, rounding by hand; see moe_experts.py).
 INTERPRETED = False
@@ -332,15 +334,6 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     return LaunchChain(steps, lambda: out)
 
 
-def moe_experts_mxfp4(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
-                      w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                      swiglu_limit: float | None) -> torch.Tensor:
-    """Routed experts [T, H]: x [T, H]; ids [T, k]; weights [T, k] fp32; w13 [E, 2I, H/2] + scales [E, 2I, H/32];
-    w2 [E, H, I/2] + scales [E, H, I/32]."""
-    index, arch = cuda_target(x)
-    return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch).run(index)
-
-
 def moe_experts_mxfp4_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                                   w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                                   swiglu_limit: float | None) -> torch.Tensor:
@@ -348,3 +341,14 @@ def moe_experts_mxfp4_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: t
     index, arch = cuda_target(x)
     tiles = moe_mxfp4_batch_invariant_config(arch, x.shape[1], w13.shape[1] // 2, x.element_size())
     return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch, tiles=tiles).run(index)
+
+
+@override("moe_experts_mxfp4", batch_invariant=moe_experts_mxfp4_fixed_tiles,
+          aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, scaled.UP_KERNEL, scaled.DOWN_KERNEL, COMBINE_KERNEL))
+def moe_experts_mxfp4(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                      w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                      swiglu_limit: float | None) -> torch.Tensor:
+    """Routed experts [T, H]: x [T, H]; ids [T, k]; weights [T, k] fp32; w13 [E, 2I, H/2] + scales [E, 2I, H/32];
+    w2 [E, H, I/2] + scales [E, H, I/32]."""
+    index, arch = cuda_target(x)
+    return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch).run(index)

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, Mxfp4Tiles, moe_mxfp4_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,

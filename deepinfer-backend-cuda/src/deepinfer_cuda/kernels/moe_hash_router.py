@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels.moe_router import aot_variants, moe_router_kernel, plan_routes
+from deepinfer_cuda.override import override
 
 #: As ``moe_router.INTERPRETED`` (libdevice swapped for ``tl`` functions under Triton's CPU interpreter), for this op.
 INTERPRETED = False
@@ -34,6 +35,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, routed_sca
     return launch
 
 
+@override("moe_hash_router", aot=(KERNEL,))
 def moe_hash_router(
     x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, routed_scaling_factor: float, score_func: str
 ) -> torch.Tensor:

@@ -32,8 +32,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, moe_router_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: core's SCORE_FUNCS as the kernel's SCORE constexpr.
 SCORE_CODES = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
@@ -192,6 +193,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor, correction_bias: torch.Tensor
                        arch=arch, interpreted=INTERPRETED)
 
 
+@override("moe_router", aot=(KERNEL,))
 def moe_router(
     x: torch.Tensor,
     weight: torch.Tensor,

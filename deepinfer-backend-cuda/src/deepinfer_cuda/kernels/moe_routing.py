@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, MoePlanChunks, moe_plan_chunks_config, moe_plan_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
+from deepinfer_cuda.kernel_set.manifest import Variant
 
 #: Largest T*k planned by the one-program kernel (decode up to 170 tokens at top-6); larger calls use the
 #: three chunked kernels.
@@ -243,6 +243,10 @@ SCAN_KERNEL = TritonKernel("moe_experts_plan_scan", _moe_scan_kernel,
                            lambda arch: _aot_chunk_variants(arch, 1, _SCAN_SIG))
 SCATTER_KERNEL = TritonKernel("moe_experts_plan_scatter", _moe_scatter_kernel,
                               lambda arch: _aot_chunk_variants(arch, 2, _SCATTER_SIG))
+
+
+#: Every kernel of the routing plan (an MoE op launches one or the other path).
+KERNELS = (PLAN_KERNEL, COUNT_KERNEL, SCAN_KERNEL, SCATTER_KERNEL)
 
 
 def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:

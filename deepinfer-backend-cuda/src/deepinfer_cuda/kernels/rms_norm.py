@@ -13,8 +13,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: Row widths compiled ahead of time: V4 hidden 4096, q_lora 1024, head 512, indexer head 128,
 #: mHC's flattened 4 x 4096; V4.1 hidden 5120, q_lora 1280, 4 x 5120; 64 for small configs and tests.
@@ -90,6 +91,7 @@ def prepare(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, arch: C
     return Launch(grid, cfg, args, y.view(x.shape))
 
 
+@override("rms_norm", aot=(KERNEL,))
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim in fp32, returned in ``x.dtype``; x [..., D], weight [D] or None."""
     index, arch = cuda_target(x)

@@ -24,11 +24,13 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_rope_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import NO_QUANT, quant_constants, quantize_rows
 from deepinfer_cuda.kernels.rope import rope_pairs
+from deepinfer_cuda.override import override
 
 #: (head_dim, rope_dim, heads) compiled ahead of time: V4 queries (64 heads, unweighted) and the K=V latent (1,
 #: fp32 weight) at head_dim 512; the lightning indexer's 128 (queries and keys) in case it fuses too.
@@ -153,6 +155,13 @@ def plan_rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     return Launch((triton.cdiv(n_rows, cfg.block_rows) if dim else 0,), cfg, args, y)
 
 
+def covers(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor, inv_freq: torch.Tensor,
+           attention_scaling: float = 1.0) -> bool:
+    return coverage.rope_fits(inv_freq, x.shape[-1])
+
+
+# batch-invariant: row-local (the window K=V's norm + rope), tiles from the model dims
+@override("rms_norm_rope", coverage=covers, batch_invariant=True, aot=(KERNEL,))
 def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
                   inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> torch.Tensor:
     """RMSNorm over the last dim of x [T, D] or [T, H, D], rounded to x's dtype, then RoPE on its last

@@ -17,6 +17,7 @@ from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels import rms_norm_rope as base
 from deepinfer_cuda.kernels.fake_quant import FP8_UE8M0
+from deepinfer_cuda.override import override
 
 #: libdevice's rint has no interpreter implementation; the interpreter tests turn this on.
 INTERPRETED = False
@@ -31,6 +32,11 @@ def _aot_variants(arch: CudaArch) -> list:
 KERNEL = TritonKernel("rms_norm_rope_fp8_e4m3_fake_quant", base.KERNEL.jit_fn, _aot_variants)
 
 
+def covers(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor, inv_freq: torch.Tensor,
+           attention_scaling: float, block: int) -> bool:
+    return coverage.quant_block_fits(block, inv_freq, x.shape[-1])
+
+
 def quantizes(x: torch.Tensor, block: int) -> bool:
     """Whether the call quantizes (the row is whole blocks) and so runs this kernel, not ``rms_norm_rope``'s."""
     return x.shape[-1] % block == 0
@@ -39,7 +45,7 @@ def quantizes(x: torch.Tensor, block: int) -> bool:
 def prepare(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
             inv_freq: torch.Tensor, attention_scaling: float, block: int, *, arch: CudaArch) -> Launch:
     """Plan the fused op for ``arch``: output allocated, arguments built, nothing launched."""
-    if not coverage.rms_norm_rope_fp8_e4m3_fake_quant(x, weight, eps, positions, inv_freq, attention_scaling, block):
+    if not covers(x, weight, eps, positions, inv_freq, attention_scaling, block):
         raise ValueError(f"rms_norm_rope_fp8_e4m3_fake_quant: block {block} (a power of two dividing the "
                          f"{2 * inv_freq.numel()} rope channels) and rope pairs that fit {x.shape[-1]} channels "
                          "expected")
@@ -48,6 +54,8 @@ def prepare(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions:
                                    op="rms_norm_rope_fp8_e4m3_fake_quant")
 
 
+# batch-invariant: rms_norm_rope's kernel, quantized per block; by construction (not yet checked on an H200)
+@override("rms_norm_rope_fp8_e4m3_fake_quant", coverage=covers, batch_invariant=True, aot=(KERNEL,))
 def rms_norm_rope_fp8_e4m3_fake_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                                       positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float,
                                       block: int) -> torch.Tensor:

@@ -21,9 +21,10 @@ from triton.language.extra import libdevice
 
 from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rope_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import NO_QUANT, quant_constants, quantize_rows
+from deepinfer_cuda.override import override
 
 #: (head_dim, rope_dim, heads) compiled ahead of time: V4 queries (64 heads) and the shared K=V latent (1)
 #: at head_dim 512, the lightning indexer's queries (64 heads) and keys (1) at 128; rope_dim 64 throughout.
@@ -139,6 +140,12 @@ def plan_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, 
     return Launch((tokens, triton.cdiv(heads, const["BLOCK_H"])), cfg, args, y)
 
 
+def covers(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+           inverse: bool = False) -> bool:
+    return coverage.rope_fits(inv_freq, x.shape[-1])
+
+
+@override("rope", coverage=covers, aot=(KERNEL,))
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
          inverse: bool = False) -> torch.Tensor:
     """Rotate the last ``2 * len(inv_freq)`` channels of x [T, D] or [T, H, D] by position; returns a new tensor."""

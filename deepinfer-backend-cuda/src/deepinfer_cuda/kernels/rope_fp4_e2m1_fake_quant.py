@@ -16,6 +16,7 @@ from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernels import rope as base
 from deepinfer_cuda.kernels.fake_quant import FP4_E4M3, FP4_UE8M0
+from deepinfer_cuda.override import override
 
 #: libdevice's rint has no interpreter implementation; the interpreter tests turn this on.
 INTERPRETED = False
@@ -33,6 +34,11 @@ def _aot_variants(arch: CudaArch) -> list:
 KERNEL = TritonKernel("rope_fp4_e2m1_fake_quant", base.KERNEL.jit_fn, _aot_variants)
 
 
+def covers(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float, block: int,
+           scale_format: str) -> bool:
+    return coverage.quant_block_fits(block, inv_freq, x.shape[-1])
+
+
 def quantizes(x: torch.Tensor, block: int) -> bool:
     """Whether the call quantizes (the row is whole blocks) and so runs this kernel, not ``rope``'s."""
     return x.shape[-1] % block == 0
@@ -43,7 +49,7 @@ def prepare(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, at
     """Plan the fused op for ``arch``: output allocated, arguments built, nothing launched."""
     if scale_format not in _FORMATS:
         raise ValueError(f"scale_format must be 'e4m3' or 'ue8m0', got {scale_format!r}")
-    if not coverage.rope_fp4_e2m1_fake_quant(x, positions, inv_freq, attention_scaling, block, scale_format):
+    if not covers(x, positions, inv_freq, attention_scaling, block, scale_format):
         raise ValueError(f"rope_fp4_e2m1_fake_quant: block {block} (a power of two dividing the "
                          f"{2 * inv_freq.numel()} rope channels) and rope pairs that fit {x.shape[-1]} channels "
                          "expected")
@@ -52,6 +58,7 @@ def prepare(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, at
                           op="rope_fp4_e2m1_fake_quant")
 
 
+@override("rope_fp4_e2m1_fake_quant", coverage=covers, aot=(KERNEL,))
 def rope_fp4_e2m1_fake_quant(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                              attention_scaling: float, block: int, scale_format: str) -> torch.Tensor:
     """RoPE, then FP4 e2m1 per ``block`` channels (e4m3 or ue8m0 scales), of x [T, D] or [T, H, D]."""

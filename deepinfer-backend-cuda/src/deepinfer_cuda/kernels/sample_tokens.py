@@ -24,8 +24,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from deepinfer_cuda.arch import CudaArch, sample_tokens_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.override import override
 
 #: Logits dtypes compiled ahead of time (the op takes fp32); sizes are runtime arguments, so one variant per dtype.
 AOT_DTYPES = ("fp32",)
@@ -125,6 +126,8 @@ def prepare(logits: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, ste
     return LaunchChain([(KERNEL, launch)], lambda: _winners(best_score, best_token))
 
 
+# batch-invariant: per row, fixed vocabulary chunks; checked on an H200
+@override("sample_tokens", batch_invariant=True, aot=(KERNEL,))
 def sample_tokens(logits: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """One token per row [N] int64 of fp32 logits [N, V]: argmax where ``greedy``, else the seeded race."""
     index, arch = cuda_target(logits)

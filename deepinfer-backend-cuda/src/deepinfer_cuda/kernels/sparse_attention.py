@@ -40,11 +40,13 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles, sparse_attention_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.packed_rows import load_packed_rows
 from deepinfer_cuda.kernels.rope import rope_pairs
+from deepinfer_cuda.override import override
 
 #: (heads, head_dim) compiled ahead of time: V4-Flash / V4.1-Flash 64 x 512, and 128 x 512 (V4-Pro width).
 AOT_SHAPES = ((64, 512), (128, 512))
@@ -354,13 +356,15 @@ def prepare(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: tor
     with ``positions`` and ``inv_freq``, ``sparse_attention_inverse_rope`` (the rotation in the epilogue).
 
     ``split`` forces a regime (tests); by default split-K runs when queries x head blocks leave most SMs idle.
-    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep_sparse_attention.py)."""
+    Either regime gives the same bits.  ``tiles`` overrides arch.py's (tools/sweep/sparse_attention.py)."""
     q = q.contiguous()
     pool: dict[str, object] = dict(kv_ptr=kv.to(q.dtype).contiguous(), entries_ptr=None, entry_base=0)
     return plan_attention(q, pool, PLAIN_POOL, indices, sinks, scale, positions, inv_freq, rope_scaling, arch=arch,
                           split=split, tiles=tiles, kernel=KERNEL)
 
 
+# batch-invariant: one program per query, fixed key chunks; checked on an H200
+@override("sparse_attention", batch_invariant=True, aot=(KERNEL, COMBINE_KERNEL))
 def sparse_attention(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -369,6 +373,15 @@ def sparse_attention(
     return prepare(q, kv, indices, sinks, scale, arch=arch).run(index)
 
 
+def inverse_rope_covers(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
+                        positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> bool:
+    """The rotation epilogue takes the rope channels as one tile."""
+    return coverage.rope_fits(inv_freq, q.shape[-1])
+
+
+# batch-invariant: sparse_attention's kernel, the rotation its epilogue; checked on an H200
+@override("sparse_attention_inverse_rope", coverage=inverse_rope_covers, batch_invariant=True,
+          aot=(KERNEL, COMBINE_KERNEL))
 def sparse_attention_inverse_rope(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float,
     positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,

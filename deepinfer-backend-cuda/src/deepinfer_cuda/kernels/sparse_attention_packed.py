@@ -16,10 +16,17 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops.fake_quant import ScaleFormat
+from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
-from deepinfer_cuda.kernels.sparse_attention import _sparse_attention_kernel, attention_variants, plan_attention
+from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.sparse_attention import (
+    COMBINE_KERNEL,
+    _sparse_attention_kernel,
+    attention_variants,
+    plan_attention,
+)
+from deepinfer_cuda.override import override
 
 #: (heads, head_dim) compiled ahead of time: V4.1-Flash 64 x 512 (and 128 x 512), with its 64 rope channels, its
 #: formats (SWA FP8 + ue8m0 per 32, latents FP4 + e4m3 per 16).
@@ -68,6 +75,18 @@ def prepare(q: torch.Tensor, rings: torch.Tensor, entries: torch.Tensor, entry_b
                           arch=arch, split=split, tiles=tiles, kernel=KERNEL, fp32_dot=INTERPRETED)
 
 
+def covers(q: torch.Tensor, rings: torch.Tensor, entries: torch.Tensor, entry_base: int, indices: torch.Tensor,
+           sinks: torch.Tensor, scale: float, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float,
+           ring_block: int, entry_block: int, entry_scale_format: str) -> bool:
+    """A packed row decodes as one power-of-two tile of channels (>= 32), in scale blocks of 16 or 32."""
+    dim = q.shape[-1]
+    return (coverage.rope_fits(inv_freq, dim) and coverage.is_pow2(dim) and dim >= 32 and ring_block in (16, 32)
+            and entry_block in (16, 32))
+
+
+# batch-invariant: sparse_attention's kernel (per query, fixed chunks), its rows decoded
+@override("sparse_attention_packed_inverse_rope", coverage=covers, batch_invariant=True,
+          aot=(KERNEL, COMBINE_KERNEL))
 def sparse_attention_packed_inverse_rope(
     q: torch.Tensor, rings: torch.Tensor, entries: torch.Tensor, entry_base: int, indices: torch.Tensor,
     sinks: torch.Tensor, scale: float, positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float,

@@ -3,7 +3,8 @@
 The GEMM's programs each write the fp32 partial product of their share of K to ``partial`` [S, n] (every element,
 so the workspace needs no clearing); this kernel adds the S partials of each element in the order s = 0, 1, ...,
 so the result does not depend on which program finished first (atomics would) and a CUDA graph replays it.
-Used by ``fp8_block_linear.py``'s decode tiles; not an op of its own.
+Used by ``fp8_block_linear.py``'s decode tiles, which name its AOT variants (their split counts); not an op of its
+own.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.arch import CudaArch, split_k_sum_config
-from deepinfer_cuda.kernel_set.compile import Variant
-from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
+from deepinfer_cuda.kernel_set.dispatch import Launch
+from deepinfer_cuda.kernel_set.manifest import Variant
 
 
 @triton.jit
@@ -27,7 +28,7 @@ def to_dtype(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n"])
-def _split_k_sum_kernel(part_ptr, y_ptr, n, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
+def split_k_sum_kernel(part_ptr, y_ptr, n, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
                         BLOCK: tl.constexpr):
     """y[i] = partial[0, i] + partial[1, i] + ... for i in [pid * BLOCK, +BLOCK)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -43,20 +44,11 @@ def constexprs(arch: CudaArch, split_k: int, interpreted: bool) -> dict[str, obj
 
 
 def variants(arch: CudaArch, splits: set[int]) -> list[Variant]:
-    """bf16 outputs for each split count in ``splits`` (the GEMM modules list theirs)."""
+    """bf16 outputs for each split count in ``splits`` (the GEMM module lists its own)."""
     config = split_k_sum_config(arch)
     sig = {"part_ptr": "*fp32:D", "y_ptr": "*bf16:D", "n": "i32"}
     return [Variant(sig, constexprs(arch, s, False), config.num_warps, config.num_stages)
             for s in sorted(splits) if s > 1]
-
-
-def _aot_variants(arch: CudaArch) -> list[Variant]:
-    from deepinfer_cuda.kernels.fp8_block_linear import aot_split_counts  # the GEMMs that use this kernel
-
-    return variants(arch, aot_split_counts(arch))
-
-
-KERNEL = TritonKernel("split_k_sum", _split_k_sum_kernel, _aot_variants)
 
 
 def plan(partial: torch.Tensor, y: torch.Tensor, *, arch: CudaArch, interpreted: bool) -> Launch:

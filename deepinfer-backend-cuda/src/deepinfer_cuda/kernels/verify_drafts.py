@@ -27,9 +27,10 @@ from triton.language.extra import libdevice
 
 from deepinfer.ops.speculative import ACCEPT_SALT, RESIDUAL_SALT
 from deepinfer_cuda.arch import CudaArch, verify_drafts_config
-from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
+from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.sample_tokens import _neg_log_uniform, _row_key, _token_hash
+from deepinfer_cuda.override import override
 
 #: Target dtypes compiled ahead of time (the op takes fp32); sizes are runtime arguments.
 AOT_DTYPES = ("fp32",)
@@ -254,6 +255,8 @@ def prepare(target: torch.Tensor, greedy: torch.Tensor, draft_tokens: torch.Tens
     return LaunchChain(steps_, lambda: (out, accepted))
 
 
+# batch-invariant: per request, vocabulary chunks reduced in chunk order; by construction (not yet checked on an H200)
+@override("verify_drafts", batch_invariant=True, aot=(STATS_KERNEL, KERNEL, PICK_KERNEL))
 def verify_drafts(target: torch.Tensor, greedy: torch.Tensor, draft_tokens: torch.Tensor,
                   draft_probs: torch.Tensor | None, num_drafts: torch.Tensor, seeds: torch.Tensor,
                   steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,10 +24,6 @@ class Backend:
     auto_priority: int | None = None
     #: torch.distributed backend for the communicator factory.
     dist_backend: str = "gloo"
-    #: Overridden ops that keep a row's result independent of the batch (proven per op by
-    #: ``deepinfer.testing.check_batch_invariance``); under ``DEEPINFER_BATCH_INVARIANT=1`` other overrides of
-    #: batched ops give way to core's batch-invariant references.
-    batch_invariant_ops: tuple[str, ...] = ()
 
     # --- availability -------------------------------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -35,6 +31,14 @@ class Backend:
         return None
 
     # --- ops ----------------------------------------------------------------------------------
+    @property
+    def batch_invariant_ops(self) -> tuple[str, ...]:
+        """Overridden ops that keep a row's result independent of the batch (proven per op by
+        ``deepinfer.testing.check_batch_invariance``); under ``DEEPINFER_BATCH_INVARIANT=1`` other overrides of
+        batched ops give way to core's batch-invariant references.  Read when the table is built, after
+        :meth:`load_ops`; a backend may set it as a class attribute (a tuple) instead."""
+        return ()
+
     def load_ops(self) -> Mapping[str, Callable[..., Any]]:
         """Return overrides of reference ops by op name.  Called once, after the availability check.
 

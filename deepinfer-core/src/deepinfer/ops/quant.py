@@ -6,9 +6,7 @@ import torch
 
 from deepinfer.ops.linear import embedding
 from deepinfer.ops.registry import OpSample, reference_op
-
-#: e2m1 code -> value (bit 3 is the sign).
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+from deepinfer.quant.formats import E2M1_VALUES
 
 
 def scale_values(scale: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from deepinfer.ops.moe import moe_experts, moe_experts_fixed_order
 from deepinfer.ops.quant import dequant_fp8_block, dequant_mxfp4
 from deepinfer.ops.registry import DEFAULT_TOLERANCES, OpSample, batch_invariant_reference, reference_op
 from deepinfer.ops.row_tiles import in_row_tiles
+from deepinfer.quant.quantize import quantize_fp8_block, quantize_mxfp4  # the samples' quantizers
 
 #: Half an ulp of e4m3 (3 mantissa bits), relative: what quantizing an activation to FP8 may change it by.
 FP8_ACTIVATION_ROUNDING = 2.0**-4
@@ -31,8 +32,6 @@ FP8_RMS_TOLERANCE = 0.05
 
 
 def _quantized(n: int, k: int, block: tuple[int, int], scale_format: str, gen: torch.Generator):
-    from deepinfer.quant.quantize import quantize_fp8_block  # the tests' quantizer (imports this package)
-
     w = torch.randn(n, k, generator=gen) * k**-0.5
     q = quantize_fp8_block(w, block, scale_format)
     return q.data, q.scale
@@ -112,8 +111,6 @@ def fp8_block_grouped_linear_in_tiles(x, weight, scale, block_n, block_k):
 
 
 def _mxfp4_experts_samples(dtype: torch.dtype, gen: torch.Generator):
-    from deepinfer.quant.quantize import quantize_mxfp4
-
     for rows, hidden, inter, experts, top_k in [(5, 64, 32, 4, 2), (33, 128, 64, 16, 6)]:
         x = (3 * torch.randn(rows, hidden, generator=gen)).to(dtype)
         ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(rows)])
@@ -162,8 +159,6 @@ def moe_experts_mxfp4_fixed_order(x, ids, weights, w13, w13_scale, w2, w2_scale,
 
 def _fp8_experts(w: torch.Tensor, block: tuple[int, int], scale_format: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Experts' weights [E, N, K] quantized one by one: (codes [E, N, K], scales [E, ceil(N/bn), ceil(K/bk)])."""
-    from deepinfer.quant.quantize import quantize_fp8_block
-
     q = [quantize_fp8_block(e, block, scale_format) for e in w]
     return torch.stack([e.data for e in q]), torch.stack([e.scale for e in q])
 

@@ -14,8 +14,6 @@ uses those forms.  ``deepinfer.testing.check_batch_invariance`` proves the prope
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -132,15 +130,29 @@ def batch_invariant_reference(op: str | Callable[..., Any]) -> Callable[[Callabl
     return register
 
 
-def _load_reference_ops() -> None:
-    """Import every module of :mod:`deepinfer.ops` so all reference ops are registered."""
-    import deepinfer.ops as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
-
-
-def op_defs() -> dict[str, OpDef]:
-    """All registered ops by name."""
-    _load_reference_ops()
+def registered() -> dict[str, OpDef]:
+    """The ops registered so far, by name.  :func:`deepinfer.ops.catalog.op_defs` is all of them: it loads every
+    op module first."""
     return dict(_REGISTRY)
+
+
+def assert_close(actual: Any, expected: Any, dtype: torch.dtype, tol: tuple[float, float], where: str) -> None:
+    """How an implementation's output is compared with its reference's unless the op registers a ``compare``:
+    recursively, floats within ``tol`` (atol, rtol), integers and bools exactly."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{where}: expected a tensor, got {type(actual).__name__}"
+        assert actual.shape == expected.shape, f"{where}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        assert actual.dtype == expected.dtype, f"{where}: dtype {actual.dtype} != {expected.dtype}"
+        actual = actual.detach().cpu()
+        if expected.is_floating_point():
+            atol, rtol = tol
+            torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol, equal_nan=True,
+                                       msg=lambda m: f"{where} ({dtype}): {m}")
+        else:
+            assert torch.equal(actual, expected), f"{where}: integer outputs differ"
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: structure differs"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_close(a, e, dtype, tol, f"{where}[{i}]")
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from deepinfer.ops.fake_quant import ScaleFormat, fp4_e2m1_fake_quant, fp8_e4m3_fake_quant
-from deepinfer.ops.registry import DEFAULT_TOLERANCES, OpSample, reference_op
+from deepinfer.ops.registry import DEFAULT_TOLERANCES, OpSample, assert_close, reference_op
 from deepinfer.ops.rope import rms_norm_rope, rope
 
 #: The share of values that may round to a neighbouring grid point (or sit in a rescaled block).
@@ -75,8 +75,6 @@ def quantized_close(actual: Any, expected: Any, sample: OpSample, dtype: torch.d
     """Bits equal but for at most :data:`FLIP_SHARE` of the values, each within two grid steps of its block
     (``2 * amax * 2^-mantissa``: covers a neighbouring grid point and a block rescaled by a power of two).
     An unquantized row (width no multiple of the block) is held to the rotation's own tolerance."""
-    from deepinfer.testing.conformance import assert_close
-
     where = f"[{sample.label}] ({dtype})"
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, f"{where}: shape/dtype differ"
     block, mantissa = _grid(sample)

@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from deepinfer import envs
+from deepinfer.ops.catalog import op_defs
 from deepinfer.ops.protocol import Ops
-from deepinfer.ops.registry import OpDef, op_defs
+from deepinfer.ops.registry import OpDef
 from deepinfer.ops.signature import check_call_shape
 
 if TYPE_CHECKING:

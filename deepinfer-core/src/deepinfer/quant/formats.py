@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from deepinfer.ops import Ops
-
 FP8_BLOCK = "fp8_block"  # e4m3 data, one scale per (block_n x block_k) block
 MXFP4 = "mxfp4"  # e2m1 packed two per byte, one e8m0 scale per 32 columns
+
+#: e2m1 code -> value (bit 3 is the sign).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+class Dequantizers(Protocol):
+    """The two ops of the op table (:class:`deepinfer.ops.Ops`) a stored tensor needs to become dense: declared
+    here so that the formats sit below the ops that read them."""
+
+    def dequant_fp8_block(self, data: torch.Tensor, scale: torch.Tensor, block_n: int, block_k: int,
+                          dtype: torch.dtype) -> torch.Tensor: ...
+
+    def dequant_mxfp4(self, packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -27,7 +37,7 @@ class QuantizedTensor:
     shape: tuple[int, ...]  # the dequantized shape
     block: tuple[int, int]  # (rows, columns) one scale covers: (128, 128) for FP8, (1, 32) for MXFP4
 
-    def dequantize(self, ops: Ops, dtype: torch.dtype) -> torch.Tensor:
+    def dequantize(self, ops: Dequantizers, dtype: torch.dtype) -> torch.Tensor:
         """The dense tensor, through the op table so a backend may dequantize on its device."""
         if self.format == FP8_BLOCK:
             return ops.dequant_fp8_block(self.data, self.scale, self.block[0], self.block[1], dtype)

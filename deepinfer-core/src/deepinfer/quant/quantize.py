@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.quant import E2M1_VALUES
-from deepinfer.quant.formats import FP8_BLOCK, MXFP4, QuantizedTensor
+from deepinfer.quant.formats import E2M1_VALUES, FP8_BLOCK, MXFP4, QuantizedTensor
 
 FP8_MAX = 448.0  # largest finite e4m3fn value
 E2M1_MAX = 6.0

@@ -91,7 +91,7 @@ def forced(sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]]
 
 @dataclass(slots=True)
 class ForcedAcceptance:
-    """Benchmarks only (lossy; ``tools/bench_dspark.py``): a mean acceptance length ``length`` (tokens per verify
+    """Benchmarks only (lossy; ``tools/bench/dspark.py``): a mean acceptance length ``length`` (tokens per verify
     step).  Each step accepts ``length - 1`` drafts on average, alternating floor and ceil, whatever the target
     says (:func:`forced`)."""
 

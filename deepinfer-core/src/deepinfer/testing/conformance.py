@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from deepinfer.ops.registry import OpDef, OpSample, op_defs
+from deepinfer.ops.catalog import op_defs
+from deepinfer.ops.registry import OpDef, OpSample, assert_close
 from deepinfer.ops.table import OpTable
 
 if TYPE_CHECKING:
@@ -47,27 +48,6 @@ def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: _to(v, device) for k, v in value.items()}
     return value
-
-
-def assert_close(actual: Any, expected: Any, dtype: torch.dtype, tol: tuple[float, float], where: str) -> None:
-    """Recursively compare op outputs: floats within ``tol``, integers and bools exactly."""
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), f"{where}: expected a tensor, got {type(actual).__name__}"
-        assert actual.shape == expected.shape, f"{where}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-        assert actual.dtype == expected.dtype, f"{where}: dtype {actual.dtype} != {expected.dtype}"
-        actual = actual.detach().cpu()
-        if expected.is_floating_point():
-            atol, rtol = tol
-            torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol, equal_nan=True,
-                                       msg=lambda m: f"{where} ({dtype}): {m}")
-        else:
-            assert torch.equal(actual, expected), f"{where}: integer outputs differ"
-    elif isinstance(expected, (list, tuple)):
-        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: structure differs"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_close(a, e, dtype, tol, f"{where}[{i}]")
-    else:
-        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
 
 def samples(op: OpDef, dtype: torch.dtype, seed: int = 0) -> list[OpSample]:

@@ -9,8 +9,8 @@ import torch
 
 from deepinfer.models import load_model
 from deepinfer.ops import OpTable
-from deepinfer.ops.quant import E2M1_VALUES
 from deepinfer.quant import FP8_BLOCK, MXFP4, QuantizedTensor, quantize_fp8_block, quantize_mxfp4
+from deepinfer.quant.formats import E2M1_VALUES
 from tests.support.model_runs import assert_matches_hf, run_chunked
 from tests.support.quantized import quantize_checkpoint, v4_layout
 from tests.support.v4_fixtures import (  # noqa: F401  (single_thread is an autouse fixture)

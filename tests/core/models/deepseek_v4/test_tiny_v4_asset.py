@@ -1,6 +1,6 @@
 """The shipped default model (deepinfer/assets/tiny_v4): small, complete V4 architecture, and trained.
 
-"Trained" is checked against fresh stories from the generator in tools/tiny_corpus.py with a seed the
+"Trained" is checked against fresh stories from the generator in tools/train/corpus.py with a seed the
 training never used: an untrained model of this vocabulary scores ~7 nats/token, the shipped one < 1.0.
 """
 

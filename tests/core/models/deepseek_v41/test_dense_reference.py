@@ -1,4 +1,4 @@
-"""The dense V4.1 reference (tests/support/v41_dense.py) against the HF fixtures.
+"""The dense V4.1 reference (tools/train/v41_dense.py) against the HF fixtures.
 
 tiny_b (fake-quant skipped) must match every position within 1e-4. tiny_a (fake-quant active) can only match
 statistically: its README measures how far a 1e-7 relative weight perturbation moves HF itself, and the dense
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support import v41_dense as vd
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
+from tools.train import v41_dense as vd
 
 FIXTURES = Path(__file__).parents[3] / "fixtures" / "deepseek_v41"
 TOL = 1e-4  # tiny_b: HF's own 1e-6 weight perturbation moves it by at most 4.2e-5

@@ -1,5 +1,5 @@
 """The DSpark drafter (``models/deepseek_v41/dspark.py``) and the target's feature capture against the dense
-drafter (``tests/support/dspark_dense.py``: plain PyTorch from the description, no DeepInfer code).
+drafter (``tools/train/dspark_dense.py``: plain PyTorch from the description, no DeepInfer code).
 
 The target is the ``tiny_b`` fixture (9 layers, window 24, Engram, every CSA2 role) with random ``mtp.*`` tensors
 written in the released naming into a copy of its checkpoint, loaded through DeepInfer's own loader.
@@ -19,10 +19,10 @@ from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp
 from deepinfer.ops import OpTable
 from deepinfer.ops.speculative import DRAFT_SALT
 from deepinfer.spec_decode.drafter import DraftRequest
-from tests.support import dspark_dense as dd
-from tests.support.dspark_accept import slot_state
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES
+from tools.train import dspark_dense as dd
+from tools.train.dspark_accept import slot_state
 
 TOL = 1e-5
 SPEC = dd.DSparkSpec(num_layers=2, block_size=4, noise_token_id=383, target_layer_ids=[3, 6, 8], markov_rank=16,

@@ -1,6 +1,6 @@
 """The shipped default model (deepinfer/assets/tiny_v41): small, every V4.1 block kind, trained, and DeepInfer's.
 
-"Trained" is checked against fresh stories from the generator in tools/tiny_corpus.py with a seed the training
+"Trained" is checked against fresh stories from the generator in tools/train/corpus.py with a seed the training
 never used: an untrained model of this vocabulary scores ~7 nats/token, the shipped one well under 1.5.  The
 fake-quantizers are active in this model (its head dims are multiples of the blocks), so DeepInfer and the dense
 reference agree closely, not bit for bit: a rounding decision flips under a 1e-7 change of its input, and FP4
@@ -79,7 +79,7 @@ def test_config_is_the_checkpoints_own_form_with_every_block_kind():
 
 def test_dspark_fields_name_the_reserved_noise_token(tokenizer):
     cfg = DeepseekV41Config.from_file(ASSET)
-    assert cfg.num_nextn_predict_layers == 2  # the trained drafter (tools/train_tiny_dspark.py): test_tiny_v41_dspark
+    assert cfg.num_nextn_predict_layers == 2  # the trained drafter (tools/train/tiny_dspark.py): test_tiny_v41_dspark
     assert cfg.dspark_noise_token_id == tokenizer.convert_tokens_to_ids(NOISE) and NOISE in tokenizer.all_special_tokens
     assert 4 <= cfg.dspark_block_size <= 5 and set(cfg.dspark_target_layer_ids) <= set(range(cfg.num_hidden_layers))
     assert NOISE not in tokenizer.decode(tokenizer(" ".join(corpus().build_corpus(20, seed=3))).input_ids)
@@ -103,7 +103,7 @@ def test_model_has_learned_the_story_grammar(model, tokenizer, story):
 
 
 def test_deepinfer_agrees_with_the_dense_reference(model, story):
-    from tests.support import v41_dense
+    from tools.train import v41_dense
 
     with torch.no_grad():
         ref = torch.log_softmax(v41_dense.load(ASSET)(story[None])[0], -1)

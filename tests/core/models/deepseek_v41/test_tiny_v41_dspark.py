@@ -1,4 +1,4 @@
-"""The embedded tiny V4.1's trained DSpark drafter (``tools/train_tiny_dspark.py``): it loads, and its drafts are
+"""The embedded tiny V4.1's trained DSpark drafter (``tools/train/tiny_dspark.py``): it loads, and its drafts are
 accepted: offline speculative steps against the target's own greedy tokens on held-out sequences (the target
 samples a prompt from BOS with a seed the training never used, then continues greedily)."""
 
@@ -12,7 +12,7 @@ import torch
 from deepinfer.models import load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.ops import OpTable
-from tests.support.dspark_accept import generate, measure
+from tools.train.dspark_accept import generate, measure
 
 ASSET = Path(__file__).parents[4] / "deepinfer-core" / "src" / "deepinfer" / "assets" / "tiny_v41"
 #: Measured 4.62 on these 4 sequences (4.50 on the tool's 24 held-out ones; the most is dspark_block_size + 1 = 5).

@@ -1,5 +1,5 @@
 """Decoder prefill truncation (DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact): the decoder runs on a prompt's last
-KEEP positions only.  It must equal an independent dense reference that does the same (tests.support.v41_dense,
+KEEP positions only.  It must equal an independent dense reference that does the same (tools.train.v41_dense,
 ``decoder_keep``), whole, chunked and continued by decoding; a request that asks for prompt logprobs gets the full
 prefill; and a KEEP below the window and the drafter's look-back is refused at start-up, naming the bound."""
 
@@ -10,9 +10,9 @@ import torch
 
 from deepinfer.models import ForwardBatch, load_model
 from deepinfer.ops import OpTable
-from tests.support import v41_dense
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES, references
+from tools.train import v41_dense
 
 KEEP = 40  # tiny_b: window 24, no drafter -> bound 24
 

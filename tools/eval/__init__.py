@@ -1,0 +1,1 @@
+"""Accuracy measurements whose numbers go into the docs."""
