@@ -33,7 +33,7 @@ def v4_layout(expert_dtype: str, block: tuple[int, int]) -> Layout:
 
 
 V41_DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.", ".attn.indexer.wq_b.",
-         ".shared_experts.")
+             ".shared_experts.", ".main_proj.")
 V41_RELEASED = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
             "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
 
@@ -50,6 +50,20 @@ def v41_released_layout(name: str, w: torch.Tensor):
     if any(p in name for p in V41_DENSE):
         return "fp8", (128, 128) if int(name.split(".")[1]) % 2 else (32, 32)
     return None
+
+
+def released_tiny_v41(target: str | Path, fp8_engram: bool = True) -> tuple[Path, Path]:
+    """The embedded tiny V4.1 (``deepinfer/assets/tiny_v41``, with its DSpark drafter) in the released layout:
+    its dims fit every format, so every routed and draft expert is MXFP4, the dense projections (shared experts
+    and ``main_proj`` included) FP8, the Engram tables FP8 (float if not ``fp8_engram``).  (quantized,
+    dequantized twin) directories."""
+    import deepinfer
+
+    def layout(name: str, w: torch.Tensor):
+        return None if not fp8_engram and name.endswith("engram.embed.weight") else v41_released_layout(name, w)
+
+    source = Path(deepinfer.__file__).parent / "assets" / "tiny_v41"
+    return quantize_checkpoint(source, target, layout, quantization_config=V41_RELEASED)
 
 
 def quantize_checkpoint(source: str | Path, target: str | Path, layout: Layout, scale_format: str = "ue8m0",
