@@ -10,7 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from deepinfer.models import load_model
-from deepinfer.models.checkpoint import CheckpointError
+from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.weights import read_weights
 from deepinfer.ops import OpTable
 from deepinfer.quant import MXFP4, QuantizedTensor
 from tests.support.model_runs import run_chunked
@@ -25,6 +27,12 @@ def _load(path):
     return load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
 
 
+def _stored(path):
+    """The checkpoint's tensors as the reader gives them, quantized ones as stored."""
+    cfg = DeepseekV41Config.from_file(path)
+    return read_weights(SafetensorsCheckpoint(path), cfg, torch.float32, torch.device("cpu"))[0]
+
+
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     target = tmp_path_factory.mktemp("released")
@@ -34,7 +42,7 @@ def released(tmp_path_factory):
 def test_released_format_matches_its_dequantized_twin(released):
     quantized_dir, twin_dir = released
     model = _load(quantized_dir)
-    stored = model.quantized
+    stored = _stored(quantized_dir)
     assert stored["layers.4.ffn.experts.1.w1.weight"].format == MXFP4
     assert stored["layers.4.attn.wq_b.weight"].block == (32, 32)
     assert stored["layers.5.attn.wq_b.weight"].block == (128, 128)
@@ -87,8 +95,10 @@ def test_a_scale_grid_that_fits_no_block_is_refused(released, tmp_path):
         t[name] = t[name][:3].contiguous()  # 160x32 takes 5x1 scales in 32x32 blocks, 2x1 in 128x128: not 3x1
 
     path = _rewrite(released[0], tmp_path / "bad", change)
-    with pytest.raises(CheckpointError, match=r"layers.4.attn.wq_b.weight: FP8 weight of shape \(160, 32\) with "
-                                              r"scales \(3, 1\)"):
+    with pytest.raises(CheckpointError, match=r"layers.4.attn.wq_b.weight: FP8 dense projection of dense shape "
+                                              r"\(160, 32\) stored as data \(160, 32\) with scales \(3, 1\); the "
+                                              r"role needs data \(160, 32\) and scales \(5, 1\) \(32x32 blocks\) or "
+                                              r"\(2, 1\) \(128x128 blocks\)"):
         _load(path)
 
 
@@ -100,7 +110,9 @@ def test_mxfp4_scales_read_as_16_element_blocks_are_refused(released, tmp_path):
         t[name] = t[name].repeat_interleave(2, dim=1).contiguous()
 
     path = _rewrite(released[0], tmp_path / "bad", change)
-    with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.scale \(mxfp4 scales\): expected shape"):
+    with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.weight: MXFP4 routed expert of dense shape "
+                                              r"\(16, 64\) stored as data \(16, 32\) with scales \(16, 4\); the role "
+                                              r"needs data \(16, 32\) \(two e2m1 a byte\) and scales \(16, 2\)"):
         _load(path)
 
 
