@@ -70,6 +70,30 @@ def _prefix_caching(args: EngineArgs, model: CausalLM, joined: Joined | None) ->
     return joined is None and isinstance(model, PrefixCacheable)
 
 
+def drafter_off(backend: Backend, captured_decode: bool, several_ranks: bool) -> str | None:
+    """Why speculative decoding stays off whatever drafter the checkpoint ships (None: on, with it), known before
+    the weights load, so a drafter that will not run is neither read nor built.
+
+    Off with ``DEEPINFER_USE_NEXTN_DECODE=0``; on several ranks (their lock-stepped loop runs one forward a step:
+    an explicit ``DEEPINFER_USE_NEXTN_DECODE`` is refused); and, unless that variable is set, where the engine
+    replays captured decode graphs (``captured_decode`` on a backend that really captures, e.g. CUDA): steps a
+    verify graph cannot take run eagerly, which can be slower than captured plain decoding."""
+    if envs.nextn_decode() == 0:
+        return "speculative decoding off: DEEPINFER_USE_NEXTN_DECODE=0"
+    if several_ranks:
+        if envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+            raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
+                             "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
+                             "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
+        return "speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)"
+    captures = type(backend).graph_capture is not Backend.graph_capture
+    if captures and captured_decode and not envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
+        return (f"speculative decoding off by default on backend {backend.name!r}: its verify steps are not "
+                "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE (1 to the drafter's block size) to use the "
+                "checkpoint's drafter")
+    return None
+
+
 def _as_prompt_list(prompts: Any) -> list[Any]:
     """One prompt (text, token ids or dict) or a list of them -> a list of prompts."""
     if isinstance(prompts, (str, dict)):
@@ -109,8 +133,10 @@ class LLM:
         ops = OpTable.for_backend(backend)
         joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs))
         device = backend.device(joined.local_rank if joined is not None else 0)
+        # a drafter that will not run is neither read nor built (its tensors are still checked)
+        speculating = drafter_off(backend, not args.enforce_eager, several_ranks=joined is not None) is None
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
-                        parallel=joined.context if joined is not None else None)
+                        parallel=joined.context if joined is not None else None, drafter=speculating)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
         self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
                     joined=joined)
@@ -170,7 +196,8 @@ class LLM:
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, token_masks, backend)
-        self._setup_drafter(model, backend, several_ranks=joined is not None)
+        captured = self.engine.runner.decode_graphs is not None
+        self._setup_drafter(model, drafter_off(backend, captured, several_ranks=joined is not None))
         self._request_ids = itertools.count()
         #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
         self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
@@ -185,32 +212,17 @@ class LLM:
         prefix.clear()
         return True
 
-    def _setup_drafter(self, model: CausalLM, backend: Backend, several_ranks: bool = False) -> None:
-        """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
-
-        Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
-        really captures, e.g. CUDA): steps a verify graph cannot take run eagerly, which can be slower than
-        captured plain decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
-        if envs.nextn_decode() == 0:
+    def _setup_drafter(self, model: CausalLM, off: str | None) -> None:
+        """Speculative decoding with the checkpoint's drafter, unless ``off`` says why not (:func:`drafter_off`):
+        then it is not built."""
+        if off is not None:
+            logger.info(off)
             return
         drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
-        if drafter is not None and several_ranks:
-            if envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
-                raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
-                                 "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
-                                 "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
-            logger.info("speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)")
-            return
         if drafter is None:
             if envs.is_set("DEEPINFER_USE_NEXTN_DECODE") or envs.is_set("DEEPINFER_ENABLE_MTP_VARLEN"):
                 logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE "
                             "and DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
-            return
-        captures = type(backend).graph_capture is not Backend.graph_capture
-        if captures and self.engine.runner.decode_graphs is not None and not envs.is_set("DEEPINFER_USE_NEXTN_DECODE"):
-            logger.info("speculative decoding off by default on backend %r: its verify steps are not "
-                        "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE=1..%d to use the checkpoint's drafter",
-                        backend.name, drafter.max_draft_len)
             return
         self.engine.set_drafter(drafter)
 
