@@ -66,6 +66,19 @@ def released_tiny_v41(target: str | Path, fp8_engram: bool = True) -> tuple[Path
     return quantize_checkpoint(source, target, layout, quantization_config=V41_RELEASED)
 
 
+def rewrite_checkpoint(source: str | Path, target: str | Path, change: Callable[[dict[str, torch.Tensor]], None]
+                       ) -> Path:
+    """A copy of the single-file checkpoint ``source`` at ``target`` whose tensors ``change`` edited in place."""
+    from safetensors.torch import load_file, save_file
+
+    target = Path(target)
+    shutil.copytree(source, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
 def quantize_checkpoint(source: str | Path, target: str | Path, layout: Layout, scale_format: str = "ue8m0",
                         quantization_config: dict | None = None) -> tuple[Path, Path]:
     """Quantize a saved checkpoint by ``layout``; writes ``target/quantized`` (with ``quantization_config`` in

@@ -8,17 +8,14 @@ confidence head."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from deepinfer.models import load_model
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.ops import OpTable
 from tests.support.model_runs import run_chunked
-from tests.support.quantized import released_tiny_v41
+from tests.support.quantized import released_tiny_v41, rewrite_checkpoint
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 
 
@@ -29,14 +26,6 @@ def released(tmp_path_factory):
 
 def _load(path):
     return load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
-
-
-def _rewrite(source, target, change):
-    shutil.copytree(source, target)
-    tensors = load_file(str(target / "model.safetensors"))
-    change(tensors)
-    save_file(tensors, str(target / "model.safetensors"))
-    return target
 
 
 def _refused(path, monkeypatch, *fragments) -> str:
@@ -100,7 +89,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_by_name_before_reading(released, tmp_path, monkeypatch, case):
     change, fragments = CASES[case]
-    _refused(_rewrite(released, tmp_path / "bad", change), monkeypatch, *fragments)
+    _refused(rewrite_checkpoint(released, tmp_path / "bad", change), monkeypatch, *fragments)
 
 
 def test_every_problem_is_listed_at_once_and_mtp_names_are_checked_with_the_drafter_off(released, tmp_path,
@@ -111,7 +100,7 @@ def test_every_problem_is_listed_at_once_and_mtp_names_are_checked_with_the_draf
         for case in ("unexpected mtp name", "orphan scale", "Engram grid"):
             CASES[case][0](t)
 
-    path = _rewrite(released, tmp_path / "bad", change)
+    path = rewrite_checkpoint(released, tmp_path / "bad", change)
     message = _refused(path, monkeypatch, "(3 problems)",
                        *(fragment for case in ("unexpected mtp name", "orphan scale", "Engram grid")
                          for fragment in CASES[case][1]))
@@ -131,7 +120,7 @@ def test_vision_parts_are_ignored_and_both_confidence_head_spellings_load(releas
                   "layers.0.ffn.gate.bias_vl": torch.zeros(4), "mtp.0.ffn.gate.bias_vl": torch.zeros(4)})
         t["mtp.1.confidence_head.weight"] = t.pop("mtp.1.confidence_head.proj.weight")
 
-    path = _rewrite(released, tmp_path / "extras", change)
+    path = rewrite_checkpoint(released, tmp_path / "extras", change)
     model, original = _load(path), _load(released)
     tokens = torch.arange(3, 40)
     assert torch.equal(run_chunked(model, tokens, 37), run_chunked(original, tokens, 37))
@@ -143,4 +132,4 @@ def test_vision_parts_are_ignored_and_both_confidence_head_spellings_load(releas
         t["mtp.1.confidence_head.weight"] = t["mtp.1.confidence_head.proj.weight"].clone()
 
     with pytest.raises(CheckpointError, match="mtp.1.confidence_head.proj.weight: stored twice"):
-        _load(_rewrite(released, tmp_path / "both", both))
+        _load(rewrite_checkpoint(released, tmp_path / "both", both))
