@@ -40,7 +40,8 @@ def _load(path, mode: str, parallel: ParallelContext | None = None):
 
 def _expert_parallel(rank: int, world: int, path, redundant: int, alone: dict[str, torch.Tensor]):
     """Per mode: (largest difference from one process, the same after a rebalance, the routed experts kept MXFP4,
-    this rank's experts moved by the rebalance); and whether both modes gave the same logprobs, bit for bit."""
+    whether the rebalance brought this rank an expert another rank held); and whether both modes gave the same
+    logprobs, bit for bit."""
     cfg = read_model_config(path)
     out, logprobs = {}, {}
     for mode in MODES:
@@ -55,13 +56,13 @@ def _expert_parallel(rank: int, world: int, path, redundant: int, alone: dict[st
         after = run_chunked(model, TOKENS, 16)
         logprobs[mode] = (first, after)
         out[mode] = (float((first - alone[mode]).abs().max()), float((after - alone[mode]).abs().max()),
-                     moe.fp8_block is None and moe.scales is not None, moe.placement.local_experts(3, rank) != held)
+                     moe.fp8_block is None and moe.scales is not None,
+                     bool(set(moe.placement.local_experts(3, rank)) - set(held)))  # fetched from another rank
     same = all(torch.equal(a, b) for a, b in zip(logprobs["native"], logprobs["dequantize"], strict=True))
     return out, same
 
 
-# EP4 spawns 4 ranks (~30 s on 2 shared cores): slow; EP2 is its fast sibling (the same paths on 2 ranks)
-@pytest.mark.parametrize("world, redundant", [(2, 2), pytest.param(4, 4, marks=pytest.mark.slow)], ids=["ep2", "ep4"])
+@pytest.mark.parametrize("world, redundant", [(2, 2), (4, 4)], ids=["ep2", "ep4"])  # ~3 s and ~7 s
 def test_packed_experts_under_expert_parallelism_equal_one_process(released, world, redundant):
     """Within 1e-5 of one process, as the dense path (an expert's GEMM over more or fewer rows rounds otherwise in
     fp32); the packed experts give the dense experts' logprobs bit for bit, on one process and on every rank."""
@@ -75,4 +76,4 @@ def test_packed_experts_under_expert_parallelism_equal_one_process(released, wor
             assert packed == (mode == "native"), f"{mode}: routed experts kept as MXFP4: {packed}"
             assert first < 1e-5 and after < 1e-5, (mode, first, after)
         assert same, "packed and dense experts differ under expert parallelism"
-    assert any(got["native"][3] for got, _ in ranks), "the rebalance moved no expert: the weight moves went untested"
+    assert any(got["native"][3] for got, _ in ranks), "no expert crossed ranks: the weight moves went untested"
