@@ -3,11 +3,43 @@ rounding."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
 from tools.fixtures.quantize import V41_RELEASED, quantize_checkpoint, v4_layout, v41_released_layout
 
-__all__ = ["V41_RELEASED", "fp8_prefill_emulation", "quantize_checkpoint", "v41_released_layout", "v4_layout"]
+__all__ = ["V41_RELEASED", "fp8_prefill_emulation", "quantize_checkpoint", "released_tiny_v41", "rewrite_checkpoint",
+           "v41_released_layout", "v4_layout"]
+
+
+def released_tiny_v41(target: str | Path, fp8_engram: bool = True) -> tuple[Path, Path]:
+    """The embedded tiny V4.1 (``deepinfer/assets/tiny_v41``, with its DSpark drafter) in the released layout:
+    its dims fit every format, so every routed and draft expert is MXFP4, the dense projections (shared experts
+    and ``main_proj`` included) FP8, the Engram tables FP8 (float if not ``fp8_engram``).  (quantized,
+    dequantized twin) directories."""
+    import deepinfer
+
+    def layout(name: str, w: torch.Tensor):
+        return None if not fp8_engram and name.endswith("engram.embed.weight") else v41_released_layout(name, w)
+
+    source = Path(deepinfer.__file__).parent / "assets" / "tiny_v41"
+    return quantize_checkpoint(source, target, layout, quantization_config=V41_RELEASED)
+
+
+def rewrite_checkpoint(source: str | Path, target: str | Path, change: Callable[[dict[str, torch.Tensor]], None]
+                       ) -> Path:
+    """A copy of the single-file checkpoint ``source`` at ``target`` whose tensors ``change`` edited in place."""
+    from safetensors.torch import load_file, save_file
+
+    target = Path(target)
+    shutil.copytree(source, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
 
 
 def fp8_prefill_emulation(ops):

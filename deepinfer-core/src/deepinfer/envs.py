@@ -144,13 +144,17 @@ def yoco_prefill_keep_tokens() -> int:
 QUANTIZED_WEIGHTS_MODES = ("dequantize", "native")
 
 
-def quantized_weights() -> str:
+def quantized_weights() -> str | None:
     """``DEEPINFER_QUANTIZED_WEIGHTS``: what a quantized checkpoint's weights become at load.
 
-    ``dequantize`` (default): the compute dtype.  ``native``: FP8 block-scaled dense weights and MXFP4 / FP8 routed
-    experts stay in their stored form in device memory and run through the op table's quantized GEMMs
-    (``fp8_block_linear``, ``moe_experts_mxfp4``, ``moe_experts_fp8``; docs/models/deepseek_v41.md, "Formats").
+    ``native``: FP8 block-scaled dense weights and MXFP4 / FP8 routed experts stay in their stored form in device
+    memory and run through the op table's quantized GEMMs (``fp8_block_linear``, ``moe_experts_mxfp4``,
+    ``moe_experts_fp8``; docs/models/deepseek_v41.md, "Formats").  ``dequantize``: the compute dtype.  Unset
+    (None): ``native`` where the backend has kernels for those ops, else ``dequantize``
+    (:func:`deepinfer.models.weights_mode.weights_mode`).
     """
+    if not is_set("DEEPINFER_QUANTIZED_WEIGHTS"):
+        return None
     return _choice("DEEPINFER_QUANTIZED_WEIGHTS", "dequantize", QUANTIZED_WEIGHTS_MODES)
 
 

@@ -12,6 +12,7 @@ import torch
 
 import deepinfer
 from deepinfer import LLM, SamplingParams, envs
+from deepinfer.engine.llm import drafter_off
 from deepinfer.models.loader import load_model
 from deepinfer.ops import OpTable
 from deepinfer.spec_decode.budget import SpecPolicy
@@ -181,11 +182,8 @@ def test_a_capturing_backend_keeps_it_off_unless_asked(monkeypatch, caplog):
 
 def test_several_ranks_leave_speculation_off_or_refuse_it(monkeypatch):
     """The lock-stepped data-parallel loop runs one forward a step (docs/parallel.md)."""
-    model = _model_with_drafter()
-    llm = LLM.from_model(model, build_tokenizer())
-    llm.engine.set_drafter(None)
-    llm._setup_drafter(model, llm.engine.runner.backend, envs.spec_decode(), several_ranks=True)
-    assert llm.engine.drafter is None
+    backend = LLM.from_model(_model_with_drafter(), build_tokenizer()).engine.runner.backend
+    assert "not supported on several ranks" in drafter_off(backend, False, True, envs.spec_decode())
     monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "2")
     with pytest.raises(ValueError, match="DEEPINFER_USE_NEXTN_DECODE on several ranks"):
-        llm._setup_drafter(model, llm.engine.runner.backend, envs.spec_decode(), several_ranks=True)
+        drafter_off(backend, False, True, envs.spec_decode())

@@ -73,6 +73,30 @@ def _prefix_caching(args: EngineArgs, model: CausalLM, joined: Joined | None) ->
     return joined is None and isinstance(model, PrefixCacheable)
 
 
+def drafter_off(backend: Backend, captured_decode: bool, several_ranks: bool, env: envs.SpecDecodeEnv) -> str | None:
+    """Why speculative decoding stays off whatever drafter the checkpoint ships (None: on, with it), known before
+    the weights load, so a drafter that will not run is neither read nor built.
+
+    Off with ``DEEPINFER_USE_NEXTN_DECODE=0``; on several ranks (their lock-stepped loop runs one forward a step:
+    an explicit ``DEEPINFER_USE_NEXTN_DECODE`` is refused); and, unless that variable is set, where the engine
+    replays captured decode graphs (``captured_decode`` on a backend that really captures, e.g. CUDA): steps a
+    verify graph cannot take run eagerly, which can be slower than captured plain decoding."""
+    if env.draft_len == 0:
+        return "speculative decoding off: DEEPINFER_USE_NEXTN_DECODE=0"
+    if several_ranks:
+        if env.draft_len_set:
+            raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
+                             "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
+                             "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
+        return "speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)"
+    captures = type(backend).graph_capture is not Backend.graph_capture
+    if captures and captured_decode and not env.draft_len_set:
+        return (f"speculative decoding off by default on backend {backend.name!r}, which replays decode steps from "
+                "captured graphs (docs/spec_decode.md: where drafting pays there); set DEEPINFER_USE_NEXTN_DECODE "
+                "(1 to the drafter's block size) to use the checkpoint's drafter")
+    return None
+
+
 def _as_prompt_list(prompts: Any) -> list[Any]:
     """One prompt (text, token ids or dict) or a list of them -> a list of prompts."""
     if isinstance(prompts, (str, dict)):
@@ -113,11 +137,14 @@ class LLM:
         check_memory_plan(source.path, args, dtype, backend)  # logged; refused here, before any weight is read
         joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs))
         device = backend.device(joined.local_rank if joined is not None else 0)
+        # a drafter that will not run is neither read nor built (its tensors are still checked)
+        spec_env = envs.spec_decode()  # read once for this engine
+        speculating = drafter_off(backend, not args.enforce_eager, joined is not None, spec_env) is None
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
-                        parallel=joined.context if joined is not None else None)
+                        parallel=joined.context if joined is not None else None, drafter=speculating)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
         self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
-                    joined=joined)
+                    joined=joined, spec_env=spec_env)
         config = self.engine.config
         kernels = sorted(ops.overridden)
         logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
@@ -153,7 +180,8 @@ class LLM:
 
     def _setup(self, model: CausalLM, tokenizer: Any, ops: Ops, eos: tuple[int, ...], args: EngineArgs,
                backend: Backend, token_masks: TokenMaskProvider | None = None, model_path: Path | None = None,
-               joined: Joined | None = None) -> None:
+               joined: Joined | None = None, spec_env: envs.SpecDecodeEnv | None = None) -> None:
+        spec_env = spec_env if spec_env is not None else envs.spec_decode()  # read once for this engine
         prefix_caching = _prefix_caching(args, model, joined)
         state_cache = StateCache(model, args.max_num_seqs, state_budget(args, model, backend), prefix_caching)
         capacity = state_cache.capacity
@@ -172,9 +200,9 @@ class LLM:
         self.engine_args = args
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
-        spec_env = envs.spec_decode()  # read once for this engine
         self.engine = Engine(model, tokenizer, ops, config, state_cache, token_masks, backend, spec_env=spec_env)
-        self._setup_drafter(model, backend, spec_env, several_ranks=joined is not None)
+        captured = self.engine.runner.decode_graphs is not None
+        self._setup_drafter(model, drafter_off(backend, captured, joined is not None, spec_env), spec_env)
         self._request_ids = itertools.count()
         #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
         self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
@@ -189,33 +217,17 @@ class LLM:
         prefix.clear()
         return True
 
-    def _setup_drafter(self, model: CausalLM, backend: Backend, env: envs.SpecDecodeEnv,
-                       several_ranks: bool = False) -> None:
-        """Speculative decoding with the checkpoint's drafter, unless ``DEEPINFER_USE_NEXTN_DECODE=0``.
-
-        Unless the variable is set, it stays off where the engine replays captured decode graphs (a backend that
-        really captures, e.g. CUDA): steps a verify graph cannot take run eagerly, which can be slower than
-        captured plain decoding.  Off on several ranks (their lock-stepped loop runs one forward a step)."""
-        if env.draft_len == 0:
+    def _setup_drafter(self, model: CausalLM, off: str | None, env: envs.SpecDecodeEnv) -> None:
+        """Speculative decoding with the checkpoint's drafter, unless ``off`` says why not (:func:`drafter_off`):
+        then it is not built."""
+        if off is not None:
+            logger.info(off)
             return
         drafter = model.make_drafter() if isinstance(model, DraftingModel) else None
-        if drafter is not None and several_ranks:
-            if env.draft_len_set:
-                raise ValueError("DEEPINFER_USE_NEXTN_DECODE on several ranks: speculative decoding runs several "
-                                 "forwards a step, which the lock-stepped data-parallel loop does not support yet; "
-                                 "set DEEPINFER_USE_NEXTN_DECODE=0 or run one rank")
-            logger.info("speculative decoding off: it is not supported on several ranks yet (docs/parallel.md)")
-            return
         if drafter is None:
             if env.draft_len_set or env.varlen_set:
                 logger.info("speculative decoding off: this checkpoint has no drafter (DEEPINFER_USE_NEXTN_DECODE "
                             "and DEEPINFER_ENABLE_MTP_VARLEN have no effect)")
-            return
-        captures = type(backend).graph_capture is not Backend.graph_capture
-        if captures and self.engine.runner.decode_graphs is not None and not env.draft_len_set:
-            logger.info("speculative decoding off by default on backend %r: its verify steps are not "
-                        "graph-captured yet; set DEEPINFER_USE_NEXTN_DECODE=1..%d to use the checkpoint's drafter",
-                        backend.name, drafter.max_draft_len)
             return
         self.engine.set_drafter(drafter)
 

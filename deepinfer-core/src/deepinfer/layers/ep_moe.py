@@ -5,11 +5,12 @@ Per step, with ``T`` tokens routed to ``k`` experts each (every rank routes its 
 1. **dispatch**: each (token, expert) pair picks a replica of its logical expert (pair index modulo the number
    of replicas, so load splits evenly between them) and is sent, with its routing weight, to the replica's rank
    (a count exchange, then all-to-alls of the token rows and of the pairs, grouped by destination);
-2. the owner runs its experts on the pairs it received (``ops.moe_experts`` with one expert per row: each row's
-   weighted output, as the single-process layer computes it);
+2. the owner runs its experts on the pairs it received, in the form they are kept in (``ops.moe_experts``,
+   ``moe_experts_mxfp4`` or ``moe_experts_fp8`` with one expert per row: each row's weighted output, as the
+   single-process layer computes it);
 3. **combine**: the outputs go back (the reverse all-to-all) and each token sums its ``k`` outputs in ascending
    expert order from zero (the reference's order, so fp32 results equal one process's), then adds the shared
-   expert, which every rank runs on its own tokens.
+   expert, which every rank runs on its own tokens (FP8 as stored, or dense, as in the single-process layer).
 
 A rank with no tokens still joins every exchange (:meth:`idle`).  A token's hidden row goes once to each rank
 that holds any of its experts (its pairs there point at it); outputs come back once per pair, so each token's sum
@@ -33,16 +34,18 @@ from deepinfer.parallel.placement import ExpertPlacement
 
 
 class ExpertParallelMoE(MoE):
-    """:class:`~deepinfer.layers.moe.MoE` holding only this EP rank's slots (in slot order; the shared expert
-    after them).  Its experts are dense: it takes no stored weights, so MXFP4 / FP8 experts are dequantized."""
+    """:class:`~deepinfer.layers.moe.MoE` holding only this EP rank's slots (in slot order; a dense shared expert
+    after them).  ``weight``: as the single-process layer's, so MXFP4 / FP8 experts stay as stored here too."""
 
     def __init__(self, ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.Tensor],
-                 context: ParallelContext, layer: int):
+                 context: ParallelContext, layer: int, weight: GetWeight | None = None):
         placement = context.plan.placement
         assert placement is not None, "expert parallelism without a placement"
-        super().__init__(ops, spec, prefix, get, experts=placement.local_experts(layer, context.plan.ep_rank))
+        super().__init__(ops, spec, prefix, get, experts=placement.local_experts(layer, context.plan.ep_rank),
+                         weight=weight)
         self.context, self.layer = context, layer
-        self.hidden, self.dtype, self.device = self.w2.shape[1], self.w2.dtype, self.w2.device
+        # the router's: the compute dtype and hidden size whatever form the experts are kept in
+        self.hidden, self.dtype, self.device = self.gate.shape[1], self.gate.dtype, self.gate.device
         self.index = context.register(self, layer, spec.n_routed_experts, self.device)
         self.use_placement(placement)
 
@@ -60,7 +63,7 @@ class ExpertParallelMoE(MoE):
         self.context.count(self.index, ids)
         out = self._exchange(x, ids, weights)
         if self.shared is not None:
-            return out + swiglu_mlp(self.ops, x, *self.shared, self.spec.swiglu_limit)  # (dense: ops.swiglu_mlp)
+            return out + swiglu_mlp(self.ops, x, *self.shared, self.spec.swiglu_limit)  # FP8 or dense
         shared_id, shared_weight = self.shared_slot
         n = x.shape[0]
         return out + self.ops.moe_experts(x, shared_id.expand(n, 1), shared_weight.expand(n, 1), self.w13, self.w2,
@@ -77,7 +80,7 @@ class ExpertParallelMoE(MoE):
         self.context.moe_calls += 1
         comm = self.context.ep
         pairs, order, counts, got = self._dispatch(x, ids, weights)
-        y = self.ops.moe_experts(pairs.x, pairs.slots, pairs.weights, self.w13, self.w2, self.spec.swiglu_limit)
+        y = self.experts(pairs.x, pairs.slots, pairs.weights)
         back, _ = comm.all_to_all(y, got, counts)
         tokens, k = ids.shape
         per_pair = torch.empty_like(back)
@@ -138,8 +141,7 @@ def build_moe(ops: Ops, spec: MoESpec, prefix: str, get: Callable[[str], torch.T
               parallel: ParallelContext | None = None, layer: int = 0, weight: GetWeight | None = None) -> MoE:
     """Decoder layer ``layer``'s MoE: every expert here, or (``parallel`` with an expert placement) this rank's
     share, exchanging tokens with the ranks that hold the others.  ``weight``: the experts as the model keeps them
-    (MXFP4 / FP8 experts stay as stored without expert parallelism; with it they are dequantized, for now: the
-    expert-parallel layer and EPLB's weight moves handle dense experts only)."""
+    (MXFP4 / FP8 experts stay as stored, with expert parallelism or without)."""
     if parallel is None or parallel.plan.placement is None:
         return MoE(ops, spec, prefix, get, weight=weight)
-    return ExpertParallelMoE(ops, spec, prefix, get, parallel, layer)
+    return ExpertParallelMoE(ops, spec, prefix, get, parallel, layer, weight)

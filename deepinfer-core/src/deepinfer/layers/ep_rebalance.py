@@ -48,9 +48,8 @@ def rebalance_experts(context: ParallelContext, num_groups: int = 1, num_nodes: 
 
 
 def move_weights(moe: ExpertParallelMoE, new: ExpertPlacement, context: ParallelContext) -> None:
-    """Give ``moe`` the weights of its slots under ``new`` and route by it."""
-    if moe.scales is not None:  # (build_moe dequantizes experts under expert parallelism: never reached today)
-        raise NotImplementedError("EPLB moves dense expert weights only; these experts are kept MXFP4 / FP8")
+    """Give ``moe`` the weights of its slots under ``new`` and route by it.  An expert travels as the bytes of its
+    stacked tensors as kept (dense, or MXFP4 / FP8 data and their scales), so a packed expert arrives as stored."""
     old, layer, me, n = moe.placement, moe.layer, context.plan.ep_rank, moe.placement.ep_size
     before = [old.local_experts(layer, r) for r in range(n)]
     after = [new.local_experts(layer, r) for r in range(n)]
@@ -61,25 +60,34 @@ def move_weights(moe: ExpertParallelMoE, new: ExpertPlacement, context: Parallel
     wanted = [[e for e in after[r] if e not in before[r]] for r in range(n)]  # experts each rank must fetch
     sends = [[e for e in wanted[r] if source(e) == me] for r in range(n)]
     fetch = [[e for e in wanted[me] if source(e) == r] for r in range(n)]
-    w13, w2 = moe.w13, moe.w2
+    stacks = [moe.w13, moe.w2, *(moe.scales or ())]  # per slot: [slots (+ the dense shared expert), ...]
     mine = {e: i for i, e in reversed(list(enumerate(before[me])))}
-    width = w13[0].numel() + w2[0].numel()
-    rows = [torch.cat([w13[mine[e]].flatten(), w2[mine[e]].flatten()]) for d in sends for e in d]
-    packed = torch.stack(rows) if rows else w13.new_empty(0, width)
+    rows = [torch.cat([_bytes(t[mine[e]]) for t in stacks]) for d in sends for e in d]
+    width = sum(_bytes(t[0]).numel() for t in stacks)
+    packed = torch.stack(rows) if rows else moe.w2.new_empty(0, width, dtype=torch.uint8)
     got, _ = context.ep.all_to_all(packed, [len(d) for d in sends], [len(f) for f in fetch])
     arrived = iter(got)
     by_source = {r: iter([next(arrived) for _ in fetch[r]]) for r in range(n)}
-    new13, new2 = [], []
+    slots: list[list[torch.Tensor]] = []
     for e in after[me]:
-        if e in mine:
-            new13.append(w13[mine[e]])
-            new2.append(w2[mine[e]])
-        else:
-            row = next(by_source[source(e)])
-            new13.append(row[: w13[0].numel()].view_as(w13[0]))
-            new2.append(row[w13[0].numel() :].view_as(w2[0]))
+        slots.append([t[mine[e]] for t in stacks] if e in mine else _unpack(next(by_source[source(e)]), stacks))
     if moe.shared_id is not None:  # the shared expert stays after the routed slots
-        new13.append(w13[moe.shared_id])
-        new2.append(w2[moe.shared_id])
-    moe.w13, moe.w2 = torch.stack(new13), torch.stack(new2)
+        slots.append([t[moe.shared_id] for t in stacks])
+    moe.w13, moe.w2, *scales = (torch.stack(parts) for parts in zip(*slots, strict=True))
+    if moe.scales is not None:
+        moe.scales = (scales[0], scales[1])
     moe.use_placement(new)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _unpack(row: torch.Tensor, stacks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One expert's tensors, shaped and typed as ``stacks``' rows, from the bytes :func:`_bytes` made of them."""
+    out, at = [], 0
+    for t in stacks:
+        size = t[0].numel() * t.element_size()
+        out.append(row[at : at + size].clone().view(t.dtype).view(t.shape[1:]))
+        at += size
+    return out

@@ -109,14 +109,16 @@ class MoE:
             return ops.moe_hash_router(x, self.gate, ids, spec.routed_scaling_factor, spec.score_func), ids
         return ops.moe_router(x, self.gate, self.bias, spec.top_k, spec.routed_scaling_factor, spec.score_func)
 
-    def _stored_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The routed experts kept as stored (:attr:`scales` set), through their format's grouped GEMM op."""
-        assert self.scales is not None
+    def experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_j weights[t, j] * expert ids[t, j](x[t])`` over the experts held here (``ids`` index the stacks),
+        through the grouped GEMM op of the form they are kept in: dense, MXFP4 or FP8 (:attr:`scales` set)."""
+        limit = self.spec.swiglu_limit
+        if self.scales is None:
+            return self.ops.moe_experts(x, ids, weights, self.w13, self.w2, limit)
         s13, s2 = self.scales
         if self.fp8_block is not None:
-            return self.ops.moe_experts_fp8(x, ids, weights, self.w13, s13, self.w2, s2, *self.fp8_block,
-                                            self.spec.swiglu_limit)
-        return self.ops.moe_experts_mxfp4(x, ids, weights, self.w13, s13, self.w2, s2, self.spec.swiglu_limit)
+            return self.ops.moe_experts_fp8(x, ids, weights, self.w13, s13, self.w2, s2, *self.fp8_block, limit)
+        return self.ops.moe_experts_mxfp4(x, ids, weights, self.w13, s13, self.w2, s2, limit)
 
     def idle(self) -> None:
         """Join a step with no tokens: nothing to do without expert parallelism."""
@@ -125,11 +127,7 @@ class MoE:
         ops, spec = self.ops, self.spec
         weights, ids = self.route(x, input_ids)
         if self.shared is not None:
-            if self.scales is not None:
-                routed = self._stored_experts(x, ids, weights)
-            else:
-                routed = ops.moe_experts(x, ids, weights, self.w13, self.w2, spec.swiglu_limit)
-            return routed + swiglu_mlp(ops, x, *self.shared, spec.swiglu_limit)
+            return self.experts(x, ids, weights) + swiglu_mlp(ops, x, *self.shared, spec.swiglu_limit)
         shared_id, shared_weight = self.shared_slot
         ids = torch.cat([ids, shared_id.expand(ids.shape[0], 1)], dim=1)
         weights = torch.cat([weights, shared_weight.expand(weights.shape[0], 1)], dim=1)

@@ -19,9 +19,12 @@ def read_model_config(path: str | Path) -> Any:
 
 
 def load_model(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device,
-               parallel: ParallelContext | None = None) -> CausalLM:
+               parallel: ParallelContext | None = None, drafter: bool = True) -> CausalLM:
     """Build the model in ``path`` (config.json + safetensors) for ``ops``' backend, computing in ``dtype``;
-    ``parallel``: this rank's parallel context (``docs/parallel.md``), None for one process."""
-    if parallel is None:
-        return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device))
-    return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device), parallel=parallel)
+    ``parallel``: this rank's parallel context (``docs/parallel.md``), None for one process; ``drafter``: read the
+    checkpoint's speculative drafter (False where speculative decoding will not run: its tensors are only
+    checked)."""
+    extra: dict[str, Any] = {} if parallel is None else {"parallel": parallel}
+    if not drafter:
+        extra["drafter"] = False
+    return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device), **extra)

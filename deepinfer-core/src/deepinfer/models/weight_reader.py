@@ -11,6 +11,7 @@ A ``model.`` prefix is accepted, and so are the few top-level names transformers
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -73,9 +74,11 @@ class WeightReader:
                  block: tuple[int, int] = DEFAULT_BLOCK):
         self.ckpt, self.dtype, self.device = ckpt, dtype, device
         self.n_routed_experts, self.block = n_routed_experts, block
+        #: ``dense(q)``: a quantized tensor in the compute dtype, for :meth:`load_kept`; None: keep them as stored.
+        self.dense: Callable[[QuantizedTensor], torch.Tensor] | None = None
         self.on_disk: dict[str, str] = {}
         for raw in ckpt.names():
-            name = canonical_name(raw)
+            name = self.canonical(raw)
             if name in self.on_disk:
                 raise CheckpointError(f"{name}: stored twice, as {self.on_disk[name]!r} and {raw!r}")
             self.on_disk[name] = raw
@@ -87,61 +90,86 @@ class WeightReader:
         stored = f" (stored as {raw!r})" if full and raw != name else ""
         return f"{path if full else path.name}: {name}{stored}"
 
+    def canonical(self, raw: str) -> str:
+        """The model's name for a tensor stored as ``raw`` (a model's reader may accept more spellings)."""
+        return canonical_name(raw)
+
     def quant_format(self, weight: str) -> str | None:
+        """``weight``'s quantized format: FP8 or MXFP4 data with a ``.scale`` beside it; None: a float weight
+        (:meth:`dtype_problems` reports a ``.scale`` beside one)."""
         scale = weight.removesuffix(".weight") + ".scale"
         if not weight.endswith(".weight") or scale not in self.on_disk or weight not in self.on_disk:
             return None
         dtype = self.ckpt.dtype_name(self.on_disk[weight])
-        if dtype in FP8_DTYPES:
-            return FP8_BLOCK
-        if dtype in FP4_DTYPES:
-            return MXFP4
-        raise CheckpointError(f"{self.where(weight, full=True)}: has a .scale but dtype {dtype} is neither "
-                              f"FP8 e4m3 ({'/'.join(FP8_DTYPES)}) nor packed FP4 ({'/'.join(FP4_DTYPES)})")
+        return FP8_BLOCK if dtype in FP8_DTYPES else MXFP4 if dtype in FP4_DTYPES else None
+
+    def ignores_scale(self, weight: str) -> bool:
+        """Whether a float ``weight`` may carry a ``.scale`` that is not read (V4.1's float Engram tables)."""
+        return False
 
     def dtype_problems(self, name: str) -> list[str]:
         """The stored dtype against the tensor's role: float weight, id table, quantized data and scale."""
         found = self.ckpt.dtype_name(self.on_disk[name])
         fmt = self.quant_format(name)
-        if is_id_table(name):
+        scale = name.removesuffix(".weight") + ".scale"
+        if fmt is None and name.endswith(".weight") and scale in self.on_disk and not self.ignores_scale(name):
+            problem: str | None = (f"has a .scale beside it but dtype {found}: a scale belongs to FP8 e4m3 "
+                                   f"({'/'.join(FP8_DTYPES)}) or packed FP4 ({'/'.join(FP4_DTYPES)}) data")
+        elif is_id_table(name):
             problem = dtype_problem(found, INT_DTYPES, "expert ids")
         elif fmt is None and found in FP8_DTYPES:
             problem = f"expected dtype {'/'.join(FLOAT_DTYPES)}, found {found} without a .scale beside it"
         elif fmt is None:
             problem = dtype_problem(found, FLOAT_DTYPES, "a floating-point tensor")
         else:
-            scale = name.removesuffix(".weight") + ".scale"
-            allowed = FP8_SCALE_DTYPES if fmt == FP8_BLOCK else MXFP4_SCALE_DTYPES
+            allowed = self.scale_dtypes(name, fmt)
             problem = dtype_problem(self.ckpt.dtype_name(self.on_disk[scale]), allowed, f"{fmt} scales")
             return [] if problem is None else [f"{self.where(scale)}: {problem}"]
         return [] if problem is None else [f"{self.where(name)}: {problem}"]
+
+    def scale_dtypes(self, name: str, fmt: str) -> tuple[str, ...]:
+        """The dtypes weight ``name``'s scales may have in format ``fmt``."""
+        return FP8_SCALE_DTYPES if fmt == FP8_BLOCK else MXFP4_SCALE_DTYPES
 
     def block_of(self, name: str, shape: tuple[int, ...]) -> tuple[int, int]:
         """The FP8 block of weight ``name``: :attr:`block` (V4 uses one block size throughout)."""
         return self.block
 
+    def fp8_blocks(self, name: str) -> tuple[tuple[int, int], ...]:
+        """The FP8 blocks weight ``name``'s role may use (its scale grid must be one of theirs)."""
+        return (self.block,)
+
+    def layout_problems(self, expected: dict[str, tuple[int, ...]], ignored: Callable[[str], bool]) -> list[str]:
+        """Every problem of the checkpoint against the model's ``expected`` tensors (dense shapes), from the
+        headers alone: a missing tensor, an unexpected one (not ``ignored``), a ``.scale`` with no weight of the
+        model beside it, and each tensor's :meth:`check`."""
+        problems = [f"{n}: missing (expected shape {s})" for n, s in expected.items() if n not in self.on_disk]
+        for name in sorted(set(self.on_disk) - set(expected)):
+            weight = name.removesuffix(".scale") + ".weight"
+            if ignored(name) or (name.endswith(".scale") and weight in expected and weight in self.on_disk):
+                continue  # (a scale is checked with its weight)
+            shape = self.ckpt.shape(self.on_disk[name])
+            what = (f"a .scale with no weight {weight!r} of this model beside it" if name.endswith(".scale")
+                    else "unexpected tensor")
+            problems.append(f"{self.where(name)}: {what} of shape {shape}")
+        for name, shape in expected.items():
+            if name in self.on_disk:
+                problems += self.check(name, shape)
+        return problems
+
     def check(self, name: str, shape: tuple[int, ...]) -> list[str]:
-        """Problems with tensor ``name`` (and its scale) against its dense ``shape``, and their dtypes."""
+        """Problems with tensor ``name`` (and its scale) against its dense ``shape`` and its role's layout."""
         problems = self.dtype_problems(name)
         actual = self.ckpt.shape(self.on_disk[name])
         fmt = self.quant_format(name)
         if fmt is None:
             return problems + ([] if actual == shape else [_mismatch(self.where(name), shape, actual)])
-        scale = name.removesuffix(".weight") + ".scale"
-        actual_scale = self.ckpt.shape(self.on_disk[scale])
         if len(shape) != 2:
             return [f"{self.where(name)}: only 2-D weights can be quantized, expected dense shape {shape}"]
-        rows, cols = shape
-        if fmt == FP8_BLOCK:
-            bn, bk = self.block_of(name, shape)
-            data_shape, scale_shape = shape, (-(-rows // bn), -(-cols // bk))
-        else:
-            data_shape, scale_shape = (rows, cols // 2), (rows, cols // 32)
-        if actual != data_shape:
-            problems.append(_mismatch(f"{self.where(name)} ({fmt} data)", data_shape, actual))
-        if actual_scale != scale_shape:
-            problems.append(_mismatch(f"{self.where(scale)} ({fmt} scales)", scale_shape, actual_scale))
-        return problems
+        scale = self.ckpt.shape(self.on_disk[name.removesuffix(".weight") + ".scale"])
+        layout = _fp8_layout if fmt == FP8_BLOCK else _mxfp4_layout
+        problem = layout(name, shape, actual, scale, self)
+        return problems + ([f"{self.where(name)}: {problem}"] if problem else [])
 
     def load(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
         """``rows``: only these rows go to the device (an expert-parallel rank's shard of a table whose scales
@@ -171,3 +199,50 @@ class WeightReader:
         return tensor
 
 
+    def load_kept(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
+        """:meth:`load`, then, when :attr:`dense` is set (the model keeps weights in the compute dtype), a
+        quantized tensor dequantized at once: its stored form is dropped as soon as it is read, never held beside
+        the dense one (except those the model reads as stored either way: :meth:`stays_stored`)."""
+        tensor = self.load(name, shape, rows)
+        if self.dense is None or not isinstance(tensor, QuantizedTensor) or self.stays_stored(name):
+            return tensor
+        return self.dense(tensor)
+
+    def stays_stored(self, name: str) -> bool:
+        """Whether the model reads quantized tensor ``name`` as stored in ``dequantize`` mode too."""
+        return False
+
+def role_of(name: str) -> str:
+    """What a quantized weight is, for messages: a routed expert's, an Engram table, or a dense projection."""
+    if ".ffn.experts." in name:
+        return "routed expert"
+    return "Engram table" if name.endswith("engram.embed.weight") else "dense projection"
+
+
+def _grid(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
+    return -(-shape[0] // block[0]), -(-shape[1] // block[1])
+
+
+def _fp8_layout(name: str, shape: tuple[int, ...], data: tuple[int, ...], scale: tuple[int, ...],
+                reader: WeightReader) -> str | None:
+    """FP8 e4m3 data of the dense shape, one scale per block of a block size the role allows."""
+    blocks = reader.fp8_blocks(name)
+    if data == shape and any(scale == _grid(shape, b) for b in blocks):
+        return None
+    needs = " or ".join(f"{_grid(shape, b)} ({b[0]}x{b[1]} blocks)" for b in blocks)
+    return (f"FP8 {role_of(name)} of dense shape {shape} stored as data {data} with scales {scale}; the role "
+            f"needs data {shape} and scales {needs}")
+
+
+def _mxfp4_layout(name: str, shape: tuple[int, ...], data: tuple[int, ...], scale: tuple[int, ...],
+                  reader: WeightReader) -> str | None:
+    """Packed e2m1 (two a byte) [rows, K/2] with one e8m0 scale per 32 elements [rows, K/32]: routed experts only
+    (16-element scales, NVFP4's block, must not pass as MXFP4)."""
+    rows, cols = shape
+    if role_of(name) != "routed expert":
+        return (f"packed FP4 (MXFP4) data {data} with scales {scale}: the {role_of(name)} role is read as FP8 or "
+                "float, MXFP4 only for routed experts")
+    if cols % 32 == 0 and data == (rows, cols // 2) and scale == (rows, cols // 32):
+        return None
+    return (f"MXFP4 routed expert of dense shape {shape} stored as data {data} with scales {scale}; the role needs "
+            f"data {(rows, cols // 2)} (two e2m1 a byte) and scales {(rows, cols // 32)} (one per 32 elements)")

@@ -61,15 +61,19 @@ def test_names_as_released_and_sharded_load_the_same_model(saved, tmp_path):
     torch.testing.assert_close(_logprobs(shards), expected)
 
 
-def test_mtp_tensors_are_kept(saved, tmp_path):
+def test_mtp_tensors_are_kept(saved, tmp_path, monkeypatch):
+    """In the weight mode of the rest: dequantized at load (default on the reference ops), or as stored."""
     path, tensors, config = saved
     mtp = {"mtp.0.e_proj.weight": torch.randn(64, 64), "mtp.0.enorm.weight": torch.ones(64),
            "mtp.0.attn.wq_a.weight": torch.randn(32, 64).to(torch.float8_e4m3fn),
            "mtp.0.attn.wq_a.scale": torch.ones(1, 1, dtype=torch.float8_e8m0fnu)}
-    model = _load(write_checkpoint(tmp_path / "mtp", {**tensors, **mtp}, config))
+    path = write_checkpoint(tmp_path / "mtp", {**tensors, **mtp}, config)
+    model = _load(path)
     assert set(model.mtp_weights) == {"mtp.0.e_proj.weight", "mtp.0.enorm.weight", "mtp.0.attn.wq_a.weight"}
     torch.testing.assert_close(model.mtp_weights["mtp.0.e_proj.weight"], mtp["mtp.0.e_proj.weight"])
-    quantized = model.mtp_weights["mtp.0.attn.wq_a.weight"]
+    torch.testing.assert_close(model.mtp_weights["mtp.0.attn.wq_a.weight"], mtp["mtp.0.attn.wq_a.weight"].float())
+    monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", "native")
+    quantized = _load(path).mtp_weights["mtp.0.attn.wq_a.weight"]
     assert quantized.format == "fp8_block" and quantized.data.dtype == torch.float8_e4m3fn
 
 
@@ -89,7 +93,8 @@ def test_mtp_tensors_are_kept(saved, tmp_path):
          ["layers.0.attn.wkv.weight: stored twice"]),
         (lambda t: t.update({"model.layers.0.attn.wq_a.weight": torch.zeros(32, 64).to(torch.float8_e4m3fn),
                              "model.layers.0.attn.wq_a.scale": torch.ones(2, 2)}),
-         ["layers.0.attn.wq_a.scale (fp8_block scales): expected shape (1, 1), checkpoint has (2, 2)"]),
+         ["layers.0.attn.wq_a.weight: FP8 dense projection of dense shape (32, 64) stored as data (32, 64) with "
+          "scales (2, 2); the role needs data (32, 64) and scales (1, 1) (128x128 blocks)"]),
     ],
     ids=["missing", "misshaped", "unexpected", "several", "twice", "scale-shape"],
 )

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from deepinfer.models import load_model
-from deepinfer.models.checkpoint import CheckpointError
+from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer.models.deepseek_v41.weights import read_weights
 from deepinfer.ops import OpTable
 from deepinfer.quant import MXFP4, QuantizedTensor
 from tests.support.model_runs import run_chunked
 from tests.support.quantized import V41_RELEASED as RELEASED
-from tests.support.quantized import quantize_checkpoint
+from tests.support.quantized import quantize_checkpoint, rewrite_checkpoint
 from tests.support.quantized import v41_released_layout as released_layout
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES, references
@@ -23,6 +24,12 @@ from tests.support.v41_fixtures import FIXTURES, references
 
 def _load(path):
     return load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
+
+
+def _stored(path):
+    """The checkpoint's tensors as the reader gives them, quantized ones as stored."""
+    cfg = DeepseekV41Config.from_file(path)
+    return read_weights(SafetensorsCheckpoint(path), cfg, torch.float32, torch.device("cpu"))[0]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,7 @@ def released(tmp_path_factory):
 def test_released_format_matches_its_dequantized_twin(released):
     quantized_dir, twin_dir = released
     model = _load(quantized_dir)
-    stored = model.quantized
+    stored = _stored(quantized_dir)
     assert stored["layers.4.ffn.experts.1.w1.weight"].format == MXFP4
     assert stored["layers.4.attn.wq_b.weight"].block == (32, 32)
     assert stored["layers.5.attn.wq_b.weight"].block == (128, 128)
@@ -70,25 +77,17 @@ def test_fp8_engram_lookup_in_one_op_gives_the_three_op_logits_bit_for_bit(relea
     assert torch.equal(run_chunked(model, tokens, 11), fused)
 
 
-def _rewrite(source, target, change):
-    import shutil
-
-    shutil.copytree(source, target)
-    tensors = load_file(str(target / "model.safetensors"))
-    change(tensors)
-    save_file(tensors, str(target / "model.safetensors"))
-    return target
-
-
 def test_a_scale_grid_that_fits_no_block_is_refused(released, tmp_path):
     name = "layers.4.attn.wq_b.scale"
 
     def change(t):
         t[name] = t[name][:3].contiguous()  # 160x32 takes 5x1 scales in 32x32 blocks, 2x1 in 128x128: not 3x1
 
-    path = _rewrite(released[0], tmp_path / "bad", change)
-    with pytest.raises(CheckpointError, match=r"layers.4.attn.wq_b.weight: FP8 weight of shape \(160, 32\) with "
-                                              r"scales \(3, 1\)"):
+    path = rewrite_checkpoint(released[0], tmp_path / "bad", change)
+    with pytest.raises(CheckpointError, match=r"layers.4.attn.wq_b.weight: FP8 dense projection of dense shape "
+                                              r"\(160, 32\) stored as data \(160, 32\) with scales \(3, 1\); the "
+                                              r"role needs data \(160, 32\) and scales \(5, 1\) \(32x32 blocks\) or "
+                                              r"\(2, 1\) \(128x128 blocks\)"):
         _load(path)
 
 
@@ -99,8 +98,10 @@ def test_mxfp4_scales_read_as_16_element_blocks_are_refused(released, tmp_path):
     def change(t):
         t[name] = t[name].repeat_interleave(2, dim=1).contiguous()
 
-    path = _rewrite(released[0], tmp_path / "bad", change)
-    with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.scale \(mxfp4 scales\): expected shape"):
+    path = rewrite_checkpoint(released[0], tmp_path / "bad", change)
+    with pytest.raises(CheckpointError, match=r"layers.4.ffn.experts.1.w1.weight: MXFP4 routed expert of dense shape "
+                                              r"\(16, 64\) stored as data \(16, 32\) with scales \(16, 4\); the role "
+                                              r"needs data \(16, 32\) \(two e2m1 a byte\) and scales \(16, 2\)"):
         _load(path)
 
 

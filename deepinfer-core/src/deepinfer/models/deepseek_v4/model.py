@@ -63,9 +63,9 @@ class DecoderLayer:
 class DeepseekV4ForCausalLM(PooledCausalLM):
     """Implements :class:`deepinfer.models.base.CausalLM`.
 
-    Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype, except, with
-    ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as stored, run by the quantized GEMM ops);
-    the stored forms stay available in :attr:`quantized` (and the MTP layer's tensors in :attr:`mtp_weights`).
+    Quantized checkpoint tensors are dequantized (through the op table) into the compute dtype (no stored copy is
+    kept), except, with ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as stored, run by
+    the quantized GEMM ops); the MTP layer's tensors are kept in :attr:`mtp_weights`.
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
 
@@ -75,10 +75,6 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
     ):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
-        #: reference would keep a copy of every weight they restack alive)
-        stored = {n: t for n, t in weights.tensors.items() if isinstance(t, QuantizedTensor)}
-        self.quantized = {} if native_weights else stored
         self.mtp_weights = weights.mtp
 
         def get(name: str) -> torch.Tensor:

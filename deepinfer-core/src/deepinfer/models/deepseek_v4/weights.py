@@ -18,6 +18,7 @@ from deepinfer.models.deepseek_v4.config import CSA, HASH_MOE, SLIDING, Deepseek
 from deepinfer.models.layer_shapes import mlp_shapes, shared_layer_shapes
 from deepinfer.models.tensor_checks import problems_error
 from deepinfer.models.weight_reader import DEFAULT_BLOCK, Stored, WeightReader
+from deepinfer.ops import Ops
 
 
 def expected_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
@@ -73,29 +74,25 @@ class V4Weights:
 
 def read_weights(
     ckpt: SafetensorsCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype, device: torch.device,
-    keep: Callable[[str], bool] | None = None,
+    keep: Callable[[str], bool] | None = None, *, dequantize: Ops | None = None, drafter: bool = True,
 ) -> V4Weights:
-    """Check every name, shape and dtype from the headers, then load (only the tensors ``keep`` accepts: an
+    """Check every name, shape, dtype and layout from the headers, then load (only the tensors ``keep`` accepts: an
     expert-parallel rank loads its own experts), checking values.  Raises
     :class:`CheckpointError` listing each missing, unexpected, mis-shaped or mis-typed tensor with its file,
-    name, and what was expected and found; or naming the first tensor with a NaN / inf or an id out of range."""
+    name, and what was expected and found; or naming the first tensor with a NaN / inf or an id out of range.
+    ``dequantize``: quantized weights become ``dtype`` through these ops as they load; None: they stay as stored.
+    ``drafter``: read the MTP layer's ``mtp.*`` tensors (their dtypes are checked either way)."""
     reader = WeightReader(ckpt, dtype, device, cfg.n_routed_experts,
                           cfg.quant.weight_block_size if cfg.quant is not None else DEFAULT_BLOCK)
     expected = expected_shapes(cfg)
-    scales = {n.removesuffix(".weight") + ".scale" for n in expected if reader.quant_format(n)}
-    mtp = sorted(n for n in reader.on_disk if n.startswith("mtp."))
-    mtp_weights = [n for n in mtp if not n.endswith(".scale")]
-    problems = [f"{n}: missing (expected shape {expected[n]})" for n in expected if n not in reader.on_disk]
-    unexpected = set(reader.on_disk) - set(expected) - scales - set(mtp)
-    problems += [f"{reader.where(n)}: unexpected tensor of shape {ckpt.shape(reader.on_disk[n])}"
-                 for n in sorted(unexpected)]
-    for name, shape in expected.items():
-        if name in reader.on_disk:
-            problems += reader.check(name, shape)
+    mtp_weights = sorted(n for n in reader.on_disk if n.startswith("mtp.") and not n.endswith(".scale"))
+    problems = reader.layout_problems(expected, lambda n: n.startswith("mtp."))
     for name in mtp_weights:
         problems += reader.dtype_problems(name)
     if problems:
         raise problems_error(f"checkpoint {ckpt.directory} does not match its config", problems)
-    tensors = {name: reader.load(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
-    mtp_tensors = {n: reader.load(n, None) for n in mtp_weights}
+    if dequantize is not None:
+        reader.dense = lambda q: q.dequantize(dequantize, dtype)
+    tensors = {name: reader.load_kept(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
+    mtp_tensors = {n: reader.load_kept(n, None) for n in mtp_weights} if drafter else {}
     return V4Weights(tensors, mtp_tensors)

@@ -14,6 +14,7 @@ from deepinfer.models.deepseek_v41.roles import FULL, REINDEX, REUSE, SWA, Layer
 from deepinfer.models.deepseek_v41.token_map import CompressedTokenMap
 from deepinfer.models.deepseek_v41.truncation import cut_layer
 from deepinfer.models.deepseek_v41.weights import read_weights
+from deepinfer.models.weights_mode import weights_mode
 from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
 
@@ -22,19 +23,25 @@ __all__ = ["FULL", "REINDEX", "REUSE", "SWA", "ConfigError", "DeepseekV41Config"
 
 
 def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device,
-         parallel: ParallelContext | None = None) -> DeepseekV41ForCausalLM:
+         parallel: ParallelContext | None = None, drafter: bool = True) -> DeepseekV41ForCausalLM:
     """Build the model from a checkpoint directory (config.json, safetensors, and tokenizer.json, from which
     Engram's compressed token map is derived).  ``DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact`` turns on
     decoder prefill truncation with ``DEEPINFER_YOCO_PREFILL_KEEP_TOKENS`` kept rows (checked here).
-    ``parallel``: this rank's parallel context (None: one process).  ``DEEPINFER_QUANTIZED_WEIGHTS=native`` keeps
-    FP8 / MXFP4 weights as stored; ``DEEPINFER_QUANTIZED_KV=1`` stores the state in the model's KV formats."""
+    ``parallel``: this rank's parallel context (None: one process).  Quantized weights stay as stored or become
+    ``dtype`` by :func:`~deepinfer.models.weights_mode.weights_mode`; ``DEEPINFER_QUANTIZED_KV=1`` stores the state
+    in the model's KV formats.  ``drafter``: read the DSpark drafter's tensors (False where speculative decoding
+    will not run: they are still checked)."""
     cfg = DeepseekV41Config.from_file(path)
     keep = envs.yoco_prefill_keep_tokens() if envs.yoco_prefill_truncation_mode() == "compact" else None
     if keep is not None:
         cut_layer(cfg, keep)  # refuse a bad KEEP before reading the weights
+    mode = weights_mode(ops)
     tensors, mtp = read_weights(SafetensorsCheckpoint(path), cfg, dtype, torch.device(device),
                                 keep=parallel.loads if parallel is not None else None,
-                                rows=parallel.table_rows if parallel is not None else None)
+                                rows=parallel.table_rows if parallel is not None else None,
+                                dequantize=None if mode.native else ops, drafter=drafter)
+    if cfg.quant is not None:
+        mode.log(path)
     token_map = None
     if cfg.engram_layer_ids:
         if not (Path(path) / "tokenizer.json").is_file():
@@ -44,4 +51,4 @@ def load(path: str | Path, *, ops: Ops, dtype: torch.dtype, device: torch.device
             cfg.vocab_size, cfg.engram_pad_id)
     return DeepseekV41ForCausalLM(cfg, tensors, mtp, token_map, ops=ops, dtype=dtype, device=device,
                                   decoder_keep=keep, parallel=parallel,
-                                  native_weights=envs.quantized_weights() == "native", quantized_kv=envs.quantized_kv())
+                                  native_weights=mode.native, quantized_kv=envs.quantized_kv())

@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from deepinfer.kv.pool import PooledState
+from deepinfer.layers.linear import linear, stored_weight
 from deepinfer.models.base import SequenceState
 from deepinfer.models.deepseek_v41.attention import Attention
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
@@ -61,7 +62,8 @@ def draft_role(layer_id: int) -> LayerRole:
 
 class DSparkDrafter:
     """The drafter of one V4.1 model: a context per target state, in the rows of the state's slot (``num_slots``:
-    the model's state pool's)."""
+    the model's state pool's).  Its tensors run as loaded: FP8 projections and MXFP4 / FP8 experts as stored where
+    the target keeps its weights so (``native``), dense otherwise (:mod:`deepinfer.models.weights_mode`)."""
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], embed: torch.Tensor, head: torch.Tensor,
                  *, ops: Ops, dtype: torch.dtype, device: torch.device, num_slots: int):
@@ -71,11 +73,12 @@ class DSparkDrafter:
         check_mtp(cfg, {k: tuple(v.shape) for k, v in tensors.items()}, "checkpoint")
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         get = tensor_getter(tensors, ops, dtype)
+        weight = stored_weight(tensors, get)  # FP8 / MXFP4 tensors stay as loaded (the target's weight mode)
         moe = moe_spec(cfg, cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok)
         self.layers = [DecoderLayer(ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None,
-                                    prefix=layer_prefix(i), moe=moe) for i in range(n)]
+                                    prefix=layer_prefix(i), moe=moe, weight=weight) for i in range(n)]
         first, last = layer_prefix(0), layer_prefix(n - 1)
-        self.main_proj, self.main_norm = get(first + "main_proj.weight"), get(first + "main_norm.weight")
+        self.main_proj, self.main_norm = weight(first + "main_proj.weight"), get(first + "main_norm.weight")
         self.norm = get(last + "norm.weight")
         self.markov, self.confidence = MarkovHead(ops, get, last), ConfidenceHead(ops, get, last)
         self.embed, self.head = embed, head
@@ -115,7 +118,7 @@ class DSparkDrafter:
         """:meth:`extend` on the device (``slots`` / ``positions`` [N] int64 there, unchecked): no host data, so a
         captured verify step extends every row it ran (:class:`~deepinfer.spec_decode.drafter.VerifyExtender`)."""
         ops = self.ops
-        main_x = ops.rms_norm(ops.linear(features.to(self.dtype), self.main_proj), self.main_norm,
+        main_x = ops.rms_norm(linear(ops, features.to(self.dtype), self.main_proj), self.main_norm,
                               self.config.rms_norm_eps)
         latents = [layer.attn.latents(main_x, positions) for layer in self.layers]
         self.context.write(slots, positions, latents)

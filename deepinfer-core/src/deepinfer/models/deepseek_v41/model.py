@@ -50,9 +50,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``token_map``: the Engram compressed id of every token id ([vocab] int64), derived from the tokenizer.
     ``decoder_keep``: decoder prefill truncation (:mod:`.truncation`): the decoder runs on the last
     ``decoder_keep`` positions of a prompt; None: on every position.
-    Quantized checkpoint tensors are dequantized into the compute dtype, except Engram tables (gathered by
-    row) and, with ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as stored, run by the
-    quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in :attr:`mtp_weights`.
+    Quantized checkpoint tensors are dequantized into the compute dtype (no stored copy is kept), except Engram
+    tables (gathered by row) and, with ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as
+    stored, run by the quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in
+    :attr:`mtp_weights` for :meth:`make_drafter`.
     ``quantized_kv``: the state stores K=V and indexer keys in the model's formats (:mod:`.state`).
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
@@ -63,9 +64,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
                  native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        #: the stored forms of dequantized weights (empty with ``native_weights``: the layers hold them, and a second
-        #: reference would keep a copy of every weight they restack alive)
-        self.quantized = {} if native_weights else {n: t for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
+        #: The drafter's tensors as loaded (dense, or as stored with ``native_weights``); empty when not read.
         self.mtp_weights = mtp
 
         def get(name: str) -> torch.Tensor:
