@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.ops import indexer
-from deepinfer.ops.registry import op_defs
+from deepinfer.ops import indexer, op_defs
 
 OPS = ["indexer_topk", "indexer_candidates", "indexer_topk_in_blocks"]
 

@@ -30,6 +30,7 @@ from deepinfer.engine.state_cache import StateCache, state_budget
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
 from deepinfer.models.base import CausalLM, PrefixCacheable
+from deepinfer.models.weights_mode import weights_mode
 from deepinfer.ops import Ops
 from deepinfer.outputs import RequestOutput
 from deepinfer.parallel.plan import ParallelConfig
@@ -134,12 +135,13 @@ class LLM:
         dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
-        check_memory_plan(source.path, args, dtype, backend)  # logged; refused here, before any weight is read
         joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs))
         device = backend.device(joined.local_rank if joined is not None else 0)
         # a drafter that will not run is neither read nor built (its tensors are still checked)
         spec_env = envs.spec_decode()  # read once for this engine
         speculating = drafter_off(backend, not args.enforce_eager, joined is not None, spec_env) is None
+        # logged; refused here, before any weight is read
+        check_memory_plan(source.path, args, dtype, backend, weights_mode(ops).name, speculating)
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
                         parallel=joined.context if joined is not None else None, drafter=speculating)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)

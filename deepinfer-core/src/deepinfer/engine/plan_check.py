@@ -24,12 +24,13 @@ logger = logging.getLogger(__name__)
 
 def plan_request(args: EngineArgs, dtype: torch.dtype, **overrides: Any) -> PlanRequest:
     """The plan of these engine arguments: the sizes and the state's knobs from ``args``, the weight and KV formats
-    from ``DEEPINFER_QUANTIZED_WEIGHTS`` / ``DEEPINFER_QUANTIZED_KV``; the drafter counted when drafting is not
+    from ``DEEPINFER_QUANTIZED_WEIGHTS`` (unset: native, the default where the packed kernels exist) /
+    ``DEEPINFER_QUANTIZED_KV``; the drafter counted when drafting is not
     turned off on one rank (``DEEPINFER_USE_NEXTN_DECODE``); ``overrides``: any other field."""
     fields: dict[str, Any] = dict(
         data_parallel_size=args.data_parallel_size, expert_parallel_size=args.expert_parallel_size,
         context_parallel_size=args.context_parallel_size, num_redundant_experts=args.num_redundant_experts,
-        quantized_weights=envs.quantized_weights(), quantized_kv=envs.quantized_kv(), dtype=dtype,
+        quantized_weights=envs.quantized_weights() or "native", quantized_kv=envs.quantized_kv(), dtype=dtype,
         speculative=envs.nextn_decode() > 0 and args.data_parallel_size * args.context_parallel_size == 1,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -37,8 +38,10 @@ def plan_request(args: EngineArgs, dtype: torch.dtype, **overrides: Any) -> Plan
     return PlanRequest(**{**fields, **overrides})
 
 
-def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend: Any) -> MemoryPlan | None:
-    """Log the plan of loading ``path`` with ``args``; raise :class:`~.memory_plan.MemoryPlanError` if its weights,
+def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend: Any, quantized_weights: str,
+                      speculative: bool) -> MemoryPlan | None:
+    """Log the plan of loading ``path`` with ``args`` (weights ``native`` or ``dequantize``, the drafter held when
+    ``speculative``); raise :class:`~.memory_plan.MemoryPlanError` if its weights,
     the drafter's context and the smallest state pool cannot fit the memory the backend reports free (a backend
     that reports none: logged only); warn if only the workspace estimate does not fit.  None for a model the plan
     does not cover."""
@@ -51,7 +54,8 @@ def check_memory_plan(path: Path, args: EngineArgs, dtype: torch.dtype, backend:
     except NotImplementedError:
         free = None
     planner = MemoryPlanner(read_plan_inputs(path))
-    plan = planner.plan(plan_request(args, dtype, gpu_memory=free))
+    plan = planner.plan(plan_request(args, dtype, gpu_memory=free, quantized_weights=quantized_weights,
+                                      speculative=speculative))
     logger.info("%s", summary(plan))
     logger.debug("%s", format_plan(plan))
     if args.state_cache_bytes is not None and args.state_cache_bytes < plan.state_min:

@@ -35,7 +35,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engram-sharded", action=argparse.BooleanOptionalAction, default=None,
                    help="row-shard the Engram tables over the expert-parallel group (default: when EP > 1)")
     p.add_argument("--quantized-weights", choices=["native", "dequantize"], default=None,
-                   help="weights as stored or dequantized (default: DEEPINFER_QUANTIZED_WEIGHTS)")
+                   help="weights as stored or dequantized (default: DEEPINFER_QUANTIZED_WEIGHTS, else native: "
+                        "the default of a backend with the packed kernels, CUDA)")
     p.add_argument("--quantized-kv", action=argparse.BooleanOptionalAction, default=None,
                    help="state rows in the model's formats (default: DEEPINFER_QUANTIZED_KV)")
     p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=False,

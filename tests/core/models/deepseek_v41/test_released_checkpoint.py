@@ -122,8 +122,6 @@ def test_the_engine_serves_it_with_its_drafter(checkpoint, monkeypatch):
     assert len(out.outputs[0].token_ids) == 6
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the drafter accepts the release's other spelling "
-                                       "mtp.{n-1}.confidence_head.weight; today only .proj.weight")
 def test_the_other_confidence_head_spelling_builds_the_drafter(tmp_path):
     path = write_released_checkpoint(tmp_path / "v41", options=LayoutOptions(confidence_proj=False))
     model = load_model(path, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))

@@ -136,7 +136,7 @@ def test_the_log_says_which_weight_mode_and_why(released, monkeypatch, caplog):
     """On the reference backend a quantized checkpoint is dequantized by default; a backend whose op table
     overrides the packed ops keeps it as stored; the variable forces either."""
     from deepinfer.models.weights_mode import PACKED_OPS, weights_mode
-    from deepinfer.ops.registry import op_defs
+    from deepinfer.ops import op_defs
 
     monkeypatch.delenv("DEEPINFER_QUANTIZED_WEIGHTS", raising=False)
     with caplog.at_level("INFO", logger="deepinfer"):
