@@ -103,12 +103,13 @@ MTP_FP32 = ("confidence_head.proj.weight",)
 
 
 def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device,
-                 keep: Callable[[str], bool] | None = None, rows: Callable[[str, int], slice | None] | None = None
-                 ) -> tuple[dict[str, Stored], dict[str, Stored]]:
+                 keep: Callable[[str], bool] | None = None, rows: Callable[[str, int], slice | None] | None = None,
+                 table_device: torch.device | None = None) -> tuple[dict[str, Stored], dict[str, Stored]]:
     """(the text model's tensors that ``keep`` accepts (default: all; an expert-parallel rank loads its own
     experts), the DSpark drafter's ``mtp.*``), checked by name and shape from the headers first; raises
     :class:`CheckpointError` listing each missing, unexpected or mis-shaped tensor.  ``rows(name, n)``: the rows
-    of Engram table ``name`` (of ``n``) to load (a rank's shard), or None for all."""
+    of Engram table ``name`` (of ``n``) to load (a rank's shard), or None for all; only those are read.
+    ``table_device``: where Engram tables go (default: ``device``; the host, for tables kept in host memory)."""
     reader = _Reader(ckpt, dtype, device, cfg.n_routed_experts)
     expected = expected_shapes(cfg)
     scales = {n.removesuffix(".weight") + ".scale" for n in reader.on_disk if n.endswith(".weight")}
@@ -124,11 +125,13 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
     if problems:
         head = f"checkpoint {ckpt.directory} does not match its config ({len(problems)} problems):\n  "
         raise CheckpointError(head + "\n  ".join(problems))
-    def shard(name: str, shape: tuple[int, ...]) -> slice | None:
-        return rows(name, shape[0]) if rows is not None and name.endswith("engram.embed.weight") else None
+    def load(name: str, shape: tuple[int, ...]) -> Stored:
+        if not name.endswith("engram.embed.weight"):
+            return reader.load(name, shape)
+        shard = rows(name, shape[0]) if rows is not None else None
+        return reader.load(name, shape, slice(None) if shard is None else shard, table_device)
 
-    tensors = {name: reader.load(name, shape, shard(name, shape)) for name, shape in expected.items()
-               if keep is None or keep(name)}
+    tensors = {name: load(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
     drafter = {n: reader.load(n, None) for n in mtp if not n.endswith(".scale")}
     for name in [n for n in drafter if n.endswith(MTP_FP32)]:  # as vLLM builds it: an fp32 head
         drafter[name] = ckpt.get(reader.on_disk[name]).to(device=device, dtype=torch.float32)
