@@ -17,9 +17,9 @@ import torch
 
 #: cudaHostRegisterPortable | cudaHostRegisterMapped: pinned for every context, mapped into the device's space.
 _REGISTER_FLAGS = 0x01 | 0x02
-#: A host tensor this large came from its own mmap (glibc maps every allocation over 32 MiB): it has pages of its
-#: own and is registered where it is.  A smaller one may share a page with another registered range (which CUDA
-#: refuses), so it is copied into pages of its own first.
+#: A host tensor this large came from its own mmap (glibc maps every allocation over 32 MiB): the pages it spans
+#: are its own and are registered where they are.  A smaller one may share a page with another registered range
+#: (which CUDA refuses), so it is copied into pages of its own first.
 OWN_PAGES_BYTES = 64 << 20
 
 
@@ -43,7 +43,7 @@ def _check(result: Any, what: str) -> Any:
 
 
 def _unregister(address: int, host: torch.Tensor) -> None:
-    """Unpin ``host`` (kept alive until now by this finaliser's reference)."""
+    """Unpin the pages from ``address`` (``host``'s: kept alive until now by this finaliser's reference)."""
     try:
         _runtime().cudaHostUnregister(address)
     except Exception:  # noqa: BLE001 - at interpreter exit the CUDA context may already be gone
@@ -52,17 +52,26 @@ def _unregister(address: int, host: torch.Tensor) -> None:
 
 class _Mapped:
     """The device address of a registered host tensor as a byte array (``__cuda_array_interface__``).  The CUDA
-    tensors made over it hold it; when the last goes, its host tensor is unregistered, then freed."""
+    tensors made over it hold it; when the last goes, its pages (from ``registered``) are unregistered, then the
+    host tensor is freed."""
 
-    def __init__(self, host: torch.Tensor, address: int):
+    def __init__(self, host: torch.Tensor, address: int, registered: int):
         self.__cuda_array_interface__ = {"shape": (host.nbytes,), "typestr": "|u1", "data": (address, False),
                                          "strides": None, "version": 3}
-        weakref.finalize(self, _unregister, host.data_ptr(), host)
+        weakref.finalize(self, _unregister, registered, host)
+
+
+def _pages(t: torch.Tensor) -> tuple[int, int]:
+    """(first address, bytes) of the whole pages ``t`` spans: what is registered (its pages are its own)."""
+    start = t.data_ptr() - t.data_ptr() % mmap.PAGESIZE
+    stop = -(-(t.data_ptr() + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+    return start, stop - start
 
 
 def _own_pages(t: torch.Tensor) -> torch.Tensor:
-    """``t`` if its memory has pages of its own, else a copy in an anonymous mapping (pages of its own)."""
-    if t.nbytes >= OWN_PAGES_BYTES:
+    """``t`` if its memory has pages of its own (a large tensor that is its whole storage), else a copy in an
+    anonymous mapping (pages of its own)."""
+    if t.nbytes >= OWN_PAGES_BYTES and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes:
         return t
     pages = mmap.mmap(-1, t.nbytes)  # the tensor made over it keeps it alive
     copy = torch.frombuffer(pages, dtype=torch.uint8).view(t.dtype).view(t.shape)
@@ -81,14 +90,16 @@ def mapped_view(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         return torch.empty(t.shape, dtype=t.dtype, device=device)
     host = _own_pages(t)
     runtime = _runtime()
+    start, size = _pages(host)
     with torch.cuda.device(device):  # the registration's device is the one torch reads off the address
-        _check(runtime.cudaHostRegister(host.data_ptr(), host.nbytes, _REGISTER_FLAGS), "cudaHostRegister")
+        _check(runtime.cudaHostRegister(start, size, _REGISTER_FLAGS), "cudaHostRegister")
         try:
-            address = int(_check(runtime.cudaHostGetDevicePointer(host.data_ptr(), 0), "cudaHostGetDevicePointer"))
+            base = int(_check(runtime.cudaHostGetDevicePointer(start, 0), "cudaHostGetDevicePointer"))
         except Exception:
-            runtime.cudaHostUnregister(host.data_ptr())
+            runtime.cudaHostUnregister(start)
             raise
-        view = torch.as_tensor(_Mapped(host, address), device=device)
+        address = base + host.data_ptr() - start  # the pages map contiguously
+        view = torch.as_tensor(_Mapped(host, address, start), device=device)
     if view.data_ptr() != address:
         raise RuntimeError(f"torch copied a mapped host tensor to {view.device} instead of viewing it in place")
     return view.view(t.dtype).view(t.shape)
