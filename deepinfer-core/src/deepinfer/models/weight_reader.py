@@ -71,7 +71,7 @@ class WeightReader:
     converts tensors, checking their values (finite; expert ids below ``n_routed_experts``) as they arrive.
     ``block``: the FP8 block of every FP8 weight (V4's config gives one; V4.1 overrides :meth:`block_of`)."""
 
-    #: Bytes of a row read (:meth:`read_rows`) a table is read in: the largest transient its load makes.
+    #: A table is read (:meth:`read_rows`) this many bytes at a time: the largest transient its load makes.
     CHUNK_BYTES = 64 << 20
 
     def __init__(self, ckpt: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device, n_routed_experts: int,
