@@ -35,11 +35,13 @@ def test_tiny_slice_runs_on_the_cpu(tmp_path):
     out = tmp_path / "slice.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "tools.bench.v41_slice", "--tiny", "--cases",
-                           "prefill,decode1,decode16", "--json", str(out), "--profile"], capture_output=True, text=True,
+                           "prefill,decode1,decode16", "--json", str(out), "--profile", "--engram",
+                           "device,host"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| case |" in proc.stdout
     assert proc.stdout.count("| kernel | us / step |") == 2  # --profile: one table per decode case
+    assert "Engram table in host memory (UVA) vs device memory, same run: decode b1 ctx 80:" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"] for r in rows] == ["prefill 1x64", "decode b1 ctx 80", "decode b16 ctx 80"]
     assert all(r["s"] > 0 and 0 < r["fraction"] and r["bytes"] > 0 for r in rows)
@@ -75,3 +77,16 @@ def test_tiny_released_slice_runs_on_the_cpu(tmp_path):
     bf16, rel = slices
     assert rel["weights_bytes"] < bf16["weights_bytes"] and rel["tokens_per_gib"] > 3 * bf16["tokens_per_gib"]
     assert all(r["s"] > 0 and r["bytes"] > 0 for r in rel["rows"])
+
+
+def test_engram_report_compares_replayed_decode_steps():
+    """``--engram device,host``: each decode case's host / device ratio of its replayed (device) time, else its
+    step time; prefill and host-cost entries are not compared."""
+    from tools.bench import v41_slice as bench
+
+    device = {"decode b1 ctx 80": 3.0e-3, "decode b1 ctx 80 replay": 2.0e-3, "decode b1 ctx 80 host": {"x": 1.0},
+              "decode b16 ctx 80": 8.0e-3, "prefill 1x64": 1.0}
+    host = {"decode b1 ctx 80": 9.0, "decode b1 ctx 80 replay": 2.1e-3, "decode b16 ctx 80": 7.6e-3}
+    line, ratios = bench.engram_report({"device": device, "host": host})
+    assert ratios == pytest.approx({"decode b1 ctx 80": 1.05, "decode b16 ctx 80": 0.95})
+    assert "decode b1 ctx 80: 2.000 -> 2.100 ms (+5.0%)" in line and "(-5.0%)" in line

@@ -30,8 +30,14 @@ process.  Its roofline counts the bytes actually stored, and its FLOPs at the FP
 cuBLAS ``_scaled_mm``) for the FP8 GEMMs, at the bf16 rate for the rest (MXFP4 experts are dequantized to bf16
 in the tile); prefill prints its rate against the FP8 ceiling.  Weight and state memory of both are printed.
 
+``--engram device,host`` times the decode cases with the Engram table in device memory, then in host memory (the
+engine's default, ``engram_placement="host"``: pinned, read by the kernels in place through UVA) in the same run,
+and prints each case's ratio (the target: within 3%); ``--engram host`` alone runs every case with it in host
+memory.  ``--engram-vocab`` sets the table's first prime bucket (rows: ~24x it; V4.1-Flash's is 16,000,000, 384M
+rows a layer): a larger table shows what scattered reads of host memory cost.
+
     python -m tools.bench.v41_slice [--json PATH] [--cases prefill,decode1,decode16,decode64] [--eager] [--released]
-                                    [--profile]
+                                    [--profile] [--engram device,host] [--engram-vocab N]
     python -m tools.bench.v41_slice --tiny      # a small config on the CPU (reference ops): tests the script
 """
 
@@ -43,7 +49,7 @@ import json
 import sys
 from typing import Any
 
-from tools.bench.steps import SwitchableOps, deepinfer_cases, jit_launches
+from tools.bench.steps import SwitchableOps, backend_for, deepinfer_cases, jit_launches
 from tools.ceilings import Ceilings, ceilings
 
 #: V4.1-Flash's per-layer dims; ``n_routed_experts`` is what the layers route over (see ``EXPERTS``).
@@ -76,6 +82,8 @@ class Shape:
     context: int
     max_seqs: int
     device: str
+    #: The Engram table's first prime bucket (``engram_vocab_size``); None: the config's.
+    engram_vocab: int | None = None
 
 
 FULL = Shape(SLICE, 384, 1024, 2048, 64, "cuda")
@@ -92,6 +100,8 @@ def _config(shape: Shape):
     from deepinfer.models.deepseek_v41.engram_hash import is_prime
 
     raw = dict(shape.config)
+    if shape.engram_vocab is not None:
+        raw["engram_vocab_size"] = shape.engram_vocab
     # the table holds the buckets: the consecutive primes >= engram_vocab_size, one per (n-gram size, head)
     candidate, rows = raw["engram_vocab_size"] - 1, 0
     for _ in range((raw["engram_max_ngram_size"] - 1) * raw["engram_n_heads"]):
@@ -339,11 +349,15 @@ def report(rows: list[dict[str, Any]], counts: Bytes, roof: Ceilings, device: st
 
 
 def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released: bool, roof: Ceilings,
-              device: str, profile: bool = False) -> dict[str, Any]:
-    """Build the slice (bf16, or ``released``), time its cases, print its report; the results as plain data."""
+              device: str, profile: bool = False, engram: tuple[str, ...] = ("device",)) -> dict[str, Any]:
+    """Build the slice (bf16, or ``released``), time its cases with the Engram table in ``engram[0]``'s memory
+    (then the decode cases in each other placement: :func:`engram_report`), print its report; the results as plain
+    data."""
     from deepinfer.kv.sizing import describe_density, tokens_per_gib
 
     model = build_model(shape, SwitchableOps(table), released)
+    tables = built_tables(model)
+    place_engram(tables, engram[0], model.device)
     counts = count_bytes(model.config, shape, released)
     model.configure_state(shape.max_seqs, model.state_pool_bytes(shape.max_seqs, max(shape.prefill,
                                                                                       shape.context + 64)))
@@ -370,8 +384,53 @@ def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released:
             print(f"\n{title}, {key} (kernels of replayed steps):\n{table_md}")
     print(f"state pool: {state_bytes / 1e9:.2f} GB for {shape.max_seqs} sequences; "
           f"{describe_density(model.state_spec, 2)}\n")
-    return {"format": "released" if released else "bf16", "rows": rows, "weights_bytes": counts.resident,
-            "state_bytes": state_bytes, "tokens_per_gib": density}
+    placed = {engram[0]: times["graphs"]}
+    for placement in engram[1:]:
+        place_engram(tables, placement, model.device)
+        placed[placement] = deepinfer_cases(model, [c for c in cases if c.startswith("decode")], True,
+                                            prefill=shape.prefill, context=shape.context, max_seqs=shape.max_seqs,
+                                            device=shape.device)
+    result = {"format": "released" if released else "bf16", "rows": rows, "weights_bytes": counts.resident,
+              "state_bytes": state_bytes, "tokens_per_gib": density, "engram": engram[0]}
+    if {"host", "device"} <= placed.keys():
+        line, result["engram_host_over_device"] = engram_report(placed)
+        print(line + "\n")
+    return result
+
+
+def built_tables(model: Any) -> list[tuple[Any, Any, Any]]:
+    """(weights, table, scales or None) of each Engram layer of the slice as built: in device memory."""
+    return [(layer.engram.weights, layer.engram.weights.table, layer.engram.weights.table_scale)
+            for layer in model.layers if layer.engram is not None]
+
+
+def place_engram(tables: list[tuple[Any, Any, Any]], placement: str, device: Any) -> None:
+    """Point the Engram layers of :func:`built_tables` at their tables (an FP8 table's scales too) in ``placement``:
+    ``"device"`` memory, as built, or ``"host"`` memory the kernels read in place (``Backend.host_resident`` of a
+    host copy: what the loader's ``engram_placement="host"`` gives)."""
+    from deepinfer.models.deepseek_v41.engram_placement import check_placement
+
+    backend = backend_for(device.type)
+    for weights, table, scale in tables:
+        if check_placement(placement) == "device":
+            weights.table, weights.table_scale = table, scale
+            continue
+        weights.table = backend.host_resident(table.cpu(), device)
+        weights.table_scale = None if scale is None else backend.host_resident(scale.cpu(), device)
+
+
+def engram_report(times: dict[str, dict[str, Any]]) -> tuple[str, dict[str, float]]:
+    """The decode cases with the Engram table in host memory against device memory, timed in the same run: a line
+    and each case's host / device ratio (replayed steps: the device's time)."""
+    host, device = times["host"], times["device"]
+    ratios, parts = {}, []
+    for case, seconds in device.items():
+        if not case.startswith("decode") or not isinstance(seconds, float) or case.endswith("replay"):
+            continue
+        key = case + " replay" if case + " replay" in device and case + " replay" in host else case
+        ratios[case] = host[key] / device[key]
+        parts.append(f"{case}: {device[key] * 1e3:.3f} -> {host[key] * 1e3:.3f} ms ({ratios[case] - 1:+.1%})")
+    return "Engram table in host memory (UVA) vs device memory, same run: " + "; ".join(parts), ratios
 
 
 def op_table(tiny: bool) -> Any:
@@ -396,15 +455,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the slice in the released formats, kept as stored (after the bf16 one)")
     parser.add_argument("--tiny", action="store_true", help="a toy config on the CPU with core's reference ops")
     parser.add_argument("--profile", action="store_true", help="also print each case's device time per kernel")
+    parser.add_argument("--engram", default="device",
+                        help="where the Engram table lives: device, host, or both (device,host: every case with the "
+                             "first, then the decode cases with the second, and their ratio)")
+    parser.add_argument("--engram-vocab", type=int, help="the Engram table's first prime bucket (rows: ~24x it; "
+                                                         "V4.1-Flash: 16000000)")
     args = parser.parse_args(argv)
-    shape = SMALL if args.tiny else FULL
+    engram = tuple(p for p in args.engram.split(",") if p)
+    if not engram or len(set(engram)) != len(engram) or not set(engram) <= {"host", "device"}:
+        parser.error(f"--engram takes host, device or both, comma-separated; got {args.engram!r}")
+    shape = dataclasses.replace(SMALL if args.tiny else FULL, engram_vocab=args.engram_vocab)
     cases = [c for c in args.cases.split(",") if c]
     table = op_table(args.tiny)
     roof = ceilings(shape.device, small=args.tiny, fp8=args.released)
     device = torch.cuda.get_device_name() if shape.device == "cuda" else "cpu"
     slices = []
     for released in (False, True) if args.released else (False,):
-        slices.append(run_slice(shape, table, cases, args.eager, released, roof, device, args.profile))
+        slices.append(run_slice(shape, table, cases, args.eager, released, roof, device, args.profile, engram))
         if shape.device == "cuda":
             torch.cuda.empty_cache()
     if args.released:

@@ -75,6 +75,15 @@ class CudaBackend(Backend):
     def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(numel, dtype=dtype, pin_memory=True)
 
+    def host_resident(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``t`` pinned where it is and read by the GPU in place through UVA (:mod:`deepinfer_cuda.host_memory`):
+        no copy in device memory; kernels and captured graphs read its bits over PCIe / C2C."""
+        if device.type != "cuda":
+            return super().host_resident(t, device)
+        from deepinfer_cuda.host_memory import mapped_view
+
+        return mapped_view(t, device)
+
     def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Staged through pinned memory and copied with ``non_blocking=True``: a pageable source makes the copy
         synchronous.  ``pin_memory()`` copies a pageable ``t`` into a block of torch's caching host allocator, which

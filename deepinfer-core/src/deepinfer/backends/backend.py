@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class Backend:
@@ -85,6 +88,18 @@ class Backend:
         (not for work queued after it) and returns the host tensor.  Default: copy now."""
         host = t.cpu()
         return lambda: host
+
+    def host_resident(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Host tensor ``t`` as a tensor on ``device`` that ops read in place, without a copy in device memory where
+        the device can read host memory: a table too large for the device (V4.1's Engram tables) whose few rows a
+        step reads.  ``t`` is handed over (contiguous; the backend may pin it where it is); its bits stay as they
+        are, so ops on the result give the results they give on a device copy.  Default: ``t`` itself on the
+        host; on another device a copy in device memory (this device cannot read host memory; logged)."""
+        placed = t.to(device)
+        if placed is not t:
+            logger.info("backend %r cannot read host memory from %s: a %.1f MiB table is copied to device memory",
+                        self.name, device, t.nbytes / 2**20)
+        return placed
 
     def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``t`` (a host tensor: a step's token ids, positions, row indices) on ``device``, without blocking the

@@ -98,6 +98,9 @@ class EngineArgs:
     eplb_step_interval: int | None = _knob(None, checks.integer(1, optional=True))
     #: Seconds a collective waits for the other ranks before failing (a rank that died makes the others raise).
     distributed_timeout: int = _knob(300, checks.integer(1))
+    #: Where V4.1's Engram tables live: ``"host"`` memory the device reads in place (pinned, zero-copy on CUDA;
+    #: the released tables are ~189 GiB) or ``"device"`` memory (when they fit).  Outputs are the same bit for bit.
+    engram_placement: str = _knob("host", checks.choice("host", "device"))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -95,3 +95,16 @@ def text(*, optional: bool = False) -> Check:
         return value
 
     return check
+
+
+def choice(*allowed: str) -> Check:
+    """One of the strings ``allowed``."""
+
+    def check(name: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be one of {list(allowed)}, {_got(value)}")
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        return value
+
+    return check

@@ -49,6 +49,7 @@ _LOAD_ONLY = {
     **{name: "ranks are started, and each builds its share of the experts, when LLM(...) loads the model "
        "(docs/parallel.md)" for name in ("data_parallel_size", "expert_parallel_size", "context_parallel_size",
                                          "num_redundant_experts", "eplb_step_interval", "distributed_timeout")},
+    "engram_placement": "it says where LLM(...) loads V4.1's Engram tables; the model is already built",
 }
 
 
@@ -119,7 +120,8 @@ class LLM:
     ``gpu_memory_utilization``, ``max_logprobs``, ``enforce_eager``, ``async_scheduling``, ``tokenizer``,
     ``revision``; and ``state_cache_bytes``; for several ranks (``docs/parallel.md``): ``data_parallel_size``,
     ``expert_parallel_size``, ``context_parallel_size``, ``num_redundant_experts``, ``eplb_step_interval``,
-    ``distributed_timeout``).  Arguments and ``DEEPINFER_*`` variables are checked, and
+    ``distributed_timeout``); ``engram_placement`` (V4.1's Engram tables in ``"host"`` or ``"device"``
+    memory).  Arguments and ``DEEPINFER_*`` variables are checked, and
     ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 
@@ -143,7 +145,8 @@ class LLM:
         # logged; refused here, before any weight is read
         check_memory_plan(source.path, args, dtype, backend, weights_mode(ops).name, speculating)
         lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
-                        parallel=joined.context if joined is not None else None, drafter=speculating)
+                        parallel=joined.context if joined is not None else None, drafter=speculating,
+                        engram_placement=args.engram_placement, backend=backend)
         tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
         self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
                     joined=joined, spec_env=spec_env)

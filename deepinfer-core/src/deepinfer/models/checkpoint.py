@@ -103,9 +103,13 @@ class SafetensorsCheckpoint:
         """The safetensors dtype string (``F32``, ``BF16``, ``F8_E4M3``, ``F8_E8M0``, ``I8``, ``U8``, ...)."""
         return self._handle(self._file_of[name]).get_slice(name).get_dtype()
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, rows: slice | None = None) -> torch.Tensor:
+        """Tensor ``name``, or only its ``rows`` (a slice of the first dim): the file is memory-mapped, so a row
+        slice reads those rows' bytes and no others."""
         path = self._file_of[name]
         try:
-            return self._handle(path).get_tensor(name)
+            if rows is None:
+                return self._handle(path).get_tensor(name)
+            return self._handle(path).get_slice(name)[rows]
         except (SafetensorError, OSError, RuntimeError, TypeError) as exc:
             raise CheckpointError(f"{path}: {name}: cannot be read ({exc})") from None

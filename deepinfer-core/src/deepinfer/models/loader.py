@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.backends.backend import Backend
 from deepinfer.models.base import CausalLM
 from deepinfer.models.registry import entry_for
 from deepinfer.ops import OpTable
@@ -19,12 +20,18 @@ def read_model_config(path: str | Path) -> Any:
 
 
 def load_model(path: str | Path, *, ops: OpTable, dtype: torch.dtype, device: torch.device,
-               parallel: ParallelContext | None = None, drafter: bool = True) -> CausalLM:
+               parallel: ParallelContext | None = None, drafter: bool = True, engram_placement: str = "host",
+               backend: Backend | None = None) -> CausalLM:
     """Build the model in ``path`` (config.json + safetensors) for ``ops``' backend, computing in ``dtype``;
     ``parallel``: this rank's parallel context (``docs/parallel.md``), None for one process; ``drafter``: read the
     checkpoint's speculative drafter (False where speculative decoding will not run: its tensors are only
-    checked)."""
-    extra: dict[str, Any] = {} if parallel is None else {"parallel": parallel}
+    checked).  ``engram_placement``: where V4.1's Engram tables live, ``"host"`` memory the device reads in place
+    (``backend.host_resident``; None: the base class's, which copies to a device other than the host) or
+    ``"device"`` (models without Engram tables ignore both)."""
+    entry = entry_for(path)
+    options: dict[str, Any] = {"parallel": parallel} if parallel is not None else {}
     if not drafter:
-        extra["drafter"] = False
-    return entry_for(path).load(path, ops=ops, dtype=dtype, device=torch.device(device), **extra)
+        options["drafter"] = False
+    if entry.engram:
+        options.update(engram_placement=engram_placement, backend=backend)
+    return entry.load(path, ops=ops, dtype=dtype, device=torch.device(device), **options)

@@ -19,6 +19,8 @@ class UnsupportedModelError(ValueError):
 class ModelEntry:
     read_config: Callable[[str | Path], Any]
     load: Callable[..., Any]
+    #: ``load`` takes ``engram_placement`` and ``backend`` (a model with Engram tables: V4.1).
+    engram: bool = False
 
 
 def _deepseek_v4() -> ModelEntry:
@@ -30,7 +32,7 @@ def _deepseek_v4() -> ModelEntry:
 def _deepseek_v41() -> ModelEntry:
     from deepinfer.models import deepseek_v41
 
-    return ModelEntry(deepseek_v41.DeepseekV41Config.from_file, deepseek_v41.load)
+    return ModelEntry(deepseek_v41.DeepseekV41Config.from_file, deepseek_v41.load, engram=True)
 
 
 #: Entries are resolved lazily so importing the registry builds nothing.  ``deepseek_v41_text`` is the flat

@@ -10,6 +10,7 @@ A ``model.`` prefix is accepted, and so are the few top-level names transformers
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -69,6 +70,9 @@ class WeightReader:
     """Pairs ``X.weight`` with ``X.scale``, checks shapes and dtypes against the expected dense shapes, loads and
     converts tensors, checking their values (finite; expert ids below ``n_routed_experts``) as they arrive.
     ``block``: the FP8 block of every FP8 weight (V4's config gives one; V4.1 overrides :meth:`block_of`)."""
+
+    #: A table is read (:meth:`read_rows`) this many bytes at a time: the largest transient its load makes.
+    CHUNK_BYTES = 64 << 20
 
     def __init__(self, ckpt: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device, n_routed_experts: int,
                  block: tuple[int, int] = DEFAULT_BLOCK):
@@ -171,25 +175,20 @@ class WeightReader:
         problem = layout(name, shape, actual, scale, self)
         return problems + ([f"{self.where(name)}: {problem}"] if problem else [])
 
-    def load(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
-        """``rows``: only these rows go to the device (an expert-parallel rank's shard of a table whose scales
-        are per row); the tensor is read whole on the host."""
+    def load(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None,
+             device: torch.device | None = None) -> Stored:
+        """``rows``: only these rows are read (a table whose scales are per row: an expert-parallel rank's shard,
+        or all of it), :attr:`CHUNK_BYTES` at a time from the memory-mapped file, their values checked per chunk:
+        no transient the size of the table.  ``device``: where the tensor goes (default: the reader's device)."""
         fmt = self.quant_format(name)
-        stored = self.ckpt.get(self.on_disk[name])
-        if rows is not None:
-            stored = stored[rows]
-            shape = (stored.shape[0], *shape[1:]) if shape is not None else None
-        stored = stored.to(self.device)
+        device = self.device if device is None else device
         if fmt is not None:
-            scale_name = name.removesuffix(".weight") + ".scale"
-            scale = self.ckpt.get(self.on_disk[scale_name])
-            scale = (scale[rows] if rows is not None else scale).to(self.device)
-            check_finite(self.where(scale_name, full=True), scale_values(scale))
-            logical = shape or (stored.shape[0], stored.shape[1] * (2 if fmt == MXFP4 else 1))
-            block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)
-            if rows is not None and block[0] != 1:
-                raise CheckpointError(f"{self.where(name)}: a row shard of a weight with {block} blocks")
-            return QuantizedTensor(fmt, stored, scale, tuple(logical), block)
+            return self._load_quantized(name, fmt, shape, rows, device)
+        if rows is not None and not is_id_table(name):
+            where = self.where(name, full=True)
+            dtype = torch.float32 if keeps_fp32(name) else self.dtype
+            return self.read_rows(name, rows, device, dtype, lambda value, read: check_finite(where, value, read))
+        stored = self.ckpt.get(self.on_disk[name], rows).to(device)
         if is_id_table(name):
             ids = stored.long()
             check_ids(self.where(name, full=True), ids, self.n_routed_experts, "n_routed_experts")
@@ -198,12 +197,56 @@ class WeightReader:
         check_finite(self.where(name, full=True), tensor, stored)
         return tensor
 
+    def _load_quantized(self, name: str, fmt: str, shape: tuple[int, ...] | None, rows: slice | None,
+                        device: torch.device) -> QuantizedTensor:
+        scale_name = name.removesuffix(".weight") + ".scale"
+        dims = self.ckpt.shape(self.on_disk[name])
+        logical = shape or (dims[0], dims[1] * (2 if fmt == MXFP4 else 1))
+        block = self.block_of(name, tuple(logical)) if fmt == FP8_BLOCK else (1, 32)  # the whole tensor's grid
+        where = self.where(scale_name, full=True)
 
-    def load_kept(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None) -> Stored:
+        def check(scale: torch.Tensor, _: torch.Tensor) -> None:
+            check_finite(where, scale_values(scale))
+
+        if rows is None:
+            stored = self.ckpt.get(self.on_disk[name]).to(device)
+            scale = self.ckpt.get(self.on_disk[scale_name]).to(device)
+            check(scale, scale)
+            return QuantizedTensor(fmt, stored, scale, tuple(logical), block)
+        if block[0] != 1:
+            raise CheckpointError(f"{self.where(name)}: a row shard of a weight with {block} blocks")
+        stored = self.read_rows(name, rows, device)
+        scale = self.read_rows(scale_name, rows, device, check=check)
+        return QuantizedTensor(fmt, stored, scale, (stored.shape[0], *logical[1:]), block)
+
+    def read_rows(self, name: str, rows: slice, device: torch.device, dtype: torch.dtype | None = None,
+                  check: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Rows ``rows`` of tensor ``name`` on ``device``, in ``dtype`` (None: as stored), read from the
+        memory-mapped file :attr:`CHUNK_BYTES` at a time; ``check(chunk in dtype, chunk as read)`` sees each chunk
+        on the host before it is copied."""
+        raw = self.on_disk[name]
+        dims = self.ckpt.shape(raw)
+        start, stop, _ = rows.indices(dims[0])
+        probe = self.ckpt.get(raw, slice(start, start))  # no rows: the stored dtype
+        out = torch.empty((max(0, stop - start), *dims[1:]), dtype=dtype or probe.dtype, device=device)
+        step = max(1, self.CHUNK_BYTES // max(1, math.prod(dims[1:]) * probe.element_size()))
+        for first in range(start, stop, step):
+            read = self.ckpt.get(raw, slice(first, min(first + step, stop)))
+            value = read.to(out.dtype)
+            if check is not None:
+                check(value, read)
+            part = out[first - start : first - start + read.shape[0]]
+            if value.dtype == read.dtype:  # as stored: bytes (every device copies them, whatever the dtype)
+                part, value = part.view(torch.uint8), value.view(torch.uint8)
+            part.copy_(value)
+        return out
+
+    def load_kept(self, name: str, shape: tuple[int, ...] | None, rows: slice | None = None,
+                  device: torch.device | None = None) -> Stored:
         """:meth:`load`, then, when :attr:`dense` is set (the model keeps weights in the compute dtype), a
         quantized tensor dequantized at once: its stored form is dropped as soon as it is read, never held beside
         the dense one (except those the model reads as stored either way: :meth:`stays_stored`)."""
-        tensor = self.load(name, shape, rows)
+        tensor = self.load(name, shape, rows, device)
         if self.dense is None or not isinstance(tensor, QuantizedTensor) or self.stays_stored(name):
             return tensor
         return self.dense(tensor)

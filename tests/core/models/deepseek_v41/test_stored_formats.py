@@ -42,8 +42,8 @@ def loads(monkeypatch):
 
     reads = WeightReader.load
 
-    def recorded(self, name, shape, rows=None):
-        tensor = reads(self, name, shape, rows)
+    def recorded(self, name, shape, rows=None, device=None):
+        tensor = reads(self, name, shape, rows, device)
         if isinstance(tensor, QuantizedTensor):
             load.stored[name] = (weakref.ref(tensor.data), weakref.ref(tensor.scale))
         return tensor

@@ -138,7 +138,7 @@ MTP_FP32 = ("confidence_head.proj.weight",)
 
 def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: torch.dtype, device: torch.device,
                  keep: Callable[[str], bool] | None = None, rows: Callable[[str, int], slice | None] | None = None,
-                 *, dequantize: Ops | None = None, drafter: bool = True
+                 *, dequantize: Ops | None = None, drafter: bool = True, table_device: torch.device | None = None
                  ) -> tuple[dict[str, Stored], dict[str, Stored]]:
     """(the text model's tensors that ``keep`` accepts (default: all; an expert-parallel rank loads its own
     experts), the DSpark drafter's ``mtp.*``: none unless ``drafter``).  Every name, dtype, shape and layout is
@@ -146,7 +146,8 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
     raises :class:`CheckpointError` listing each missing, unexpected or mis-laid-out tensor.  ``rows(name, n)``:
     the rows of Engram table ``name`` (of ``n``) to load (a rank's shard), or None for all.  ``dequantize``:
     quantized weights become ``dtype`` through these ops as they load (the ``dequantize`` mode; Engram tables stay
-    FP8); None: they stay as stored."""
+    FP8); None: they stay as stored.  Engram tables are read :attr:`~WeightReader.CHUNK_BYTES` at a time (only a
+    shard's rows) into ``table_device`` (default: ``device``; the host, for tables kept in host memory)."""
     reader = _Reader(ckpt, cfg, dtype, device)
     expected, drafts = expected_shapes(cfg), expected_mtp_shapes(cfg)
     if not any(n.startswith("mtp.") for n in reader.on_disk):
@@ -157,11 +158,13 @@ def read_weights(ckpt: SafetensorsCheckpoint, cfg: DeepseekV41Config, dtype: tor
     if dequantize is not None:
         reader.dense = lambda q: q.dequantize(dequantize, dtype)
 
-    def shard(name: str, shape: tuple[int, ...]) -> slice | None:
-        return rows(name, shape[0]) if rows is not None and name.endswith("engram.embed.weight") else None
+    def load(name: str, shape: tuple[int, ...]) -> Stored:
+        if not name.endswith("engram.embed.weight"):
+            return reader.load_kept(name, shape)
+        shard = rows(name, shape[0]) if rows is not None else None
+        return reader.load_kept(name, shape, slice(None) if shard is None else shard, table_device)
 
-    tensors = {name: reader.load_kept(name, shape, shard(name, shape)) for name, shape in expected.items()
-               if keep is None or keep(name)}
+    tensors = {name: load(name, shape) for name, shape in expected.items() if keep is None or keep(name)}
     mtp = {name: reader.load_kept(name, shape) for name, shape in drafts.items()} if drafter else {}
     for name in [n for n in mtp if n.endswith(MTP_FP32)]:  # as vLLM builds it: an fp32 head
         mtp[name] = ckpt.get(reader.on_disk[name]).to(device=device, dtype=torch.float32)
