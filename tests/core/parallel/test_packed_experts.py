@@ -27,7 +27,7 @@ TOKENS = torch.randint(3, 1058, (40,), generator=torch.Generator().manual_seed(5
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
-    return released_tiny_v41(tmp_path_factory.mktemp("tiny_v41_released"), fp8_engram=False)[0]
+    return released_tiny_v41(tmp_path_factory.mktemp("tiny_v41_released"))[0]
 
 
 def _load(path, mode: str, parallel: ParallelContext | None = None):
