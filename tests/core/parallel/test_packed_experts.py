@@ -1,8 +1,7 @@
 """Expert parallelism over experts kept as stored: the embedded tiny V4.1 in the released layout (MXFP4 routed
-experts, FP8 dense and shared experts) on 2 and 4 gloo ranks, in both weight modes, against one process:
-teacher-forced logprobs, before and after an EPLB rebalance that moves packed experts (data and
-scales) between ranks.  (Its Engram tables stay float here: FP8 tables sharded over EP ranks are the Engram
-loading's, tested with it.)"""
+experts, FP8 dense and shared experts, FP8 Engram tables sharded over the ranks) on 2 and 4 gloo ranks, in both
+weight modes, against one process: teacher-forced logprobs, before and after an EPLB rebalance that moves packed
+experts (data and scales) between ranks."""
 
 from __future__ import annotations
 
