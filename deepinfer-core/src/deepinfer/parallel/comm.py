@@ -81,6 +81,15 @@ class Communicator:
             dist.all_gather_object(out, obj, group=self.group)
         return out
 
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's picklable ``obj``, in rank order, on rank ``dst`` (None on the others)."""
+        if self.solo:
+            return [obj]
+        out: list[Any] | None = [None] * self.size if self.rank == dst else None
+        with self._failing_as("gathering results"):
+            dist.gather_object(obj, out, dst=self.ranks[dst], group=self.group)
+        return out
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` on every rank of the group."""
         if self.solo:

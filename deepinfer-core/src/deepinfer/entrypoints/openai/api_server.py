@@ -81,12 +81,16 @@ def _chat_template(value: str | None) -> str | None:
 
 
 def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
-    """Load the model, start the engine thread and serve until interrupted."""
+    """Load the model, start the engine thread and serve until interrupted (on several ranks: rank 0 serves and
+    leads the others, docs/parallel.md)."""
     import uvicorn
 
     from deepinfer.engine.llm import LLM
 
     llm = LLM(**engine_kwargs)
+    if llm.parallel is not None and llm.parallel.context.plan.rank != 0:
+        llm.follow()  # torchrun's other ranks: rank 0 serves, they step with it until it stops
+        return
     engine = AsyncLLM(llm)
     name = args.served_model_name or engine_kwargs.get("model") or (
         llm.model_path.name if llm.model_path is not None else "deepinfer")
@@ -103,3 +107,4 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
     finally:
         engine.shutdown()
+        llm.shutdown()  # the other ranks exit
