@@ -102,3 +102,21 @@ def test_rank_zero_serves_and_the_other_rank_follows(v4_path, kwargs):
     assert "outside the vocabulary" in rejected and left == "left"
     assert mine > 0 and theirs > 0  # both DP ranks served requests
     assert prompt_tokens == mine + theirs  # the server's counters sum the ranks'
+
+
+def _wait_longer_than_the_timeout(rank, world, idle_s):
+    import time
+
+    from deepinfer.parallel.context import ParallelContext
+    from deepinfer.parallel.plan import ParallelConfig, plan_parallel
+
+    plan = plan_parallel(ParallelConfig(2), world, rank, n_routed_experts=2, num_moe_layers=1)
+    context = ParallelContext.create(plan, timeout_s=2.0)
+    if rank == 0:
+        time.sleep(idle_s)  # an idle server, a notebook between two calls
+    got = context.control.broadcast_object("next call" if rank == 0 else None)
+    return got, context.host.all_gather_object(rank)  # the host group keeps its 2 s limit and still works
+
+
+def test_followers_wait_for_rank_zero_without_a_time_limit():
+    assert results(run_ranks(_wait_longer_than_the_timeout, 2, 4.0, timeout=2.0), 2) == [("next call", [0, 1])] * 2
