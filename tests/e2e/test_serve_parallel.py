@@ -71,3 +71,4 @@ def test_two_ranks_answer_as_one(server_url, tmp_path):
         time.sleep(0.2)
     text = log.read_text()
     assert "(rank 1) " in text and "Traceback" not in text and "terminate called" not in text
+    assert "stopped the other ranks (exit codes [0])" in text  # told to stop, not left behind

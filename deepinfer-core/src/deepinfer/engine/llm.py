@@ -25,7 +25,7 @@ from deepinfer.engine.data_parallel import DataParallelEngine
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.plan_check import check_memory_plan
-from deepinfer.engine.rank_launch import Joined, RankEnv, join_world, stop_peers
+from deepinfer.engine.rank_launch import Joined, RankEnv, join_world, leave_world, stop_peers
 from deepinfer.engine.rank_processes import PeerLink, PeerMain, reporting_dead_peers, stop_all, wait_for
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
@@ -363,14 +363,16 @@ class LLM:
         if self.parallel is None or self.parallel.context.plan.rank == 0:
             raise RuntimeError("LLM.follow runs on the ranks other than 0 of a parallel world (docs/parallel.md)")
         self.parallel.follow(functools.partial(self.generate, use_tqdm=False))
+        leave_world()
 
     def shutdown(self) -> None:
         """Stop the ranks that follow this rank 0 (those it started, or torchrun's following it under the
-        server); nothing otherwise."""
+        server) and leave their process group (a new parallel ``LLM`` may start later); nothing otherwise."""
         if self.parallel is not None and self.parallel.leads:
             peers, self._peers = self._peers, []
             self.parallel.leads = False
             stop_peers(self.parallel.context, peers)
+            leave_world()
 
 
 def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_main: PeerMain,

@@ -129,4 +129,16 @@ def stop_peers(context: ParallelContext, peers: list[PeerProcess], timeout_s: fl
     finally:
         for proc in peers:
             proc.join(timeout_s)
+        codes = [proc.exitcode for proc in peers]
         stop_all(peers)
+    if peers:
+        logger.info("stopped the other ranks (exit codes %s)", codes)
+
+
+def leave_world() -> None:
+    """Destroy this process's default process group: a rank that is done exits without the collectives' threads
+    aborting it, and rank 0 (a notebook) can start a new parallel ``LLM`` later."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

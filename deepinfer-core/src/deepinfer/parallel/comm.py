@@ -41,8 +41,9 @@ class Communicator:
         try:
             yield
         except (RuntimeError, dist.DistError) as exc:
+            late = f" or did not join within {self.timeout_s:g} s" if self.timeout_s < 86400 else ""
             raise RankFailure(f"{what} across ranks {list(self.ranks)} failed on rank {self.ranks[self.rank]}: "
-                              f"another rank died or did not join within {self.timeout_s:g} s ({exc})") from exc
+                              f"another rank died{late} ({exc})") from exc
 
     def all_to_all(self, send: torch.Tensor, counts: list[int], recv_counts: list[int] | None = None
                    ) -> tuple[torch.Tensor, list[int]]:
