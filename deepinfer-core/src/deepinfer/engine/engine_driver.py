@@ -11,10 +11,12 @@ request owned by one data-parallel rank (the least loaded); every rank then runs
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from deepinfer.engine.counters import EngineCounters
 from deepinfer.engine.dp_dispatch import Assignment, Dispatcher, StepOrders
+from deepinfer.engine.engine import rejected_output
 from deepinfer.engine.output_deltas import DeltaReceiver
 from deepinfer.outputs import RequestOutput
 from deepinfer.sampling_params import SamplingParams
@@ -111,8 +113,8 @@ class LockstepDriver:
     def add_request(self, prompt: Any, params: SamplingParams, request_id: str, *extra: Any
                     ) -> RequestOutput | None:
         if self.failed is not None:
-            return RequestOutput(request_id, None, [], None, finished=True,
-                                 error=f"the parallel engine failed ({self.failed}); restart the server")
+            return rejected_output(request_id, prompt, f"the parallel engine failed ({self.failed}); restart the "
+                                   "server", time.time())
         # an unseeded request draws its seed here, in arrival order, as the one-rank engine would
         seeded = self.parallel.seeded(params)
         self._adds.append(Assignment(self.dispatcher.assign(), request_id, prompt,

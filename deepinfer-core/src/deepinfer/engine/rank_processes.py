@@ -73,7 +73,7 @@ class PeerProcess:
         self.events: set[str] = set()
         self.error: str | None = None
         self.tail: deque[str] = deque(maxlen=STDERR_TAIL)
-        self._changed = changed  # shared by the ranks of one start: a waiter wakes on any rank's news
+        self.changed = changed  # shared by the ranks of one start: a waiter wakes on any rank's news
         self._readers = [threading.Thread(target=self._read_status, args=(status,), daemon=True),
                          threading.Thread(target=self._read_stderr, daemon=True)]
         for reader in self._readers:
@@ -108,12 +108,12 @@ class PeerProcess:
                     news = json.loads(line)
                 except ValueError:
                     continue
-                with self._changed:
+                with self.changed:
                     self.events.add(str(news.get("event")))
                     self.error = news.get("error", self.error)
-                    self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
+                    self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -123,8 +123,8 @@ class PeerProcess:
                 self.tail.append(line)
                 with contextlib.suppress(OSError, ValueError):  # our own stderr closed: keep the tail anyway
                     print(f"(rank {self.rank}) {line}", file=sys.stderr, flush=True)
-        with self._changed:
-            self._changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
 
     def failure(self) -> str:
         """Why this rank ended: its exit code (or signal), its exception, its last lines on stderr."""
@@ -175,7 +175,7 @@ def wait_for(peers: list[PeerProcess], event: str, timeout_s: float) -> None:
     failed, raises :class:`RankStartupError` at once; so does ``timeout_s`` passing."""
     if not peers:
         return
-    changed = peers[0]._changed
+    changed = peers[0].changed
     deadline = time.monotonic() + timeout_s
     with changed:
         while True:
