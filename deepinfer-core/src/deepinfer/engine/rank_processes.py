@@ -147,9 +147,7 @@ def start_peers(world_size: int, master_port: int, peer_main: PeerMain) -> list[
     except Exception as exc:
         raise TypeError(f"cannot send what a rank runs to the new ranks ({type(exc).__name__}: {exc}); "
                         "LLM's arguments must be picklable") from exc
-    import deepinfer
-
-    package_root = str(Path(deepinfer.__file__).resolve().parents[1])  # the same deepinfer as this process
+    package_root = str(Path(__file__).resolve().parents[2])  # where this deepinfer is: the ranks import the same
     changed = threading.Condition()
     peers: list[PeerProcess] = []
     for rank in range(1, world_size):
