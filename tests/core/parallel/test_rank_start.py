@@ -22,15 +22,25 @@ ARGS = dict(dtype="float32", max_num_seqs=4, state_cache_bytes=1 << 22, distribu
 PROMPTS = ["Once upon a time", "Tom had a ball.", "One day,"]
 
 #: Generates on the embedded model with DP2 + EP2, printing the greedy tokens as one JSON line; twice, as a
-#: notebook that runs its cell again does (the second LLM starts its ranks after the first stopped them).
+#: notebook that runs its cell again does: the first LLM is dropped (its ranks go with it), the second is shut
+#: down, and a third started while the second runs is refused.
 PROGRAM = f"""
-import json
+import gc, json
 from deepinfer import LLM, SamplingParams
-for _ in range(2):
+def run():
     llm = LLM(**{ARGS!r}, data_parallel_size=2, expert_parallel_size=2)
     outs = llm.generate({PROMPTS!r}, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
     print(json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
-    llm.shutdown()
+    return llm
+llm = run()
+del llm
+gc.collect()
+llm = run()
+try:
+    LLM(**{ARGS!r}, data_parallel_size=2)
+except RuntimeError as exc:
+    print(json.dumps(str(exc)))
+llm.shutdown()
 """
 
 
@@ -41,9 +51,15 @@ def _python(*args: str, stdin: str | None = None, timeout: float = 240) -> subpr
                           env=env, cwd=ROOT)
 
 
-def _tokens(run: subprocess.CompletedProcess[str]) -> list[list[list[int]]]:
+def _printed(run: subprocess.CompletedProcess[str]) -> list:
     assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads(line) for line in run.stdout.strip().splitlines()]
+
+
+def _check(run: subprocess.CompletedProcess[str], one_rank: list[list[int]]) -> None:
+    first, second, refused = _printed(run)
+    assert first == second == one_rank
+    assert refused.startswith("this process already leads ranks of another parallel LLM: call shutdown()")
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +72,13 @@ def one_rank() -> list[list[int]]:
 
 def test_a_script_on_stdin_starts_its_ranks(one_rank):
     run = _python("-", stdin=PROGRAM)
-    assert _tokens(run) == [one_rank, one_rank]
+    _check(run, one_rank)
     assert "(rank 1) " in run.stderr  # the started rank's log comes back through rank 0, labelled
 
 
 @pytest.mark.slow  # two more interpreters (~30 s on a loaded 2-core machine); the stdin test above is the sibling
 def test_python_c_starts_its_ranks(one_rank):
-    assert _tokens(_python("-c", PROGRAM)) == [one_rank, one_rank]
+    _check(_python("-c", PROGRAM), one_rank)
 
 
 def test_an_argument_only_the_ranks_cannot_read_is_reported_at_once():

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,8 @@ from deepinfer.engine.data_parallel import DataParallelEngine
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.plan_check import check_memory_plan
-from deepinfer.engine.rank_launch import Joined, RankEnv, join_world, leave_world, stop_peers
-from deepinfer.engine.rank_processes import PeerLink, PeerMain, reporting_dead_peers, stop_all, wait_for
+from deepinfer.engine.rank_launch import Joined, RankEnv, join_world, leave_world, release, stop_peers
+from deepinfer.engine.rank_processes import PeerLink, PeerMain, reporting_dead_peers, wait_for
 from deepinfer.engine.sizing import check_max_model_len, default_state_budget, fit_max_model_len, model_max_len
 from deepinfer.engine.stream import OutputStream
 from deepinfer.models import load_model, read_model_config
@@ -98,6 +98,10 @@ class LLM:
     ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 
+    #: Lets the ranks this LLM started go, once (kills them, leaves the process group): at shutdown, or when the
+    #: LLM is dropped without it.
+    _release: Callable[[], object] | None = None
+
     def __init__(self, model: str | os.PathLike[str] | None = None, **kwargs: Any):
         self._load(model, kwargs)
 
@@ -127,7 +131,7 @@ class LLM:
                         joined=joined)
             wait_for(peers, "ready", args.distributed_timeout)
         if peers:  # an LLM dropped without shutdown() lets its ranks go
-            weakref.finalize(self, stop_all, peers)
+            self._release = weakref.finalize(self, release, peers)
         config = self.engine.config
         kernels = sorted(ops.overridden)
         logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
@@ -372,6 +376,8 @@ class LLM:
             peers, self._peers = self._peers, []
             self.parallel.leads = False
             stop_peers(self.parallel.context, peers)
+            if self._release is not None:
+                self._release()  # once: dropping this LLM later must not touch a newer world
             leave_world()
 
 

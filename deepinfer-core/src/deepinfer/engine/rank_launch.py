@@ -93,6 +93,7 @@ def join_world(config: ParallelConfig, backend: Backend, model_config: ExpertSha
                          num_moe_layers=model_config.num_hidden_layers)
     peers: list[PeerProcess] = []
     if env is None:
+        _check_not_in_a_world()
         port = _free_port()
         env = RankEnv(world, 0, 0, f"tcp://127.0.0.1:{port}")
         share_host_threads(world)
@@ -110,6 +111,14 @@ def join_world(config: ParallelConfig, backend: Backend, model_config: ExpertSha
                 plan.world_size, device, backend.dist_backend, plan.dp_rank, plan.dp_size, plan.ep_rank, plan.ep_size,
                 plan.cp_rank, plan.cp_size)
     return Joined(context, env.local_rank, peers)
+
+
+def _check_not_in_a_world() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("this process already leads ranks of another parallel LLM: call shutdown() on that LLM "
+                           "(or drop it: `del llm`) before starting a new one")
 
 
 def _free_port() -> int:
@@ -142,3 +151,10 @@ def leave_world() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def release(peers: list[PeerProcess]) -> None:
+    """Let a self-launched world go without a word to its ranks (its ``LLM`` was dropped, or they were told to stop
+    already): kill what still runs and leave the process group."""
+    stop_all(peers)
+    leave_world()
