@@ -191,10 +191,14 @@ def wait_for(peers: list[PeerProcess], event: str, timeout_s: float) -> None:
     raise RankStartupError(f"a rank failed while the ranks were starting: {dead[0].failure()}")
 
 
-def stop_all(peers: list[PeerProcess]) -> None:
-    """Kill the ranks (start-up failed, or they are out of step) and release their pipes."""
+def stop_all(peers: list[PeerProcess], grace_s: float = 2.0) -> None:
+    """Let the ranks go (start-up failed, they are out of step, or rank 0 is leaving): close their stdin, on which
+    they exit at once, and kill those still running after ``grace_s``."""
     for proc in peers:
         proc.close()
+    deadline = time.monotonic() + grace_s
+    for proc in peers:
+        proc.join(max(0.0, deadline - time.monotonic()))
         proc.kill()
 
 
