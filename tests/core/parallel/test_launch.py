@@ -33,19 +33,18 @@ def test_from_model_refuses_parallel_sizes():
         LLM.from_model(ToyCausalLM(len(tok), seed=1), tok, data_parallel_size=2)
 
 
-def test_serving_refuses_several_ranks(capsys):
+def test_only_rank_zero_serves_and_only_the_others_follow():
+    from types import SimpleNamespace
+
     from deepinfer.engine.async_llm import AsyncLLM
-    from deepinfer.entrypoints.cli import main
 
-    with pytest.raises(SystemExit) as info:
-        main(["serve", "--data-parallel-size", "2"])
-    assert info.value.code == 2 and "deepinfer serve runs one rank" in capsys.readouterr().err
-
-    class Parallel:  # an LLM whose engine runs on several ranks
-        parallel = object()
-
-    with pytest.raises(ValueError, match="serves LLM.generate only"):
-        AsyncLLM(Parallel())  # type: ignore[arg-type]
+    tok = toy_tokenizer()
+    llm = LLM.from_model(ToyCausalLM(len(tok), seed=1), tok)
+    with pytest.raises(RuntimeError, match="runs on the ranks other than 0"):
+        llm.follow()  # one process
+    llm.parallel = SimpleNamespace(context=SimpleNamespace(plan=SimpleNamespace(rank=1)))  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="runs on rank 0; the other ranks run LLM.follow"):
+        AsyncLLM(llm)
 
 
 def test_streaming_refuses_several_ranks():

@@ -12,6 +12,9 @@ runs in a worker pool before the request reaches the engine thread (``engine/req
 prompt delays only itself, never the steps of requests already running; the server renders chat templates in
 the same pool (:meth:`run_in_worker`).
 
+On several ranks (``docs/parallel.md``) the thread runs on rank 0 and leads the others step by step; it sees
+them through an ``engine_driver.EngineDriver`` (one rank: the engine itself).
+
 The thread holds ``Engine.lock`` while it has work, so an offline ``LLM.generate`` on the same engine from
 another thread waits until the async requests are done (and vice versa).  If a step raises, every request in
 flight fails with that error and the engine is emptied (``Engine.abort_all``); the loop keeps serving.
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deepinfer.engine.engine import rejected_output
+from deepinfer.engine.engine_driver import driver_for
 from deepinfer.engine.llm import LLM
 from deepinfer.engine.request_prep import RequestPrep
 from deepinfer.engine.stats import EngineStats
@@ -59,11 +63,9 @@ class AsyncLLM:
     """An ``LLM`` served to asyncio callers by an engine thread (see the module docstring)."""
 
     def __init__(self, llm: LLM):
-        if getattr(llm, "parallel", None) is not None:
-            raise ValueError("AsyncLLM serves one rank's engine step by step; an LLM on several ranks "
-                             "(data/expert/context_parallel_size, docs/parallel.md) serves LLM.generate only")
         self.llm = llm
         self.engine = llm.engine
+        self.driver = driver_for(llm)
         self.stats = EngineStats()
         self._commands: deque[tuple[str, Any]] = deque()
         self._wake = threading.Condition()
@@ -79,7 +81,7 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return self._thread.is_alive() and not self._stopping and self.driver.failed is None
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread (requests still running are dropped)."""
@@ -151,8 +153,8 @@ class AsyncLLM:
                     self._add(*payload)
                 else:
                     self._abort(payload)
-            if not self.engine.has_unfinished():
-                for out in self.engine.drain():  # a step still in flight (its requests were aborted)
+            if not self.driver.has_unfinished():
+                for out in self.driver.drain():  # a step still in flight (its requests were aborted)
                     self._deliver(out)
                 self._refresh_stats()
                 return
@@ -160,7 +162,7 @@ class AsyncLLM:
                 self._step()
             except Exception as exc:  # noqa: BLE001 - the step failed: fail its requests, keep serving
                 logger.exception("engine step failed; failing the %d requests in flight", len(self._callers))
-                self.engine.abort_all()
+                self.driver.abort_all()
                 self._fail_all(RuntimeError(f"engine step failed ({type(exc).__name__}: {exc})"))
             commands = self._take_commands(block=False)
 
@@ -173,7 +175,7 @@ class AsyncLLM:
         elif isinstance(prompt, RequestOutput):  # refused by the worker
             rejected = prompt
         else:
-            rejected = self.engine.add_request(prompt, params, request_id, arrival_time)
+            rejected = self.driver.add_request(prompt, params, request_id, arrival_time)
         if rejected is not None:
             self.stats.requests["error"] += 1
             caller.loop.call_soon_threadsafe(caller.queue.put_nowait, rejected)
@@ -181,31 +183,16 @@ class AsyncLLM:
         self._callers[request_id] = caller
 
     def _abort(self, request_id: str) -> None:
-        if self._callers.pop(request_id, None) is not None and self.engine.abort(request_id):
+        if self._callers.pop(request_id, None) is not None and self.driver.abort(request_id):
             self.stats.requests["abort"] += 1
 
     def _step(self) -> None:
-        engine = self.engine
-        finished = engine.step()
-        if not engine.has_unfinished():
-            finished += engine.drain()
-        for update in (*engine.take_updates(), *finished):
+        for update in self.driver.step():
             self._deliver(update)
         self._refresh_stats()
 
     def _refresh_stats(self) -> None:
-        engine, stats = self.engine, self.stats
-        stats.prompt_tokens = engine.num_prompt_tokens
-        stats.generation_tokens = engine.num_generated_tokens
-        stats.num_running = len(engine.scheduler.running)
-        stats.num_waiting = len(engine.scheduler.waiting)
-        stats.num_sequences = len(engine.seqs)
-        stats.num_preemptions = engine.num_preemptions
-        budget = engine.state_cache.budget
-        stats.state_cache_usage = budget.used / budget.capacity if budget.capacity else 0.0
-        if (prefix := engine.state_cache.prefix) is not None:
-            stats.prefix_cache_queries = prefix.stats.query_tokens
-            stats.prefix_cache_hits = prefix.stats.hit_tokens
+        self.driver.counters().copy_to(self.stats)
 
     def _deliver(self, out: RequestOutput) -> None:
         caller = self._callers.get(out.request_id)

@@ -8,7 +8,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from deepinfer.engine.data_parallel import DataParallelEngine
 from deepinfer.engine.engine import Engine
 from deepinfer.engine.model_source import resolve_model
 from deepinfer.engine.plan_check import check_memory_plan
-from deepinfer.engine.rank_launch import Joined, PeerMain, RankEnv, join_world, serve_peer, stop_peers
+from deepinfer.engine.rank_launch import Joined, RankEnv, join_world, leave_world, release, stop_peers
+from deepinfer.engine.rank_processes import PeerLink, PeerMain, reporting_dead_peers, wait_for
 from deepinfer.engine.sizing import check_max_model_len, fit_max_model_len, model_max_len
 from deepinfer.engine.state_cache import StateCache, state_budget
 from deepinfer.engine.stream import OutputStream
@@ -125,7 +127,16 @@ class LLM:
     ``max_model_len`` against the checkpoint's config.json, before the weights load.
     """
 
+    #: Lets the ranks this LLM started go, once (kills them, leaves the process group): at shutdown, or when the
+    #: LLM is dropped without it.
+    _release: Callable[[], object] | None = None
+
     def __init__(self, model: str | os.PathLike[str] | None = None, **kwargs: Any):
+        self._load(model, kwargs)
+
+    def _load(self, model: str | os.PathLike[str] | None, kwargs: dict[str, Any], link: PeerLink | None = None
+              ) -> None:
+        """``LLM(model, **kwargs)``; ``link``: a self-launched rank's line to the rank 0 that started it."""
         from deepinfer.backends import current_backend
         from deepinfer.ops import OpTable
 
@@ -137,19 +148,24 @@ class LLM:
         dtype = resolve_dtype(args.dtype, source.path)
         backend = current_backend()
         ops = OpTable.for_backend(backend)
-        joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs))
-        device = backend.device(joined.local_rank if joined is not None else 0)
-        # a drafter that will not run is neither read nor built (its tensors are still checked)
-        spec_env = envs.spec_decode()  # read once for this engine
-        speculating = drafter_off(backend, not args.enforce_eager, joined is not None, spec_env) is None
-        # logged; refused here, before any weight is read
-        check_memory_plan(source.path, args, dtype, backend, weights_mode(ops).name, speculating)
-        lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
-                        parallel=joined.context if joined is not None else None, drafter=speculating,
-                        engram_placement=args.engram_placement, backend=backend)
-        tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
-        self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
-                    joined=joined, spec_env=spec_env)
+        joined = _join_ranks(args, backend, model_config, functools.partial(_serve_as_peer, model, kwargs), link)
+        peers = joined.peers if joined is not None else []
+        with reporting_dead_peers(peers):  # a rank that dies meanwhile is named, with its error
+            device = backend.device(joined.local_rank if joined is not None else 0)
+            # a drafter that will not run is neither read nor built (its tensors are still checked)
+            spec_env = envs.spec_decode()  # read once for this engine
+            speculating = drafter_off(backend, not args.enforce_eager, joined is not None, spec_env) is None
+            # logged; refused here, before any weight is read
+            check_memory_plan(source.path, args, dtype, backend, weights_mode(ops).name, speculating)
+            lm = load_model(source.path, ops=ops, dtype=dtype, device=device,
+                            parallel=joined.context if joined is not None else None, drafter=speculating,
+                            engram_placement=args.engram_placement, backend=backend)
+            tok = load_tokenizer(args.tokenizer if args.tokenizer is not None else source.path)
+            self._setup(lm, tok, ops, _eos_token_ids(source.path, lm, tok), args, backend, model_path=source.path,
+                        joined=joined, spec_env=spec_env)
+            wait_for(peers, "ready", args.distributed_timeout)
+        if peers:  # an LLM dropped without shutdown() lets its ranks go
+            self._release = weakref.finalize(self, release, peers)
         config = self.engine.config
         kernels = sorted(ops.overridden)
         logger.info("model %s (%s), %s on backend %r (%s; %s); state cache %.1f MiB for up to %d sequences, "
@@ -210,7 +226,8 @@ class LLM:
         self._setup_drafter(model, drafter_off(backend, captured, joined is not None, spec_env), spec_env)
         self._request_ids = itertools.count()
         #: This rank's lock-stepped loop when the engine runs on several ranks (docs/parallel.md); else None.
-        self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval) if joined else None
+        self.parallel = DataParallelEngine(self.engine, joined.context, args.eplb_step_interval,
+                                           leads=bool(joined.peers)) if joined else None
         self._peers = joined.peers if joined is not None else []
 
     def reset_prefix_cache(self) -> bool:
@@ -362,31 +379,46 @@ class LLM:
         sends them the call); every rank returns every output."""
         assert self.parallel is not None
         request_ids = [str(next(self._request_ids)) for _ in prompts]
-        return self.parallel.generate(prompts, params, request_ids, announce=bool(self._peers))
+        return self.parallel.generate(prompts, params, request_ids)
+
+    def follow(self) -> None:
+        """On a rank other than 0 of a parallel world: run the calls and serving steps rank 0 sends, until rank 0
+        stops (``shutdown``).  Self-launched ranks do this; so do torchrun's ranks under ``deepinfer serve``."""
+        if self.parallel is None or self.parallel.context.plan.rank == 0:
+            raise RuntimeError("LLM.follow runs on the ranks other than 0 of a parallel world (docs/parallel.md)")
+        self.parallel.follow(functools.partial(self.generate, use_tqdm=False))
+        leave_world()
 
     def shutdown(self) -> None:
-        """Stop the ranks this ``LLM`` started (a self-launched parallel run); nothing otherwise."""
-        if self._peers and self.parallel is not None:
+        """Stop the ranks that follow this rank 0 (those it started, or torchrun's following it under the
+        server) and leave their process group (a new parallel ``LLM`` may start later); nothing otherwise."""
+        if self.parallel is not None and self.parallel.leads:
             peers, self._peers = self._peers, []
+            self.parallel.leads = False
             stop_peers(self.parallel.context, peers)
+            if self._release is not None:
+                self._release()  # once: dropping this LLM later must not touch a newer world
+            leave_world()
 
 
-def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_main: PeerMain
-                ) -> Joined | None:
+def _join_ranks(args: EngineArgs, backend: Backend, model_config: Any, peer_main: PeerMain,
+                link: PeerLink | None) -> Joined | None:
     """This process's place among the ranks the arguments ask for, or torchrun's (even a world of one, which
-    runs the collectives on one device); None: one process.  ``peer_main``: what a rank this one starts runs."""
+    runs the collectives on one device); None: one process.  ``peer_main``: what a rank this one starts runs;
+    ``link``: this rank's line to the rank 0 that started it."""
     config = ParallelConfig(args.data_parallel_size, args.expert_parallel_size, args.context_parallel_size,
                             args.num_redundant_experts)
     if not config.enabled and RankEnv.from_environ() is None:
         return None
-    return join_world(config, backend, model_config, args.distributed_timeout, peer_main)
+    return join_world(config, backend, model_config, args.distributed_timeout, peer_main, link)
 
 
-def _serve_as_peer(model: str | os.PathLike[str] | None, kwargs: dict[str, Any]) -> None:
-    """A self-launched rank (started by rank 0's ``LLM``): the same ``LLM``, serving rank 0's calls."""
-    llm = LLM(model, **kwargs)
-    assert llm.parallel is not None, "a self-launched rank joins a parallel world"
-    serve_peer(llm.parallel.context, functools.partial(llm.generate, use_tqdm=False))
+def _serve_as_peer(model: str | os.PathLike[str] | None, kwargs: dict[str, Any], link: PeerLink) -> None:
+    """A self-launched rank (started by rank 0's ``LLM``): the same ``LLM``, following rank 0."""
+    llm = LLM.__new__(LLM)
+    llm._load(model, kwargs, link)
+    link.ready()
+    llm.follow()
 
 
 def _pair(prompts: Any, sampling_params: SamplingParams | Seq[SamplingParams] | None

@@ -4,8 +4,10 @@
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` (set by torchrun) say who it is.  Every
   rank calls ``LLM.generate`` with the same prompts and gets every output.
 - **self-launched** (no ``WORLD_SIZE`` in the environment): the calling process becomes rank 0 and starts the
-  other ranks (torch.multiprocessing, ``spawn``); each runs the entry point the caller gives (``LLM``'s builds
-  the same ``LLM``) and waits for rank 0 to broadcast the prompts of each ``generate`` call (:func:`serve_peer`).
+  other ranks as fresh interpreters (``python -m deepinfer.engine.rank_main``, :mod:`.rank_processes`; nothing
+  re-imports the caller's script); each runs the entry point the caller gives (``LLM``'s builds the same ``LLM``)
+  and then follows rank 0 (``DataParallelEngine.follow``).  Rank 0 enters the rendezvous only once every rank is
+  about to join, so a rank that dies while starting is reported at once, with its error.
 
 The plan is checked before any process starts.  Collectives fail after ``distributed_timeout`` seconds (a peer
 that died closes its connections, which fails them at once), so no rank hangs on a dead one.
@@ -16,26 +18,25 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
-from typing import Any, Protocol
-
-import torch.multiprocessing as mp
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from deepinfer.backends.backend import Backend
+from deepinfer.engine.rank_processes import (
+    PeerLink,
+    PeerMain,
+    PeerProcess,
+    reporting_dead_peers,
+    start_peers,
+    stop_all,
+    wait_for,
+)
 from deepinfer.host_threads import share_host_threads
 from deepinfer.parallel.comm import RankFailure
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.plan import ParallelConfig, plan_parallel
-from deepinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-#: A self-launched rank's work once it has joined the world (picklable: ``spawn`` sends it to the new process).
-PeerMain = Callable[[], None]
-#: One ``generate`` call a peer runs: (prompts, one ``SamplingParams`` or None per prompt).
-GenerateCall = Callable[[list[Any], list[SamplingParams | None]], object]
 
 
 class ExpertShape(Protocol):
@@ -76,32 +77,48 @@ class Joined:
 
     context: ParallelContext
     local_rank: int
-    peers: list[BaseProcess]
+    peers: list[PeerProcess] = field(default_factory=list)
 
 
 def join_world(config: ParallelConfig, backend: Backend, model_config: ExpertShape, timeout_s: float,
-               peer_main: PeerMain) -> Joined:
+               peer_main: PeerMain, link: PeerLink | None = None) -> Joined:
     """Plan this rank, start the other ranks if nobody launched them, and initialise the collectives.
-    ``peer_main``: what a self-launched peer runs once it has joined (builds its engine, then :func:`serve_peer`)."""
+    ``peer_main``: what a self-launched rank runs (builds its engine, then follows rank 0); ``link``: this
+    rank's line to the rank 0 that started it (None: torchrun's rank, or rank 0)."""
     env = RankEnv.from_environ()
     world = config.world_size
     rank = env.rank if env is not None else 0
     size = env.world_size if env is not None else world
     plan = plan_parallel(config, size, rank, n_routed_experts=model_config.n_routed_experts,
                          num_moe_layers=model_config.num_hidden_layers)
-    peers: list[BaseProcess] = []
+    peers: list[PeerProcess] = []
     if env is None:
-        env = RankEnv(world, 0, 0, f"tcp://127.0.0.1:{_free_port()}")
+        _check_not_in_a_world()
+        port = _free_port()
+        env = RankEnv(world, 0, 0, f"tcp://127.0.0.1:{port}")
         share_host_threads(world)
-        peers = _start_peers(env, peer_main)
+        peers = start_peers(world, port, peer_main)
         logger.info("started %d ranks for data_parallel_size=%d, expert_parallel_size=%d", world - 1,
                     config.data_parallel_size, config.expert_parallel_size)
     device = backend.device(env.local_rank)
-    backend.init_communicator(env.rank, env.world_size, env.init_method, timeout_s, device)
+    with reporting_dead_peers(peers):
+        wait_for(peers, "joining", timeout_s)  # the rendezvous below cannot notice a rank that never comes
+        if link is not None:
+            link.joining()
+        backend.init_communicator(env.rank, env.world_size, env.init_method, timeout_s, device)
+        context = ParallelContext.create(plan, timeout_s)
     logger.info("rank %d of %d on %s (%s): DP rank %d of %d, EP rank %d of %d, CP rank %d of %d", plan.rank,
                 plan.world_size, device, backend.dist_backend, plan.dp_rank, plan.dp_size, plan.ep_rank, plan.ep_size,
                 plan.cp_rank, plan.cp_size)
-    return Joined(ParallelContext.create(plan, timeout_s), env.local_rank, peers)
+    return Joined(context, env.local_rank, peers)
+
+
+def _check_not_in_a_world() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("this process already leads ranks of another parallel LLM: call shutdown() on that LLM "
+                           "(or drop it: `del llm`) before starting a new one")
 
 
 def _free_port() -> int:
@@ -110,42 +127,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_peers(env: RankEnv, peer_main: PeerMain) -> list[BaseProcess]:
-    ctx = mp.get_context("spawn")
-    port = env.init_method.rsplit(":", 1)[1]
-    procs: list[BaseProcess] = []
-    for rank in range(1, env.world_size):
-        proc = ctx.Process(target=_peer_main, args=(rank, env.world_size, port, peer_main), daemon=True,
-                           name=f"deepinfer-rank-{rank}")
-        proc.start()
-        procs.append(proc)
-    return procs
-
-
-def _peer_main(rank: int, world: int, port: str, peer_main: PeerMain) -> None:
-    """A self-launched rank: torchrun's variables, then the caller's work (which joins through them)."""
-    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=port)
-    share_host_threads(world)
-    peer_main()
-
-
-def serve_peer(context: ParallelContext, generate: GenerateCall) -> None:
-    """Run each ``generate`` call rank 0 broadcasts, until it broadcasts None (shutdown)."""
-    while (call := context.host.broadcast_object(None)) is not None:
-        prompts, params = call
-        generate(prompts, params)
-
-
-def stop_peers(context: ParallelContext, peers: list[BaseProcess], timeout_s: float = 30.0) -> None:
-    """Tell self-launched ranks to exit, and wait for them (killing those that do not exit: a rank died)."""
+def stop_peers(context: ParallelContext, peers: list[PeerProcess], timeout_s: float = 30.0) -> None:
+    """Tell the ranks following rank 0 to exit (self-launched ones, or torchrun's under ``deepinfer serve``), and
+    wait for the self-launched ones (killing those that do not exit: a rank died)."""
     try:
         if all(proc.is_alive() for proc in peers):
-            context.host.broadcast_object(None)
+            context.control.broadcast_object(None)
     except RankFailure:
         logger.warning("a rank had died; stopping the others")
     finally:
         for proc in peers:
             proc.join(timeout_s)
-            if proc.is_alive():
-                proc.kill()
+        codes = [proc.exitcode for proc in peers]
+        stop_all(peers)
+    if peers:
+        logger.info("stopped the other ranks (exit codes %s)", codes)
+
+
+def leave_world() -> None:
+    """Destroy this process's default process group: a rank that is done exits without the collectives' threads
+    aborting it, and rank 0 (a notebook) can start a new parallel ``LLM`` later."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def release(peers: list[PeerProcess]) -> None:
+    """Let a self-launched world go without a word to its ranks (its ``LLM`` was dropped, or they were told to stop
+    already): kill what still runs and leave the process group."""
+    stop_all(peers)
+    leave_world()

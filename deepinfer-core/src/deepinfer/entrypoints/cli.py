@@ -46,13 +46,10 @@ def main(argv: list[str] | None = None) -> None:
 
         kwargs = engine_kwargs(args)
         try:  # a bad value fails here, in one line, before anything loads
-            engine_args = EngineArgs.from_kwargs(kwargs, caller="deepinfer serve")
+            EngineArgs.from_kwargs(kwargs, caller="deepinfer serve")
             limits_from_args(args)
         except (TypeError, ValueError) as exc:
             parser.error(str(exc))
-        if max(engine_args.data_parallel_size, engine_args.expert_parallel_size,
-               engine_args.context_parallel_size) > 1:
-            parser.error("deepinfer serve runs one rank; the parallel sizes are for LLM.generate (docs/parallel.md)")
         run_server(args, kwargs)
     else:
         args.run(args)

@@ -41,8 +41,9 @@ class Communicator:
         try:
             yield
         except (RuntimeError, dist.DistError) as exc:
+            late = f" or did not join within {self.timeout_s:g} s" if self.timeout_s < 86400 else ""
             raise RankFailure(f"{what} across ranks {list(self.ranks)} failed on rank {self.ranks[self.rank]}: "
-                              f"another rank died or did not join within {self.timeout_s:g} s ({exc})") from exc
+                              f"another rank died{late} ({exc})") from exc
 
     def all_to_all(self, send: torch.Tensor, counts: list[int], recv_counts: list[int] | None = None
                    ) -> tuple[torch.Tensor, list[int]]:
@@ -79,6 +80,15 @@ class Communicator:
         out: list[Any] = [None] * self.size
         with self._failing_as("gathering results"):
             dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's picklable ``obj``, in rank order, on rank ``dst`` (None on the others)."""
+        if self.solo:
+            return [obj]
+        out: list[Any] | None = [None] * self.size if self.rank == dst else None
+        with self._failing_as("gathering results"):
+            dist.gather_object(obj, out, dst=self.ranks[dst], group=self.group)
         return out
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:

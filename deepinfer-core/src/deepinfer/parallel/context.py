@@ -15,6 +15,8 @@ import torch.distributed as dist
 from deepinfer.parallel.comm import Communicator
 from deepinfer.parallel.plan import ParallelPlan
 
+#: How long a rank waits for rank 0's next call on ``ParallelContext.control`` (no practical limit).
+_IDLE_WAIT = datetime.timedelta(days=365)
 #: A routed expert's checkpoint tensors: ``layers.<layer>.ffn.experts.<expert>.``
 _EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.")
 
@@ -29,11 +31,15 @@ class ParallelMoE(Protocol):
 
 class ParallelContext:
     def __init__(self, plan: ParallelPlan, world: Communicator, ep: Communicator, cp: Communicator,
-                 host: Communicator | None = None):
+                 host: Communicator | None = None, control: Communicator | None = None):
         self.plan, self.world, self.ep, self.cp = plan, world, ep, cp
         #: The world over gloo, for host-side coordination (who has work, the calls, the outputs): no device
         #: synchronisation between steps, so async scheduling still overlaps the host with the device.
         self.host = host if host is not None else world
+        #: The world over gloo without a practical timeout: where ranks that follow rank 0 wait for its next call
+        #: or serving step (an idle server, a notebook between two ``generate`` calls may wait for hours).  A
+        #: rank 0 that dies still fails the wait at once (its connections close).
+        self.control = control if control is not None else self.host
         #: Expert-parallel MoE layers in the order a forward calls them (they register when built).
         self.moe_layers: list[ParallelMoE] = []
         #: Every layer with a collective in the forward, as (forward order key, join with no tokens).
@@ -54,6 +60,8 @@ class ParallelContext:
         world = Communicator(everyone, plan.rank, timeout_s)
         host = Communicator(everyone, plan.rank, timeout_s,
                             dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)))
+        control = Communicator(everyone, plan.rank, _IDLE_WAIT.total_seconds(),
+                               dist.new_group(backend="gloo", timeout=_IDLE_WAIT))
         groups: dict[str, Communicator] = {}
         for name, all_groups, mine in (("ep", plan.ep_groups, plan.ep_ranks), ("cp", plan.cp_groups, plan.cp_ranks)):
             for ranks in all_groups:
@@ -61,7 +69,7 @@ class ParallelContext:
                 group = None if solo or len(ranks) == plan.world_size else dist.new_group(list(ranks))
                 if ranks == mine:
                     groups[name] = Communicator(ranks, plan.rank, timeout_s, group, solo)
-        return cls(plan, world, groups["ep"], groups["cp"], host)
+        return cls(plan, world, groups["ep"], groups["cp"], host, control)
 
     def loads(self, name: str) -> bool:
         """Whether this rank loads checkpoint tensor ``name``: all but the routed experts other EP ranks hold."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +83,24 @@ def _chat_template(value: str | None) -> str | None:
     return path.read_text() if path.is_file() else value
 
 
+def _stop_on_sigterm() -> None:
+    """uvicorn re-raises SIGTERM once it has shut down gracefully: exit normally then, so that the ``finally`` of
+    :func:`run_server` stops the engine thread and the other ranks, instead of the process dying at once."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
 def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
-    """Load the model, start the engine thread and serve until interrupted."""
+    """Load the model, start the engine thread and serve until interrupted (on several ranks: rank 0 serves and
+    leads the others, docs/parallel.md)."""
     import uvicorn
 
     from deepinfer.engine.llm import LLM
 
     llm = LLM(**engine_kwargs)
+    if llm.parallel is not None and llm.parallel.context.plan.rank != 0:
+        llm.follow()  # torchrun's other ranks: rank 0 serves, they step with it until it stops
+        return
     engine = AsyncLLM(llm)
     name = args.served_model_name or engine_kwargs.get("model") or (
         llm.model_path.name if llm.model_path is not None else "deepinfer")
@@ -99,7 +113,9 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
     logger.info("serving %s on http://%s:%d (OpenAI-compatible: /v1/completions, /v1/chat/completions)",
                 state.model_name, args.host, args.port)
     app = build_app(state, key, HostPolicy.for_bind(args.host, args.allowed_hosts))
+    _stop_on_sigterm()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
     finally:
         engine.shutdown()
+        llm.shutdown()  # the other ranks exit
