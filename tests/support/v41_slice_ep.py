@@ -1,4 +1,4 @@
-"""The V4.1-Flash slice of ``tools/bench_v41_slice.py`` in the released formats, kept as stored (MXFP4 routed
+"""The V4.1-Flash slice of ``tools/bench/v41_slice.py`` in the released formats, kept as stored (MXFP4 routed
 experts, FP8 dense projections and shared experts, FP8 Engram table, packed KV), under expert parallelism in a
 world of one rank: its one EP rank holds every expert plus two replicas, so the dispatch / combine all-to-alls
 and an EPLB rebalance (moving packed experts and their scales) run through the backend's collectives (NCCL on one
@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,16 +31,11 @@ from deepinfer.quant import QuantizedTensor, quantize_fp8_block, quantize_mxfp4
 from tests.support.model_runs import run_chunked
 from tests.support.ranks import free_port
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-
 
 def _bench() -> Any:
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import bench_v41_slice
-    finally:
-        sys.path.remove(str(TOOLS))
-    return bench_v41_slice
+    from tools.bench import v41_slice
+
+    return v41_slice
 
 
 def released_tensors(bench: Any, shape: Any, dtype: torch.dtype) -> dict[str, Any]:
