@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,7 +19,9 @@ from deepinfer.engine.async_llm import AsyncLLM
 from deepinfer.entrypoints.openai import metrics
 from deepinfer.entrypoints.openai.chat import create_chat_completion
 from deepinfer.entrypoints.openai.completions import create_completion
+from deepinfer.entrypoints.openai.extra_routes import install_extra_routes
 from deepinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestFieldError
+from deepinfer.entrypoints.openai.serve_flags import chat_settings
 from deepinfer.entrypoints.openai.serving import APIError, created
 from deepinfer.entrypoints.openai.state import ServerState
 
@@ -107,15 +108,8 @@ def build_app(state: ServerState) -> FastAPI:
 
         return JSONResponse({"version": deepinfer.__version__})
 
+    install_extra_routes(app, state)
     return app
-
-
-def _chat_template(value: str | None) -> str | None:
-    """``--chat-template``: a file's contents if it names a file, else the template text itself."""
-    if value is None:
-        return None
-    path = Path(value)
-    return path.read_text() if path.is_file() else value
 
 
 def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
@@ -128,10 +122,12 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
     engine = AsyncLLM(llm)
     name = args.served_model_name or engine_kwargs.get("model") or (
         llm.model_path.name if llm.model_path is not None else "deepinfer")
-    state = ServerState(engine, str(name), _chat_template(args.chat_template))
-    if state.chat_template is None and not getattr(llm.tokenizer, "chat_template", None):
+    state = ServerState(engine, str(name), **chat_settings(args, llm))
+    if state.chat_format.name == "fallback":
         logger.warning("the tokenizer has no chat template: /v1/chat/completions renders conversations as a plain "
                        "'User: / Assistant:' transcript; pass --chat-template for the model's own format")
+    logger.info("chat format %s (reasoning parser %s, tool parser %s)", state.chat_format.name,
+                state.reasoning_parser, state.tool_parser)
     logger.info("serving %s on http://%s:%d (OpenAI-compatible: /v1/completions, /v1/chat/completions)",
                 state.model_name, args.host, args.port)
     try:
