@@ -30,7 +30,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                                 "city": {"type": "string"}, "days": {"type": "integer"}}}}}
 SCHEMA = '{"name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object", ' \
          '"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}'
-CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}
+CALL = {"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}
 BLOCK = ('\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n'
          '<｜DSML｜ parameter name="city" string="true">Paris</｜DSML｜ parameter>\n'
          '<｜DSML｜ parameter name="days" string="false">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>')
