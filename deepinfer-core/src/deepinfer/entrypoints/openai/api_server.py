@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) over one ``AsyncLLM``; see ``docs/serving.md``.
 
-Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``.  Errors are
+Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``; ``/tokenize``,
+``/detokenize`` and the OpenAI-shaped 404 / 501s are ``extra_routes``'.  Errors are
 OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed body, an unknown field or a
 value out of range is a 400 naming the field.
 """
