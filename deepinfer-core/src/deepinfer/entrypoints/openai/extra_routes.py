@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from deepinfer.chat.messages import ChatError
-from deepinfer.chat.template import render_prompt, thinking_options
+from deepinfer.chat.template import render_prompt
 from deepinfer.entrypoints.openai.serving import APIError
 from deepinfer.entrypoints.openai.state import ServerState
 
@@ -58,7 +58,6 @@ def _tokenize(body: TokenizeRequest, state: ServerState) -> list[int]:
     if body.reasoning_effort is not None:
         options["reasoning_effort"] = body.reasoning_effort
     try:
-        thinking_options(options)
         return render_prompt(tokenizer, state.chat_format, body.messages, body.tools, body.add_generation_prompt,
                              options)["prompt_token_ids"]
     except ChatError as exc:
