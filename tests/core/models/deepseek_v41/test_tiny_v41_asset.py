@@ -152,7 +152,8 @@ def test_chat_replies_with_a_story():
     llm = LLM(str(ASSET), dtype="float32", max_model_len=160, max_num_seqs=2)
     (out,) = llm.chat([{"role": "user", "content": "Tell me a story about a dog named Max."}],
                       SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
-    assert out.prompt == "<｜begin▁of▁sentence｜><｜User｜>Tell me a story about a dog named Max.<｜Assistant｜></think>"
+    assert out.prompt == ("<｜begin▁of▁sentence｜><｜User｜>Tell me a story about a dog named Max."
+                          "<｜Assistant｜></think>")
     words = out.outputs[0].text.split()
     known = known_words()
     assert len(words) >= 20 and sum(w in known for w in words) >= 0.9 * len(words), words
