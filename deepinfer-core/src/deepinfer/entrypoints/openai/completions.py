@@ -71,15 +71,15 @@ def _echoes(body: CompletionRequest, state: ServerState, first: list[tuple[int, 
     """Per prompt position, what ``echo`` puts before its completions (from the first output of each prompt)."""
     if not body.echo:
         return {}
-    tokenizer = state.engine.tokenizer
+    tokenizer, skip = state.engine.tokenizer, body.skip_special_tokens
 
     def token_text(token: int) -> str:
-        return tokenizer.decode([token], skip_special_tokens=False) if tokenizer is not None else ""
+        return tokenizer.decode([token], skip_special_tokens=skip) if tokenizer is not None else ""
 
     echoes = {}
     for i, out in first:
-        text = out.prompt if out.prompt is not None else (tokenizer.decode(out.prompt_token_ids)
-                                                          if tokenizer is not None else "")
+        text = out.prompt if out.prompt is not None else (
+            tokenizer.decode(out.prompt_token_ids, skip_special_tokens=skip) if tokenizer is not None else "")
         lp = completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, body.logprobs or 0, 0, token_text) \
             if body.logprobs is not None and out.prompt_logprobs is not None else None
         echoes[i] = _Echo(text, lp)
