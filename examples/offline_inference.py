@@ -1,4 +1,4 @@
-"""Offline inference with DeepInfer: the same shape as vLLM's ``LLM.generate``.
+"""Offline inference with DeepInfer: the same shape as vLLM's ``LLM.generate`` and ``LLM.chat``.
 
     python examples/offline_inference.py                      # embedded tiny model, offline, seconds on a CPU
     python examples/offline_inference.py --model /path/to/DeepSeek-V4.1-checkpoint
@@ -26,6 +26,12 @@ PROMPTS = [
     "One day, a small dog found a shiny key",
     "The sun was warm. Mia and her mom went to the park.",
 ]
+#: Conversations for LLM.chat, rendered in the model's chat format (DeepSeek-V4.1's for V4.1 checkpoints).
+CHATS = [
+    [{"role": "user", "content": "Tell me a story about a cat named Mia."}],
+    [{"role": "system", "content": "You tell short stories for children."},
+     {"role": "user", "content": "Write a short story about Max the dog."}],
+]
 
 
 def main() -> None:
@@ -42,6 +48,7 @@ def main() -> None:
     # No per-request seed: each request draws its own from LLM(seed=0), so reruns reproduce.
     params = SamplingParams(temperature=args.temperature, top_p=0.95, max_tokens=args.max_tokens, min_tokens=4)
     outputs = llm.generate(PROMPTS, params)
+    replies = llm.chat(CHATS, params)  # thinking off (chat_template_kwargs={"thinking": True} turns it on)
     llm.shutdown()  # the ranks LLM started, if any
     if llm.parallel is not None and llm.parallel.context.plan.rank != 0:
         return  # under torchrun every rank has every output; rank 0 prints them
@@ -49,6 +56,8 @@ def main() -> None:
         completion = output.outputs[0]
         print(f"\nPrompt: {output.prompt!r}\nOutput: {completion.text!r}  [{completion.finish_reason}, "
               f"{len(completion.token_ids)} tokens]")
+    for chat, reply in zip(CHATS, replies, strict=True):
+        print(f"\nChat: {chat[-1]['content']!r}\nReply: {reply.outputs[0].text!r}")
 
 
 if __name__ == "__main__":

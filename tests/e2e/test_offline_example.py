@@ -1,4 +1,5 @@
-"""``python examples/offline_inference.py`` runs offline on the embedded tiny model and prints text."""
+"""``python examples/offline_inference.py`` runs offline on the embedded tiny model and prints text: completions and
+chat replies (the DeepSeek-V4.1 chat format, which the toy was trained on)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def test_offline_example_prints_completions(tmp_path):
     assert all(len(t.strip()) > 0 for t in texts), outputs
     words = " ".join(texts).split()  # sampled (temperature 0.8), yet story words: the model is trained
     assert sum(w in known_words() for w in words) >= 0.8 * len(words), texts
+    replies = [line[len("Reply: "):].strip("'\"") for line in result.stdout.splitlines() if line.startswith("Reply: ")]
+    assert len(replies) == 2 and all(len(r.split()) >= 10 for r in replies), replies
+    words = " ".join(replies).split()  # a story back, not chat markup
+    assert sum(w in known_words() for w in words) >= 0.8 * len(words), replies
 
 
 @pytest.mark.slow  # starts 2 ranks with torchrun (~15 s); tests/core/parallel runs the same paths in forked ranks
@@ -53,3 +58,5 @@ def test_offline_example_under_torchrun_prints_what_one_process_prints(tmp_path)
     outputs = [line for line in two.stdout.splitlines() if line.startswith("Output: ")]
     assert len(outputs) == 4  # rank 0 prints, once
     assert outputs == [line for line in one.stdout.splitlines() if line.startswith("Output: ")]
+    replies = [line for line in two.stdout.splitlines() if line.startswith("Reply: ")]
+    assert len(replies) == 2 and replies == [line for line in one.stdout.splitlines() if line.startswith("Reply: ")]

@@ -12,6 +12,8 @@ openai = pytest.importorskip("openai")
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 99}},
           "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,10 @@ def test_chat_json_schema_and_json_object(client):
     (dict(extra_body={"max_token": 3}), "max_token"),
     (dict(extra_body={"so_args": {"regex": "a", "ebnf": "b"}}), "so_args"),
     (dict(logit_bias={"5": 1.0}), "logit_bias"),
-    (dict(echo=True), "echo"),
+    (dict(extra_body={"guided_choice": []}), "guided_choice"),
+    (dict(extra_body={"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs"),
+    (dict(extra_body={"structured_outputs": {"jsn": {}}}), "structured_outputs"),
+    (dict(extra_body={"guided_regex": "a", "so_args": {"regex": "b"}}), "so_args"),
     (dict(prompt=[10**6]), "prompt"),
     (dict(prompt=""), "prompt"),
     (dict(prompt=["Once", [10**6]]), "prompt"),
@@ -115,9 +120,14 @@ def test_bad_chat_requests_and_unknown_model(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=[{"role": "robot", "content": "x"}])
     assert info.value.body["param"] == "messages" and "messages[0].role" in info.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
-    assert info.value.body["param"] == "tools"
+    for kwargs, param in [(dict(tools=[{"type": "function", "function": {"description": "no name"}}]), "tools"),
+                          (dict(tool_choice="required"), "tool_choice"),
+                          (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "f"}}),
+                           "tool_choice"),
+                          (dict(reasoning_effort="minimal"), "reasoning_effort"),
+                          (dict(extra_body={"chat_template_kwargs": {"thinking": "yes"}}), "chat_template_kwargs")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **kwargs)
+        assert info.value.body["param"] == param, (kwargs, info.value.body)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])

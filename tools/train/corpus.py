@@ -8,6 +8,7 @@ generated stories and train with the same schedule, so they differ only in their
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -98,9 +99,10 @@ class StoryGenerator:
         name = self.rng.choice([n for n in pool if n != exclude])
         return name, kind, pron
 
-    def story(self) -> str:
+    def story(self, hero: tuple[str, str, str] | None = None) -> str:
+        """A story about ``hero`` ((name, kind, pronoun); default: a new character)."""
         pick = self.rng.choice
-        name, kind, pron = self.character()
+        name, kind, pron = hero or self.character()
         friend, fkind, _ = self.character(exclude=name)
         pos = "her" if pron == "she" else "his"
         Pron = pron.capitalize()
@@ -173,24 +175,69 @@ def build_corpus(n_stories: int, seed: int) -> list[str]:
     return [gen.story() for _ in range(n_stories)]
 
 
+# --------------------------------------------------------------------------------------------------
+# Chats: a user asks for a story (often naming its hero), the assistant tells it with thinking off.
+# --------------------------------------------------------------------------------------------------
+
+REQUESTS = ["Tell me a story.", "Tell me a story about a {kind}.", "Tell me a story about a {kind} named {name}.",
+            "Write a short story about {name} the {kind}.", "Can you tell me a story about {name}?",
+            "Please tell me a bedtime story about a {kind}.", "I want a story about a {kind} called {name}.",
+            "Tell a story.", "Tell me a story about {name}."]
+AGAIN = ["Tell me another story.", "Another one, please.", "Now tell me a story about a {kind}.",
+         "Tell me one more story about {name}."]
+SYSTEMS = ["You tell short stories for children.", "You are a helpful assistant.", "Answer with a story."]
+
+
+def build_chats(n_chats: int, seed: int) -> list[list[dict[str, str]]]:
+    """Conversations (OpenAI messages) ending with the assistant's story: 15% open with a system prompt, 15% ask
+    for a second story after the first."""
+    rng = random.Random(seed)
+    gen = StoryGenerator(rng)
+    chats = []
+    for _ in range(n_chats):
+        messages = [{"role": "system", "content": rng.choice(SYSTEMS)}] if rng.random() < 0.15 else []
+        for turn in range(2 if rng.random() < 0.15 else 1):
+            hero = gen.character()
+            ask = rng.choice(AGAIN if turn else REQUESTS).format(name=hero[0], kind=hero[1])
+            messages += [{"role": "user", "content": ask}, {"role": "assistant", "content": gen.story(hero)}]
+        chats.append(messages)
+    return chats
+
+
+def render_chats(chats: list[list[dict[str, str]]]) -> list[str]:
+    """Each conversation in the DeepSeek-V4.1 format (DeepInfer's renderer, thinking off), without the BOS that
+    the tokenizer adds: ``<｜User｜>ask<｜Assistant｜></think>story<｜end▁of▁sentence｜>``."""
+    from deepinfer.chat.deepseek_v41 import encode
+
+    return [encode(chat, thinking=False, add_bos=False) for chat in chats]
+
+
 
 # --------------------------------------------------------------------------------------------------
 # Tokenizer: byte-level BPE, bos prepended by the post-processor (as DeepSeek's tokenizer does).
 # --------------------------------------------------------------------------------------------------
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, extra_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
-    """``extra_special`` tokens (never produced by the corpus) take the ids right after bos, eos and pad."""
+def train_tokenizer(texts: list[str], vocab_size: int, extra_special: tuple[str, ...] = (),
+                    chat_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """``extra_special`` tokens (never produced by the corpus) take the ids right after bos, eos and pad, then
+    ``chat_tokens``: whole tokens that are not special (decoding keeps them, as the released tokenizer's
+    ``<｜User｜>``, ``<think>``, ``｜DSML｜`` ...)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[BOS, EOS, PAD, *extra_special],
+        special_tokens=[BOS, EOS, PAD, *extra_special, *chat_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
+    if chat_tokens:  # reserved like special tokens (ids, never merged), then marked as ordinary added tokens
+        data = json.loads(tok.to_str())
+        for added in data["added_tokens"]:
+            added["special"] = added["content"] not in chat_tokens
+        tok = Tokenizer.from_str(json.dumps(data))
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
     )

@@ -6,9 +6,12 @@ source computes once; the CSA2 roles Full / Reindex / Reuse in both halves; the 
 with sinks, partial + inverse RoPE (YaRN on the compressed family) and grouped O-proj; the QAT fake-quantizers
 (FP8 SWA, FP4 latents, FP4 indexer q / k: the head dims are multiples of their blocks); two Engram layers with
 the tokenizer-derived compressed token map; sqrt-softplus MoE with ``gate_temp`` and a shared expert; V4.1 has
-no hash layers), with a byte-level BPE tokenizer that also reserves the DSpark noise token.  Trained for a
-quarter of an hour on the simple English stories of ``tools.train.corpus``, so the example and the end-to-end
-tests run offline in seconds and print words.
+no hash layers), with a byte-level BPE tokenizer that has the DeepSeek-V4.1 chat format's tokens under their
+released names (``<｜System｜>``, also the DSpark noise token as in the release, ``<｜User｜>``, ``<｜Assistant｜>``,
+``<think>``, ``</think>``, ``｜DSML｜``: whole tokens, not special).  Trained on the simple English stories of
+``tools.train.corpus``, half of them as they are and half asked for in V4.1 chats (a user asks for a story, often
+naming its hero; the assistant tells it with thinking off; rendered by DeepInfer's own V4.1 renderer), so the
+example and the end-to-end tests run offline in seconds and print words, and chat replies are stories.
 
 How: transformers has no V4.1 in a release, so the training forward is the repository's dense PyTorch
 reference of V4.1 (``tools.train.v41_dense``, differentiable; the fake-quantizers straight-through, the
@@ -16,7 +19,7 @@ integer selections without gradient, so the indexers keep their random initialis
 the checkpoint's own tensor names, so the state dict is the checkpoint.  After saving, the tool loads the files
 with DeepInfer's own V4.1 loader and checks its logits against the trained model's (the saved bf16 weights).
 
-Run (2 CPU threads; about a quarter of an hour on a shared 2-core machine):
+Run (2 CPU threads; half an hour to an hour on a shared 2-core machine):
 
     nice .venv/bin/python -m tools.train.tiny_v41 --out deepinfer-core/src/deepinfer/assets/tiny_v41
 
@@ -43,11 +46,26 @@ import torch.nn.functional as F  # noqa: E402 - as torch
 from safetensors.torch import save_file  # noqa: E402 - as torch
 from transformers import PreTrainedTokenizerFast  # noqa: E402 - as torch
 
+from deepinfer.chat.deepseek_v41 import ASSISTANT, END_THINK, SYSTEM, THINK, USER  # noqa: E402 - as torch
+from deepinfer.chat.dsml import DSML  # noqa: E402 - as torch
 from deepinfer.testing.model_runs import run_chunked  # noqa: E402 - as torch
 from tools.train import v41_dense  # noqa: E402 - as torch
-from tools.train.corpus import PROMPTS, add_training_args, build_corpus, pack, train, train_tokenizer  # noqa: E402
+from tools.train.corpus import (  # noqa: E402 - as torch
+    PROMPTS,
+    add_training_args,
+    build_chats,
+    build_corpus,
+    eval_loss,
+    pack,
+    render_chats,
+    train,
+    train_tokenizer,
+)
 
-NOISE = "<｜dspark▁noise｜>"  # the DSpark drafter's mask token (id 3: right after bos, eos, pad)
+#: The V4.1 format's tokens, with the released tokenizer's names (ids 3.. here): whole, not special.
+CHAT_TOKENS = (SYSTEM, USER, ASSISTANT, THINK, END_THINK, DSML)
+NOISE = SYSTEM  # the DSpark drafter's mask token is <｜System｜>, as in the released checkpoint (id 128799 there)
+CHAT_PROMPTS = ["Tell me a story.", "Tell me a story about a cat named Mia.", "Write a short story about Max the dog."]
 
 # --------------------------------------------------------------------------------------------------
 # Model: the released V4.1 schedule, cut to 9 layers.
@@ -185,35 +203,52 @@ def sample(out: Path, prompts: list[str], max_new_tokens: int) -> list[str]:
     return [p + o.outputs[0].text for p, o in zip(prompts, llm.generate(prompts, params, use_tqdm=False), strict=True)]
 
 
+def chat_samples(out: Path, max_new_tokens: int) -> list[str]:
+    """Greedy replies of the saved model to :data:`CHAT_PROMPTS` through ``LLM.chat`` (the V4.1 format)."""
+    from deepinfer import LLM, SamplingParams
+
+    llm = LLM(str(out), dtype="float32")
+    outs = llm.chat([[{"role": "user", "content": p}] for p in CHAT_PROMPTS],
+                    SamplingParams(temperature=0, max_tokens=max_new_tokens), use_tqdm=False)
+    return [f"[user] {p} [assistant] {o.outputs[0].text}" for p, o in zip(CHAT_PROMPTS, outs, strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_training_args(parser, out="deepinfer-core/src/deepinfer/assets/tiny_v41", steps=500, batch=4)
+    parser.add_argument("--chats", type=int, default=20000, help="story requests rendered as V4.1 chats")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
     stories = build_corpus(args.stories, args.seed)
-    held_out_stories = build_corpus(200, args.seed + 1)
-    tokenizer = train_tokenizer(stories, args.vocab, extra_special=(NOISE,))
+    chats = render_chats(build_chats(args.chats, args.seed + 2))
+    texts = [t for pair in zip(stories, chats, strict=False) for t in pair] + stories[len(chats):]
+    held_out_stories, held_out_chats = build_corpus(200, args.seed + 1), render_chats(build_chats(100, args.seed + 3))
+    tokenizer = train_tokenizer(texts, args.vocab, chat_tokens=CHAT_TOKENS)
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(args.out)  # Engram's compressed token map is derived from tokenizer.json
     token_map = v41_dense.compressed_token_map(args.out / "tokenizer.json")
     config = tiny_config(tokenizer, len(set(token_map)))
-    rows, held_out = pack(tokenizer, stories, args.seq_len), pack(tokenizer, held_out_stories, args.seq_len)
-    print(f"vocab {len(tokenizer)} ({len(set(token_map))} compressed), {rows.numel()} training tokens")
+    rows, held_out = pack(tokenizer, texts, args.seq_len), pack(tokenizer, held_out_stories, args.seq_len)
+    held_out_chat_rows = pack(tokenizer, held_out_chats, args.seq_len)
+    print(f"vocab {len(tokenizer)} ({len(set(token_map))} compressed), {rows.numel()} training tokens "
+          f"({len(stories)} stories, {len(chats)} chats)")
 
     model = v41_dense.V41Model(v41_dense.V41Config.from_dict(config), token_map)
     initialise(model, args.seed)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     final_loss = train(model, lambda batch: lm_loss(model, batch), rows, held_out, args)
+    chat_loss = eval_loss(model, lambda batch: lm_loss(model, batch), held_out_chat_rows, args.batch)
+    print(f"held-out chat loss {chat_loss:.3f}")
 
     save(model, tokenizer, config, args.out)
     print(f"final train loss (last 50 steps) {final_loss:.3f}; wall {time.time() - t0:.0f}s; saved to {args.out}")
     worst, median = check_deepinfer_matches(model, args.out, held_out[:4])
     print(f"DeepInfer vs the trained model, teacher-forced logprobs of 4 x {args.seq_len} held-out tokens (fp32): "
           f"|diff| max {worst:.3g}, median {median:.3g}; greedy choices equal where the margin is > 0.1")
-    for text in sample(args.out, PROMPTS, max_new_tokens=60):
+    for text in sample(args.out, PROMPTS, max_new_tokens=60) + chat_samples(args.out, max_new_tokens=60):
         print("---", text)
 
 

@@ -21,6 +21,7 @@ _LAZY = {
     "EngineArgs": "deepinfer.engine.args",
     "SamplingParams": "deepinfer.sampling_params",
     "RequestOutputKind": "deepinfer.sampling_params",
+    "StructuredOutputsParams": "deepinfer.structured.vllm_names",
     "RequestMetrics": "deepinfer.outputs",
     "RequestOutput": "deepinfer.outputs",
     "CompletionOutput": "deepinfer.outputs",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from deepinfer.outputs import RequestOutput as RequestOutput
     from deepinfer.sampling_params import RequestOutputKind as RequestOutputKind
     from deepinfer.sampling_params import SamplingParams as SamplingParams
+    from deepinfer.structured.vllm_names import StructuredOutputsParams as StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

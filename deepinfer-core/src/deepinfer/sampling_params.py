@@ -66,6 +66,8 @@ class SamplingParams:
     so_args: dict[str, Any] | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    #: vLLM's form of ``so_args`` (``deepinfer.structured.vllm_names.StructuredOutputsParams``).
+    structured_outputs: Any = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -141,6 +143,16 @@ class SamplingParams:
 
     def _check_so_args(self) -> None:
         """Shape only (one known key, right value type); the grammar itself is compiled per request."""
+        if self.structured_outputs is not None:
+            from deepinfer.structured.vllm_names import StructuredOutputsParams
+
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
+                                 f"{type(self.structured_outputs).__name__}")
+            so_args = self.structured_outputs.to_so_args()
+            if self.so_args is not None and self.so_args != so_args:
+                raise ValueError("structured_outputs and so_args are two forms of one setting; give one")
+            self.so_args = so_args
         if self.so_args is not None:
             from deepinfer.structured.spec import parse_so_args
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from deepinfer import LLM, RequestOutputKind, SamplingParams
-from deepinfer.engine.chat import FALLBACK_CHAT_TEMPLATE, ChatError, render_chat
+from deepinfer.chat import FALLBACK_CHAT_TEMPLATE, ChatError, JinjaFormat, render_prompt
 from tests.support.toy_model import ToyCausalLM, toy_tokenizer
 
 PROMPTS = ["The quick brown fox jumps", "Once upon a time", "Le café", "She liked to read"]
@@ -115,10 +115,11 @@ def test_chat_renders_the_template_once_with_one_bos(llm):
     tok = llm.tokenizer
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
         {"type": "text", "text": "The quick "}, {"type": "text", "text": "brown fox"}]}]
-    prompt = render_chat(tok, messages)
+    assert llm.chat_format.name == "fallback"  # the toy tokenizer has no template, the toy model no model_type
+    prompt = render_prompt(tok, llm.chat_format, messages)
     assert prompt["prompt"] == "Be brief.\n\nUser: The quick brown fox\nAssistant:"  # the fallback template
     assert prompt["prompt_token_ids"] == tok.encode(prompt["prompt"])
-    with_bos = render_chat(tok, messages, template="{{ bos_token }}" + FALLBACK_CHAT_TEMPLATE)
+    with_bos = render_prompt(tok, JinjaFormat(tok, "{{ bos_token }}" + FALLBACK_CHAT_TEMPLATE), messages)
     assert with_bos["prompt_token_ids"] == prompt["prompt_token_ids"]  # BOS from the template, not twice
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     chat = llm.chat(messages, params, use_tqdm=False)[0]
@@ -128,7 +129,7 @@ def test_chat_renders_the_template_once_with_one_bos(llm):
     with pytest.raises(ChatError, match=r"messages\[1\]\.role"):
         llm.chat([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}])
     with pytest.raises(ChatError, match="text parts"):
-        render_chat(tok, [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+        render_prompt(tok, llm.chat_format, [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
 
 
 def test_engine_abort_by_id_and_unique_ids(llm):

@@ -46,7 +46,7 @@ def test_chat_limits_and_logprobs():
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    (dict(echo=True), "echo"), (dict(suffix="x"), "suffix"), (dict(best_of=3), "best_of"),
+    (dict(suffix="x"), "suffix"), (dict(best_of=3), "best_of"),
     (dict(logit_bias={"1": 2.0}), "logit_bias"),
 ])
 def test_unsupported_completion_fields_are_refused(body, param):
@@ -54,3 +54,47 @@ def test_unsupported_completion_fields_are_refused(body, param):
     with pytest.raises(RequestFieldError) as info:
         req.sampling_params(req.max_tokens, req.logprobs)
     assert info.value.param == param
+
+
+@pytest.mark.parametrize(("fields", "so_args"), [
+    (dict(guided_json={"type": "object"}), {"json_schema": {"type": "object"}}),
+    (dict(guided_regex="[a-z]+"), {"regex": "[a-z]+"}),
+    (dict(guided_grammar='root ::= "a"'), {"ebnf": 'root ::= "a"'}),
+    (dict(guided_choice=["yes", "no"]), {"ebnf": 'root ::= "yes" | "no"'}),
+    (dict(structured_outputs={"json_object": True}), {"json_schema": {"type": "object"}}),
+    (dict(structured_outputs={"choice": ["a \"b\""]}), {"ebnf": 'root ::= "a \\"b\\""'}),
+])
+def test_vllm_structured_output_names_become_so_args(fields, so_args):
+    for request in (CompletionRequest(prompt="x", **fields), ChatCompletionRequest(messages=[], **fields)):
+        assert request.sampling_params(None, None).so_args == so_args
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    (dict(guided_regex="a", guided_choice=["b"]), "guided_regex"),
+    (dict(structured_outputs={"regex": "a", "grammar": "b"}), "structured_outputs"),
+    (dict(structured_outputs={"structural_tag": "x"}), "structured_outputs"),
+    (dict(guided_choice=[]), "guided_choice"),
+    (dict(guided_json={"type": "object"}, response_format={"type": "json_object"}), "response_format"),
+])
+def test_conflicting_or_bad_structured_outputs_name_the_field(fields, param):
+    with pytest.raises(RequestFieldError) as info:
+        CompletionRequest(prompt="x", **fields).sampling_params(None, None)
+    assert info.value.param == param
+
+
+def test_offline_structured_outputs_params():
+    from deepinfer import SamplingParams, StructuredOutputsParams
+
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["x", "y"]))
+    assert params.so_args == {"ebnf": 'root ::= "x" | "y"'}
+    with pytest.raises(ValueError, match="exactly one of"):
+        SamplingParams(structured_outputs=StructuredOutputsParams(regex="a", json={}))
+    with pytest.raises(ValueError, match="two forms of one setting"):
+        SamplingParams(structured_outputs=StructuredOutputsParams(regex="a"), so_args={"regex": "b"})
+
+
+def test_chat_request_takes_tools_and_reasoning_effort():
+    body = ChatCompletionRequest(messages=[], tools=[{"type": "function", "function": {"name": "f"}}],
+                                 tool_choice="required", parallel_tool_calls=False, reasoning_effort="high",
+                                 chat_template_kwargs={"thinking": True})
+    assert body.sampling_params(None, None).so_args is None  # the tool grammar is added by the chat layer

@@ -18,8 +18,8 @@ import torch
 
 from deepinfer import envs
 from deepinfer.backends.backend import Backend
+from deepinfer.chat.template import ChatFormat, JinjaFormat, render_prompt, select_chat_format
 from deepinfer.engine.args import EngineArgs, resolve_dtype
-from deepinfer.engine.chat import render_chat
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.data_parallel import DataParallelEngine
 from deepinfer.engine.engine import Engine
@@ -222,6 +222,9 @@ class LLM:
         #: The checkpoint directory (``None`` for ``from_model``).
         self.model_path = model_path
         self.engine = Engine(model, tokenizer, ops, config, state_cache, token_masks, backend, spec_env=spec_env)
+        #: How ``chat`` renders conversations (``deepinfer.chat.template``); the server uses it too.
+        self.chat_format: ChatFormat = select_chat_format(
+            tokenizer, getattr(getattr(model, "config", None), "model_type", None), checkpoint=model_path)
         captured = self.engine.runner.decode_graphs is not None
         self._setup_drafter(model, drafter_off(backend, captured, joined is not None, spec_env), spec_env)
         self._request_ids = itertools.count()
@@ -332,15 +335,24 @@ class LLM:
     def chat(self, messages: Seq[Mapping[str, Any]] | Seq[Seq[Mapping[str, Any]]],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
-        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages) or a list of them,
-        rendered by the tokenizer's chat template (``chat_template`` overrides it; a tokenizer without one gets
-        ``deepinfer.engine.chat.FALLBACK_CHAT_TEMPLATE``).  A conversation that cannot be rendered raises
-        ``ValueError`` naming the message; otherwise as ``generate``."""
+             chat_template_kwargs: Mapping[str, Any] | None = None,
+             tools: Seq[Mapping[str, Any]] | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages) or a list of them.
+
+        The conversation is rendered by the model's chat format (``self.chat_format``: the tokenizer's Jinja
+        template, else the DeepSeek-V4.1 format for V4.1 checkpoints, else a plain transcript); ``chat_template``
+        (Jinja text) overrides it.  ``tools``: OpenAI tool definitions the model may call.
+        ``chat_template_kwargs``: passed to a Jinja template; the V4.1 format reads ``thinking`` (default off),
+        ``reasoning_effort`` (``low`` / ``medium`` / ``high`` / ``max`` or 1..100; turns thinking on) and
+        ``drop_thinking``.  Replies are raw text (``deepinfer.chat.ReplyParser`` splits reasoning and tool calls).
+        A conversation that cannot be rendered raises ``ValueError`` (``ChatError``) naming the message;
+        otherwise as ``generate``."""
         many = bool(messages) and not isinstance(messages[0], Mapping)
         conversations = list(messages) if many else [messages]
-        prompts = [render_chat(self.tokenizer, c, chat_template, add_generation_prompt, chat_template_kwargs)
-                   for c in conversations]
+        chat_format = self.chat_format if chat_template is None else JinjaFormat(self.tokenizer, chat_template)
+        tool_list = [dict(t) for t in tools] if tools is not None else None
+        prompts = [render_prompt(self.tokenizer, chat_format, c, tool_list, add_generation_prompt,
+                                 chat_template_kwargs) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, prompts: list[Any], params: list[SamplingParams | None], use_tqdm: bool) -> list[RequestOutput]:

@@ -9,6 +9,7 @@ import sys
 
 from deepinfer.entrypoints.engine_flags import add_engine_args, engine_kwargs
 from deepinfer.entrypoints.openai.limits import add_limit_args, limits_from_args
+from deepinfer.entrypoints.openai.serve_flags import add_chat_args, add_noop_args, chat_template_arg, check_noop_args
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +19,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
                    help="the name clients pass as `model` (default: MODEL as given, else the checkpoint's directory)")
-    p.add_argument("--chat-template", default=None,
-                   help="a Jinja chat template (file or text); default: the tokenizer's, else a plain transcript")
+    add_chat_args(p)
+    add_noop_args(p)
     p.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--api-key", default=None,
@@ -48,8 +49,10 @@ def main(argv: list[str] | None = None) -> None:
         try:  # a bad value fails here, in one line, before anything loads
             EngineArgs.from_kwargs(kwargs, caller="deepinfer serve")
             limits_from_args(args)
+            chat_template_arg(args.chat_template)
         except (TypeError, ValueError) as exc:
             parser.error(str(exc))
+        check_noop_args(args, parser)
         run_server(args, kwargs)
     else:
         args.run(args)

@@ -1,4 +1,6 @@
-"""The shipped default model (deepinfer/assets/tiny_v41): small, every V4.1 block kind, trained, and DeepInfer's.
+"""The shipped default model (deepinfer/assets/tiny_v41): small, every V4.1 block kind, trained, and DeepInfer's;
+it speaks the DeepSeek-V4.1 chat format (its tokenizer has the format's tokens, it was trained on stories asked for
+in V4.1 chats).
 
 "Trained" is checked against fresh stories from the generator in tools/train/corpus.py with a seed the training
 never used: an untrained model of this vocabulary scores ~7 nats/token, the shipped one well under 1.5.  The
@@ -26,7 +28,9 @@ from tests.support.tiny_assets import TINY_V41_DIR, corpus, known_words
 from tests.support.v4_fixtures import single_thread  # noqa: F401 - a fixture: tiny ops on one thread
 
 ASSET = TINY_V41_DIR
-NOISE = "<｜dspark▁noise｜>"
+NOISE = "<｜System｜>"  # the DSpark mask token is the system token, as in the released checkpoint
+#: The V4.1 format's tokens (deepinfer/chat/deepseek_v41.py, dsml.py): whole tokens, not special.
+CHAT_TOKENS = ("<｜System｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "｜DSML｜")
 
 pytestmark = pytest.mark.skipif(not (ASSET / "model.safetensors").is_file(), reason="tiny_v41 asset not built")
 
@@ -80,7 +84,8 @@ def test_config_is_the_checkpoints_own_form_with_every_block_kind():
 def test_dspark_fields_name_the_reserved_noise_token(tokenizer):
     cfg = DeepseekV41Config.from_file(ASSET)
     assert cfg.num_nextn_predict_layers == 2  # the trained drafter (tools/train/tiny_dspark.py): test_tiny_v41_dspark
-    assert cfg.dspark_noise_token_id == tokenizer.convert_tokens_to_ids(NOISE) and NOISE in tokenizer.all_special_tokens
+    assert cfg.dspark_noise_token_id == tokenizer.convert_tokens_to_ids(NOISE)
+    assert tokenizer.encode(NOISE, add_special_tokens=False) == [cfg.dspark_noise_token_id]
     assert 4 <= cfg.dspark_block_size <= 5 and set(cfg.dspark_target_layer_ids) <= set(range(cfg.num_hidden_layers))
     assert NOISE not in tokenizer.decode(tokenizer(" ".join(corpus().build_corpus(20, seed=3))).input_ids)
 
@@ -123,3 +128,32 @@ def test_greedy_text_reads_as_words():
     assert len(words) >= 15
     known = known_words()
     assert sum(w in known for w in words) >= 0.9 * len(words), words
+
+
+def test_tokenizer_has_the_chat_formats_tokens(tokenizer):
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in CHAT_TOKENS]
+    assert ids == list(range(3, 3 + len(CHAT_TOKENS)))  # right after bos, eos, pad
+    assert not set(CHAT_TOKENS) & set(tokenizer.all_special_tokens)  # kept by decoding: the reply parsers read them
+    for token in CHAT_TOKENS:  # whole
+        assert tokenizer.encode(token, add_special_tokens=False) == [tokenizer.convert_tokens_to_ids(token)]
+    text = "<｜User｜>Hi<｜Assistant｜></think>Once upon a time."
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True) == text
+
+
+def test_model_has_learned_the_chat_format(model, tokenizer):
+    chats = corpus().render_chats(corpus().build_chats(6, seed=54321))
+    rows = corpus().pack(tokenizer, chats, seq_len=200)
+    logprobs = run_chunked(model, rows[0], len(rows[0]))
+    loss = -logprobs[:-1].gather(1, rows[0][1:, None]).mean().item()
+    assert loss < 1.5, f"{loss:.2f} nats/token on held-out V4.1 chats"
+
+
+def test_chat_replies_with_a_story():
+    llm = LLM(str(ASSET), dtype="float32", max_model_len=160, max_num_seqs=2)
+    (out,) = llm.chat([{"role": "user", "content": "Tell me a story about a dog named Max."}],
+                      SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
+    assert out.prompt == ("<｜begin▁of▁sentence｜><｜User｜>Tell me a story about a dog named Max."
+                          "<｜Assistant｜></think>")
+    words = out.outputs[0].text.split()
+    known = known_words()
+    assert len(words) >= 20 and sum(w in known for w in words) >= 0.9 * len(words), words

@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) over one ``AsyncLLM``; see ``docs/serving.md``.
 
-Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``.  Every error is
-OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``errors.py``); request bodies are read
-within the server's limits and validated strictly (``request_body.py``, ``limits.py``); the API key and the
-Host check are ``security.py``'s.
+Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``; ``/tokenize``,
+``/detokenize`` and the OpenAI-shaped 404 / 501s are ``extra_routes``'.  Every error is OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}`` (``errors.py``); request bodies are read within the server's
+limits and validated strictly (``request_body.py``, ``limits.py``); the API key and the Host check are
+``security.py``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,10 +24,12 @@ from deepinfer.entrypoints.openai import metrics
 from deepinfer.entrypoints.openai.chat import create_chat_completion
 from deepinfer.entrypoints.openai.completions import create_completion
 from deepinfer.entrypoints.openai.errors import install_error_handlers
+from deepinfer.entrypoints.openai.extra_routes import install_extra_routes
 from deepinfer.entrypoints.openai.limits import limits_from_args
 from deepinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from deepinfer.entrypoints.openai.request_body import parse_request
 from deepinfer.entrypoints.openai.security import AccessGuard, HostPolicy, api_key, warn_if_exposed
+from deepinfer.entrypoints.openai.serve_flags import chat_settings
 from deepinfer.entrypoints.openai.serving import created
 from deepinfer.entrypoints.openai.state import ServerState
 
@@ -72,15 +74,8 @@ def build_app(state: ServerState, key: str | None = None, hosts: HostPolicy | No
 
         return JSONResponse({"version": deepinfer.__version__})
 
+    install_extra_routes(app, state)
     return app
-
-
-def _chat_template(value: str | None) -> str | None:
-    """``--chat-template``: a file's contents if it names a file, else the template text itself."""
-    if value is None:
-        return None
-    path = Path(value)
-    return path.read_text() if path.is_file() else value
 
 
 def _stop_on_sigterm() -> None:
@@ -104,12 +99,14 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict[str, Any]) -> None:
     engine = AsyncLLM(llm)
     name = args.served_model_name or engine_kwargs.get("model") or (
         llm.model_path.name if llm.model_path is not None else "deepinfer")
-    state = ServerState(engine, str(name), _chat_template(args.chat_template), limits_from_args(args))
+    state = ServerState(engine, str(name), limits=limits_from_args(args), **chat_settings(args, llm))
     key = api_key(args.api_key)
     warn_if_exposed(args.host, key)
-    if state.chat_template is None and not getattr(llm.tokenizer, "chat_template", None):
+    if state.chat_format.name == "fallback":
         logger.warning("the tokenizer has no chat template: /v1/chat/completions renders conversations as a plain "
                        "'User: / Assistant:' transcript; pass --chat-template for the model's own format")
+    logger.info("chat format %s (reasoning parser %s, tool parser %s)", state.chat_format.name,
+                state.reasoning_parser, state.tool_parser)
     logger.info("serving %s on http://%s:%d (OpenAI-compatible: /v1/completions, /v1/chat/completions)",
                 state.model_name, args.host, args.port)
     app = build_app(state, key, HostPolicy.for_bind(args.host, args.allowed_hosts))

@@ -75,13 +75,26 @@ class _SamplingRequest(_Strict):
     skip_special_tokens: bool = True
     # DeepInfer's structured output: {"regex": ...} | {"json_schema": ...} | {"ebnf": ...}
     so_args: dict[str, Any] | None = None
+    # vLLM's structured-output names (deepinfer.structured.vllm_names)
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
 
     def _so_args(self) -> dict[str, Any] | None:
+        from deepinfer.structured.vllm_names import StructuredOutputsError, request_so_args
+
+        try:
+            given = request_so_args(self)
+        except StructuredOutputsError as exc:
+            raise RequestFieldError(exc.field, str(exc)) from None
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
-            return self.so_args
-        if self.so_args is not None:
-            raise RequestFieldError("response_format", "give response_format or so_args, not both")
+            return given
+        if given is not None:
+            raise RequestFieldError("response_format", "give response_format or one structured-output field "
+                                    "(so_args, structured_outputs, guided_*), not both")
         if fmt.type == "json_object":
             return {"json_schema": {"type": "object"}}
         if fmt.json_schema is None or fmt.json_schema.schema_ is None:
@@ -123,11 +136,11 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    # vLLM's extension: top-k logprobs of every prompt token (echo with logprobs gives them too)
+    prompt_logprobs: int | None = None
 
     def _refuse_unsupported(self) -> None:
         super()._refuse_unsupported()
-        if self.echo:
-            raise RequestFieldError("echo", "echo is not supported yet")
         if self.suffix:
             raise RequestFieldError("suffix", "suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
@@ -154,16 +167,13 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: str | int | None = None
     # vLLM's extensions
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
     def _refuse_unsupported(self) -> None:
         super()._refuse_unsupported()
-        if self.tools:
-            raise RequestFieldError("tools", "tool calling is not supported yet")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise RequestFieldError("tool_choice", "tool calling is not supported yet")
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestFieldError("top_logprobs", "top_logprobs needs logprobs: true")
 
