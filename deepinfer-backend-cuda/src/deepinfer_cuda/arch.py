@@ -8,6 +8,7 @@ new SM means editing this module only.  Pure Python: importing it loads no CUDA 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(slots=True, frozen=True)
@@ -296,6 +297,43 @@ def mxfp4_block_scaled_tiles(hidden: int, inter: int, activation: str) -> Mxfp4T
     cfg = LaunchConfig(num_warps=8, num_stages=3)
     return Mxfp4Tiles(MoeTiles(128, cfg, fit(128, inter), fit(128, hidden), cfg, fit(256, hidden), fit(128, inter),
                                cols_inner=True), dot_scaled=activation)
+
+
+@dataclass(slots=True, frozen=True)
+class Mxfp4TileLang:
+    """Tiles of the TileLang MXFP4 expert GEMMs (``kernels/moe_experts_mxfp4_tl.py``): ``block_m`` slots of a plan
+    block (the wgmma's N), ``block_k`` columns a pipeline stage, ``stages`` TMA stages in flight."""
+
+    block_m: int
+    block_k: int
+    stages: int
+    #: the launcher's config: 12 warps (one producer and two consumer warpgroups); the cubin fixes the rest
+    LAUNCH: ClassVar[LaunchConfig]
+
+
+Mxfp4TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
+
+#: The TileLang MXFP4 forms built into the kernel set (SM90 only): per tier (decode: below 32 slots an expert, which
+#: at V4.1-Flash's 384 experts includes the 1024-token prefill chunk; prefill: 32 and more), the candidates.
+MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
+    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 256, 2)),
+    "prefill": (Mxfp4TileLang(64, 128, 3),),
+}
+#: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
+#: ``tools/sweep_quant_decode.py --forms tilelang`` (H200).  A shape or tier not listed runs Triton.
+MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {}
+
+
+def mxfp4_tilelang_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
+                          tuned: bool = True) -> Mxfp4TileLang | None:
+    """The TileLang tiles for a call (None: the Triton form).  ``tuned=False`` gives the tier's first candidate
+    whatever the table says (what the kernel set builds, with the other candidates, for the sweep)."""
+    if arch.triton_arch != 90:
+        return None
+    tier = "decode" if slots_per_expert < 32 else "prefill"
+    if tuned:
+        return MXFP4_TILELANG.get((hidden, inter), {}).get(tier)
+    return MXFP4_TILELANG_CANDIDATES[tier][0]
 
 
 def moe_mxfp4_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> Mxfp4Tiles:

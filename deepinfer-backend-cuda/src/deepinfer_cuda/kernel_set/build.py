@@ -7,6 +7,7 @@ import platform
 import shutil
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 from pathlib import Path
 
 from deepinfer_cuda.arch import ARCHS, CudaArch
@@ -24,12 +25,13 @@ def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS,
     """
     import triton
 
-    from deepinfer_cuda.kernels import ALL
+    from deepinfer_cuda.kernels import ALL, TILELANG
 
     selected = [k for k in ALL if kernels is None or k.name in set(kernels)]
-    if kernels is not None and len(selected) != len(set(kernels)):
-        unknown = sorted(set(kernels) - {k.name for k in ALL})
-        raise ValueError(f"unknown kernels {unknown}; known: {sorted(k.name for k in ALL)}")
+    selected_tl = [k for k in TILELANG if kernels is None or k.name in set(kernels)]
+    if kernels is not None and len(selected) + len(selected_tl) != len(set(kernels)):
+        known = {k.name for k in ALL} | {k.name for k in TILELANG}
+        raise ValueError(f"unknown kernels {sorted(set(kernels) - known)}; known: {sorted(known)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
@@ -50,7 +52,29 @@ def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS,
                 entry, cubin = compile_variant(kernel, arch, variant)
                 (out_dir / entry.cubin).write_bytes(cubin)
                 manifest.kernels.append(entry)
+    manifest.tilelang_skipped = _build_tilelang(out_dir, archs, selected_tl, manifest) if selected_tl else ""
     manifest.write(out_dir)
     logger.info("kernel set %s: %d cubins for %s in %.1fs (triton %s)", out_dir, len(manifest.kernels),
                 manifest.archs, time.perf_counter() - start, manifest.triton_version)
     return manifest
+
+
+def _build_tilelang(out_dir: Path, archs: Sequence[CudaArch], kernels: list[Any], manifest: Manifest) -> str:
+    """Add the TileLang kernels' cubins (an optional step: without TileLang or nvcc it logs why, adds none and
+    returns the reason; the backend then plans the Triton forms)."""
+    from deepinfer_cuda.kernel_set.tilelang_compile import compile_tilelang, tilelang_unavailable
+
+    why = tilelang_unavailable()
+    if why:
+        logger.warning("kernel set: TileLang kernels skipped: %s", why)
+        return why
+    import tilelang
+
+    manifest.built_with["tilelang"] = tilelang.__version__
+    for arch in archs:
+        for kernel in kernels:
+            for variant in kernel.aot_variants(arch):
+                entry, cubin = compile_tilelang(kernel, arch, variant)
+                (out_dir / entry.cubin).write_bytes(cubin)
+                manifest.kernels.append(entry)
+    return ""

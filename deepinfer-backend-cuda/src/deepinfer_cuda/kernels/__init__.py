@@ -1,11 +1,13 @@
 """Triton kernels of the CUDA backend, one module per op; importing this package imports Triton.
 
-:data:`ALL` lists every kernel the kernel-set builder compiles ahead of time.
+:data:`ALL` lists every kernel the kernel-set builder compiles ahead of time; :data:`TILELANG` the TileLang
+kernels it adds where TileLang and nvcc are installed (an optional step; importing them needs no TileLang).
 """
 
 from __future__ import annotations
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
+from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 from deepinfer_cuda.kernels import (
                                     compress_entries,
                                     compress_pool,
@@ -30,6 +32,7 @@ from deepinfer_cuda.kernels import (
                                     moe_experts_fp8,
                                     moe_experts_mxfp4,
                                     moe_experts_mxfp4_scaled,
+                                    moe_experts_mxfp4_tl,
                                     moe_hash_router,
                                     moe_router,
                                     moe_routing,
@@ -62,3 +65,5 @@ ALL: tuple[TritonKernel, ...] = (
     indexer_topk_in_blocks_packed.KERNEL, embedding_fp8.KERNEL, moe_experts_fp8.UP_KERNEL, moe_experts_fp8.DOWN_KERNEL,
     verify_drafts.STATS_KERNEL, verify_drafts.KERNEL, verify_drafts.PICK_KERNEL,
 )
+
+TILELANG: tuple[TileLangKernel, ...] = (moe_experts_mxfp4_tl.UP_KERNEL, moe_experts_mxfp4_tl.DOWN_KERNEL)

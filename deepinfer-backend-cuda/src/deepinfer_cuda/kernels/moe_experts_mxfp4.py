@@ -44,6 +44,7 @@ from deepinfer_cuda.arch import (
 from deepinfer_cuda.kernel_set.compile import Variant
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernels import moe_experts_mxfp4_scaled as scaled
+from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -338,7 +339,10 @@ def moe_experts_mxfp4(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     """Routed experts [T, H]: x [T, H]; ids [T, k]; weights [T, k] fp32; w13 [E, 2I, H/2] + scales [E, 2I, H/32];
     w2 [E, H, I/2] + scales [E, H, I/32]."""
     index, arch = cuda_target(x)
-    return prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch).run(index)
+    chain = tilelang_form.prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch)
+    if chain is None:  # the arch table keeps Triton here, or the kernel set has no TileLang cubins
+        chain = prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch)
+    return chain.run(index)
 
 
 def moe_experts_mxfp4_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
