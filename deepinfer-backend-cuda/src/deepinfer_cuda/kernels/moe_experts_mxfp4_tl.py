@@ -171,7 +171,8 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     ids = ids.contiguous()
     order, blocks, plan_steps = plan(ids, num_experts, config.block_m, arch=arch)
     n_blocks = blocks.shape[1]
-    xs = x.contiguous().index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+    xs = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
+    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=order, top_k=top_k, out=xs), xs)
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
@@ -186,11 +187,25 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     combine = Launch((tokens, -(-hidden // block_h)), cfg,
                      dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
                           **_combine_constexprs(hidden, top_k, block_h)), out)
-    steps: list[tuple[Any, Launch]] = [*plan_steps, (UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
+    steps: list[tuple[Any, Launch]] = [*plan_steps, (GATHER, gather), (UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
     return LaunchChain(steps, lambda: out)
 
 
 _CONFIG = Mxfp4TileLang.LAUNCH
+
+
+class _Gather:
+    """x's rows in slot order for the up GEMM's TMA (``xs[r] = x[order[r] // k]``), as a chain step: it must run
+    after the plan's kernels have written ``order``."""
+
+    name = "moe_experts_mxfp4_tl_gather"
+
+    def launch(self, grid: tuple[int, ...], config: Any, args: dict[str, Any], device_index: int) -> None:
+        torch.index_select(args["x"], 0, torch.div(args["order"], args["top_k"], rounding_mode="floor"),
+                           out=args["out"])
+
+
+GATHER = _Gather()
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
