@@ -316,7 +316,7 @@ Mxfp4TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 #: The TileLang MXFP4 forms built into the kernel set (SM90 only): per tier (decode: below 32 slots an expert, which
 #: at V4.1-Flash's 384 experts includes the 1024-token prefill chunk; prefill: 32 and more), the candidates.
 MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
-    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 256, 2)),
+    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 128, 8)),
     "prefill": (Mxfp4TileLang(64, 128, 3),),
 }
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of

@@ -66,6 +66,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     chunks = block_k // 8  # 8-column chunks a row
     step = THREADS // chunks  # rows one pass of the consumer threads covers
+    passes = 64 // step  # passes over each half (64 rows) of the weight tile
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
 
     @T.prim_func
@@ -82,31 +83,42 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             c_s = T.alloc_shared((128, block_m), "float32")
             packed = T.alloc_local((4,), "uint8")
             deq = T.alloc_local((8,), "bfloat16")
+            sc = T.alloc_local((2 * passes,), "uint8")  # this stage's scale byte of each row the thread decodes
+            sc_next = T.alloc_local((2 * passes,), "uint8")  # the next stage's, loaded a stage ahead
             tx = T.get_thread_binding()
             expert, start, end = blocks[0, b], blocks[1, b], blocks[2, b]
             ra = expert * (2 * inter if up else hidden) + c * cols
             rb = ra + (inter if up else 64)
+            r0 = tx // chunks  # the thread's first row; it decodes rows r0 + step * it of each half
+            j = (tx % chunks) * 8  # and columns [j, j + 8) of each stage
+            n_k = T.if_then_else(start < end, K // block_k, 0)
             T.import_source(_DEQUANT)
             T.clear(acc)
-            for k in T.Pipelined(T.if_then_else(start < end, K // block_k, 0), num_stages=stages):
+            for it in T.unroll(passes):
+                sc_next[it] = s[ra + r0 + it * step, j // 32]
+                sc_next[passes + it] = s[rb + r0 + it * step, j // 32]
+            for k in T.Pipelined(n_k, num_stages=stages):
                 T.copy(w[ra, k * (block_k // 2)], wa_s)
                 T.copy(w[rb, k * (block_k // 2)], wb_s)
                 T.copy(xs[start, k * block_k], x_s)
-                for it in T.serial(64 // step):
-                    r = it * step + tx // chunks
-                    j = (tx % chunks) * 8
+                for it in T.unroll(2 * passes):
+                    sc[it] = sc_next[it]
+                if k + 1 < n_k:  # the scale loads' latency hides behind this stage's decoding
+                    for it in T.unroll(passes):
+                        sc_next[it] = s[ra + r0 + it * step, (k + 1) * (block_k // 32) + j // 32]
+                        sc_next[passes + it] = s[rb + r0 + it * step, (k + 1) * (block_k // 32) + j // 32]
+                for it in T.unroll(passes):
                     for v in T.vectorized(4):
-                        packed[v] = wa_s[r, j // 2 + v]
-                    T.call_extern("handle", "di_mxfp4x8", T.address_of(packed[0]),
-                                  s[ra + r, k * (block_k // 32) + j // 32], T.address_of(deq[0]))
+                        packed[v] = wa_s[r0 + it * step, j // 2 + v]
+                    T.call_extern("handle", "di_mxfp4x8", T.address_of(packed[0]), sc[it], T.address_of(deq[0]))
                     for v in T.vectorized(8):
-                        w_s[r, j + v] = deq[v]
+                        w_s[r0 + it * step, j + v] = deq[v]
                     for v in T.vectorized(4):
-                        packed[v] = wb_s[r, j // 2 + v]
-                    T.call_extern("handle", "di_mxfp4x8", T.address_of(packed[0]),
-                                  s[rb + r, k * (block_k // 32) + j // 32], T.address_of(deq[0]))
+                        packed[v] = wb_s[r0 + it * step, j // 2 + v]
+                    T.call_extern("handle", "di_mxfp4x8", T.address_of(packed[0]), sc[passes + it],
+                                  T.address_of(deq[0]))
                     for v in T.vectorized(8):
-                        w_s[64 + r, j + v] = deq[v]
+                        w_s[64 + r0 + it * step, j + v] = deq[v]
                 T.gemm(w_s, x_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, c_s)
             if up:
