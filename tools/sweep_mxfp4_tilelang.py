@@ -4,10 +4,11 @@
 
 One V4.1-Flash MoE layer (384 experts of 5120 -> 2 x 2304 -> 5120, top-6, random routes, random MXFP4 bytes with
 e8m0 scales near 2^-7): per token count, each form's error against core's reference (bf16; past ~24 GB of
-dequantized experts, against the Triton form), its device time in a CUDA graph (20 calls captured, replayed, median of 5), and its share of the copy
-bandwidth measured in the same run for the bytes it must read (the hit experts' packed weights and scales, x, out).
-Each form is checked for host syncs (``torch.cuda.set_sync_debug_mode("error")``) and graph replay == eager.
-Prints the winner per tier, to paste into ``arch.MXFP4_TILELANG``.
+dequantized experts, against the Triton form), its device time in a CUDA graph (20 calls captured, replayed, median
+of 5), and its share of the copy bandwidth measured in the same run for the bytes it must read (the hit experts'
+packed weights and scales, x, out).  Each form is checked for host syncs (``torch.cuda.set_sync_debug_mode``;
+``tests/backend_cuda/test_moe_mxfp4_tilelang_gpu.py`` checks graph replay).  Prints the fastest form per token
+count: where a TileLang form wins, its tiles go into ``arch.MXFP4_TILELANG`` for that tier.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-E, H, I, K = 384, 5120, 2304, 6
+E, H, INTER, K = 384, 5120, 2304, 6
 
 
 def copy_bandwidth() -> float:
@@ -63,10 +64,10 @@ def graph_time_us(fn, calls: int = 20, repeats: int = 5) -> float:
 
 def layer(gen: torch.Generator):
     dev = "cuda"
-    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, device=dev, generator=gen)
-    w2 = torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, device=dev, generator=gen)
-    s13 = torch.randint(118, 122, (E, 2 * I, H // 32), dtype=torch.uint8, device=dev, generator=gen)
-    s2 = torch.randint(118, 122, (E, H, I // 32), dtype=torch.uint8, device=dev, generator=gen)
+    w13 = torch.randint(0, 256, (E, 2 * INTER, H // 2), dtype=torch.uint8, device=dev, generator=gen)
+    w2 = torch.randint(0, 256, (E, H, INTER // 2), dtype=torch.uint8, device=dev, generator=gen)
+    s13 = torch.randint(118, 122, (E, 2 * INTER, H // 32), dtype=torch.uint8, device=dev, generator=gen)
+    s2 = torch.randint(118, 122, (E, H, INTER // 32), dtype=torch.uint8, device=dev, generator=gen)
     return w13, s13, w2, s2
 
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         hit = ids.unique().numel()
         # core's reference dequantizes every hit expert to bf16 (~0.15 GB each): past ~24 GB compare with Triton
         ref = reference(*op).float() if hit * 0.15 < 24 else triton_form.prepare(*op, arch=SM90A).run(0).float()
-        bytes_ = hit * (2 * I * H // 2 + 2 * I * H // 32 + H * I // 2 + H * I // 32) + 2 * tokens * H * 2
+        bytes_ = hit * (INTER * H + INTER * H // 16 + H * INTER // 2 + H * INTER // 32) + 2 * tokens * H * 2
         floor_us = bytes_ / bandwidth * 1e6
         forms = {"triton": lambda: triton_form.prepare(*op, arch=SM90A)}
         tier = "decode" if tokens * K // E < 32 else "prefill"
@@ -133,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{r['tokens']:>6} {r['form']:>26} {r['experts_hit']:>4} {r['rel_err']:>9.2e} {r['us']:>9.1f} "
                   f"{r['floor_us']:>9.1f} {r['pct_copy']:>6.0f}%")
+    for tokens in sorted({r["tokens"] for r in rows}):
+        timed = [r for r in rows if r["tokens"] == tokens and "us" in r]
+        if timed:
+            best = min(timed, key=lambda r: r["us"])
+            print(f"fastest at {tokens} tokens: {best['form']} ({best['us']:.1f} us)")
     if args.json is not None:
         args.json.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=1))
     return 0

@@ -9,7 +9,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-E, H, I, K = 16, 5120, 2304, 6  # V4.1-Flash's expert dims (the cubins'); 16 experts keep the test small
+E, H, INTER, K = 16, 5120, 2304, 6  # V4.1-Flash's expert dims (the cubins'); 16 experts keep the test small
 
 
 def _layer(tokens: int, seed: int):
@@ -21,8 +21,8 @@ def _layer(tokens: int, seed: int):
     x = torch.randn(tokens, H, device="cuda", generator=gen).bfloat16()
     ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(tokens)])
     weights = torch.rand(tokens, K, device="cuda", generator=gen)
-    return (x, ids, weights, u8(E, 2 * I, H // 2), u8(E, 2 * I, H // 32, lo=118, hi=122), u8(E, H, I // 2),
-            u8(E, H, I // 32, lo=118, hi=122), 10.0)
+    return (x, ids, weights, u8(E, 2 * INTER, H // 2), u8(E, 2 * INTER, H // 32, lo=118, hi=122), u8(E, H, INTER // 2),
+            u8(E, H, INTER // 32, lo=118, hi=122), 10.0)
 
 
 def _chain(op, config):

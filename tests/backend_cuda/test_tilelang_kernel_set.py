@@ -66,7 +66,8 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
         chain = tl_form.prepare(*layer, arch=SM90A, config=CONFIG)
         assert chain is not None
         names = [k.name for k, _ in chain.steps]
-        assert names[-4:] == ["moe_experts_mxfp4_tl_gather", "moe_experts_mxfp4_tl_up", "moe_experts_mxfp4_tl_down", "moe_experts_combine"]
+        assert names[-4:] == ["moe_experts_mxfp4_tl_gather",
+                              "moe_experts_mxfp4_tl_up", "moe_experts_mxfp4_tl_down", "moe_experts_combine"]
         up = chain.steps[-3][1]
         assert chain.steps[-4][1].args["order"] is up.args["order"]  # gathered after the plan wrote it
         assert up.args["constexprs"] == variant and up.args["wrows"] == 8 * 256 and up.grid == (up.args["nb"], 2)

@@ -7,8 +7,8 @@ import platform
 import shutil
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from deepinfer_cuda.arch import ARCHS, CudaArch
 from deepinfer_cuda.kernel_set.compile import compile_variant

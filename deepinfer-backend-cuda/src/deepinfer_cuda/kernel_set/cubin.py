@@ -129,7 +129,7 @@ def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]],
     stay null."""
     storage: list[Any] = []
     plain: list[tuple[Any, str]] = []
-    maps: list[tuple[_TensorMapParams, str]] = []
+    maps: list[tuple[Any, str]] = []  # _TensorMapParams (Triton) or _RecipeMap (TileLang)
     metas = iter(entry.tensordesc_meta)
     recipes = iter(entry.tensormaps)
     for name, ty in entry.signature:

@@ -155,7 +155,7 @@ def _recipe(args: list[Any], buffers: dict[str, tuple[str, Any]], where: str) ->
     from tilelang import tvm
 
     dtype, rank, ptr, rest = int(args[0]), int(args[1]), args[2], args[3:]
-    dims, strides, box, elem = (rest[i * rank:(i + 1) * rank] for i in range(4))
+    dims, strides, box, elem = (rest[0:rank], rest[rank:2 * rank], rest[2 * rank:3 * rank], rest[3 * rank:4 * rank])
     interleave, swizzle, l2, oob = (int(a) for a in rest[4 * rank: 4 * rank + 4])
 
     def value(e: Any) -> int | str:
@@ -167,11 +167,12 @@ def _recipe(args: list[Any], buffers: dict[str, tuple[str, Any]], where: str) ->
 
     if ptr.name not in buffers:
         raise AotError(f"{where}: TMA descriptor over {ptr}, not a tensor param")
-    recipe = {"dtype": dtype, "dims": [value(d) for d in dims], "strides": [int(s) for s in strides[1:]],
-              "box": [int(b) for b in box], "elem_strides": [int(e) for e in elem], "interleave": interleave,
-              "swizzle": swizzle, "l2": l2, "oob": oob}
-    if any(isinstance(s, str) for s in recipe["strides"]):
+    strides_ = [value(s) for s in strides[1:]]
+    if any(isinstance(s, str) for s in strides_):
         raise AotError(f"{where}: dynamic TMA strides")
+    recipe: dict[str, Any] = {"dtype": dtype, "dims": [value(d) for d in dims], "strides": strides_,
+                              "box": [int(b) for b in box], "elem_strides": [int(e) for e in elem],
+                              "interleave": interleave, "swizzle": swizzle, "l2": l2, "oob": oob}
     return buffers[ptr.name][0], recipe
 
 

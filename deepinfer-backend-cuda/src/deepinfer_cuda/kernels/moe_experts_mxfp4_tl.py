@@ -1,3 +1,4 @@
+# mypy: disable-error-code="valid-type"
 """MXFP4 routed experts in TileLang (SM90): TMA of the packed e2m1 bytes into shared memory, dequantized by the
 consumer warpgroups into a bf16 tile, multiplied on the tensor cores (wgmma), warp-specialized.
 
@@ -199,7 +200,8 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     combine = Launch((tokens, -(-hidden // block_h)), cfg,
                      dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
                           **_combine_constexprs(hidden, top_k, block_h)), out)
-    steps: list[tuple[Any, Launch]] = [*plan_steps, (GATHER, gather), (UP_KERNEL, up), (DOWN_KERNEL, down), (COMBINE_KERNEL, combine)]
+    steps: list[tuple[Any, Launch]] = [*plan_steps, (GATHER, gather), (UP_KERNEL, up), (DOWN_KERNEL, down),
+                                       (COMBINE_KERNEL, combine)]
     return LaunchChain(steps, lambda: out)
 
 
