@@ -43,9 +43,10 @@ fi
 "${pip[@]}" -e ./deepinfer-core
 case "$accel" in
   nvidia)
-    "${pip[@]}" -e ./deepinfer-backend-cuda
+    "${pip[@]}" -e "./deepinfer-backend-cuda[tilelang]"
     # The kernel set: Triton kernels compiled ahead of time (cubins for sm_90a and sm_100a + manifest.json)
-    # by the Triton installed here, so the runtime loads cubins from the same compiler its JIT would use.
+    # by the Triton installed here, so the runtime loads cubins from the same compiler its JIT would use; plus the
+    # TileLang kernels' sm_90a cubins where nvcc is on the PATH (skipped, with a log line, where it is not).
     "$venv/bin/python" -m deepinfer_cuda.kernel_set.build ;;
   ascend) "${pip[@]}" -e "./deepinfer-backend-ascend[npu]" ;;
   cpu) ;;

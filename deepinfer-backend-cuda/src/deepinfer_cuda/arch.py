@@ -8,6 +8,7 @@ new SM means editing this module only.  Pure Python: importing it loads no CUDA 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,17 +133,14 @@ def hc_pre_config(arch: CudaArch, n: int, dim: int) -> HcPreTiles:
 
     The projection's (2+n)*n = 24 rows of fn are 1.5 MB for V4 (4 x 4096); slices of 256 columns give 64 programs
     per token tile, enough to spread a decode step's read of fn over the GPU.  bf16 streams: fn is split in the
-    kernel into three bf16 terms and projected with tensor-core dots (fp32 FMAs on CUDA cores: prefill 1024 tokens
-    took 117 us for 805 MFLOP; the read of x alone is 8 us).  Every tier keeps 4+ warps and a multiple of 64 tokens,
+    kernel into three bf16 terms and projected with tensor-core dots (the fp32 FMAs on CUDA cores they replaced were
+    far slower at prefill).  Every tier keeps 4+ warps and a multiple of 64 tokens,
     so on Hopper every tier's dots are the same wgmma m64nNk16 (a 16-row mma.sync tile could round differently):
-    decode takes one 64-token tile (rows past the call masked, so not read), prefill 128-token tiles.  IEEE fp32
-    FMAs (fp32 streams) were measured at 1 token 7.0 us with 1 warp, 11.6 with 4.  The finishing kernel runs one
+    decode takes one 64-token tile (rows past the call masked, so not read), prefill 128-token tiles (fp32 streams:
+    IEEE fp32 FMAs).  The finishing kernel runs one
     warp per program: its slice sums are then shuffles, no barriers; it collapses its 1024 columns at once
-    (``step_d`` 256 would hold 60 registers a thread instead of 168, but was slower).
-    H200 sweep (2026-11-29, ``tools/sweep/hc_pre.py``, same bits for all): the
-    prefill tier at 4 warps / 2 stages 54 us a 1024-token call (8 warps / 3 stages 63.5), the finish over the whole
-    chunk at once (step_d 0) 57 vs 63.5 us there and 12.3 vs 11.8 us at one token; slices of 128 columns would
-    save 2 us a decode call but cost 9 us a prefill call.
+    (``step_d`` 256 would hold 60 registers a thread instead of 168, but was slower).  The tiers, ``step_d`` and
+    the slice width are the winners of ``tools/sweep/hc_pre.py`` (timings: docs/performance/log/2026-11-29.md).
     """
     if arch.triton_arch in (90, 100):
         flat = n * dim
@@ -178,18 +176,15 @@ def moe_experts_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter
     weights once through 16-row tiles (the read is the roofline term):
     - fewer slots than experts (0: decode b1..b10 at 64 experts, ..b42 at 256): few experts are hit, so the
       programs per expert must fill the GPU.  32 gate + 32 up columns (up) and 64 columns (down) per program over
-      256-deep reduction tiles, 3 stages: b1's 7 slots (6 experts + the shared one) make 448 + 448 programs.
-      On the H200 (2026-12-01, V4 slice layer) the up GEMM took 58.9 µs (94% of the copy ceiling) against 71.4
-      with pointer loads of 16 + 16 columns and 77.1 with TMA at 16 + 16; down 31.2 µs against 31.5;
-    - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (~87% of the copy ceiling at b16 / b64, H200; TMA and
-      pointer loads within 1% there);
+      256-deep reduction tiles, 3 stages: b1's 7 slots (6 experts + the shared one) make 448 + 448 programs
+      (faster than 16 + 16 columns, with or without TMA: docs/performance/log/2026-12-01.md);
+    - 1..31: 32 gate + 32 up / 64 down columns, 4 stages (near the copy ceiling at b16 / b64);
     - prefill (>= 32): 128-row tiles over 128 gate + 128 up (up) / 256 (down) columns, 64-deep reduction tiles,
       8 warps = two warpgroups stacked in M, so each issues m64n128 (up, twice) / m64n256 (down) wgmmas: wide
       enough that shared memory feeds the tensor cores (m64n64 cannot), 4 stages of 48 KiB.  At 1024 tokens
-      (~96 slots an expert) an expert is one block, so each weight tile leaves L2 once.  With TMA weight tiles
-      and 4 stages the 1024-token layer (shared expert included) took 684 + 359 µs against 739 + 371 with
-      pointer loads and 3 stages (H200); the old 64-row tiles over 64 + 64 / 128 columns ran at 41% / 33% of
-      the bf16 peak.  ``tools/sweep/moe_prefill.py`` times the alternatives.
+      (~96 slots an expert) an expert is one block, so each weight tile leaves L2 once.  TMA weight tiles and
+      4 stages beat pointer loads and 3 stages, and these tiles the old 64-row ones (docs/performance/log/).
+      ``tools/sweep/moe_prefill.py`` times the alternatives.
     fp32 inputs (tests) halve the reduction tile and the pipeline depth to fit shared memory.  Tiles never exceed
     the padded problem dims.
     """
@@ -243,7 +238,7 @@ class Mxfp4Tiles:
 MXFP4_DECODE_TILES: dict[tuple[int, int], Mxfp4Tiles] = {
     (5120, 2304): Mxfp4Tiles(MoeTiles(16, LaunchConfig(num_warps=4, num_stages=3), 16, 1024,
                                       LaunchConfig(num_warps=4, num_stages=3), 64, 256), row_loop=True, tma=True),
-}  # the H200 sweeps of 2026-12-02 (docs/performance.md): TMA weight tiles, 3 stages
+}  # the winners of tools/sweep_quant_decode.py (docs/performance/log/2026-12-02.md): TMA weight tiles, 3 stages
 
 
 def mxfp4_decode_default(hidden: int, inter: int) -> Mxfp4Tiles:
@@ -296,6 +291,43 @@ def mxfp4_block_scaled_tiles(hidden: int, inter: int, activation: str) -> Mxfp4T
     cfg = LaunchConfig(num_warps=8, num_stages=3)
     return Mxfp4Tiles(MoeTiles(128, cfg, fit(128, inter), fit(128, hidden), cfg, fit(256, hidden), fit(128, inter),
                                cols_inner=True), dot_scaled=activation)
+
+
+@dataclass(slots=True, frozen=True)
+class Mxfp4TileLang:
+    """Tiles of the TileLang MXFP4 expert GEMMs (``kernels/moe_experts_mxfp4_tl.py``): ``block_m`` slots of a plan
+    block (the wgmma's N), ``block_k`` columns a pipeline stage, ``stages`` TMA stages in flight."""
+
+    block_m: int
+    block_k: int
+    stages: int
+    #: the launcher's config: 12 warps (one producer and two consumer warpgroups); the cubin fixes the rest
+    LAUNCH: ClassVar[LaunchConfig]
+
+
+Mxfp4TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
+
+#: The TileLang MXFP4 forms built into the kernel set (SM90 only): per tier (decode: below 32 slots an expert, which
+#: at V4.1-Flash's 384 experts includes the 1024-token prefill chunk; prefill: 32 and more), the candidates.
+MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
+    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 128, 8)),
+    "prefill": (Mxfp4TileLang(64, 128, 3),),
+}
+#: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
+#: ``tools/sweep/mxfp4_tilelang.py`` (H200).  A shape or tier not listed runs Triton.
+MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {}
+
+
+def mxfp4_tilelang_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
+                          tuned: bool = True) -> Mxfp4TileLang | None:
+    """The TileLang tiles for a call (None: the Triton form).  ``tuned=False`` gives the tier's first candidate
+    whatever the table says (what the kernel set builds, with the other candidates, for the sweep)."""
+    if arch.triton_arch != 90:
+        return None
+    tier = "decode" if slots_per_expert < 32 else "prefill"
+    if tuned:
+        return MXFP4_TILELANG.get((hidden, inter), {}).get(tier)
+    return MXFP4_TILELANG_CANDIDATES[tier][0]
 
 
 def moe_mxfp4_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> Mxfp4Tiles:
@@ -379,9 +411,8 @@ def sparse_attention_config(arch: CudaArch, heads: int, dim: int, element_bytes:
     result is bitwise the same either way, and the choice is free to depend on the batch.
     ``skip_empty``: each program walks only the chunks from its first to its last valid index (a 1024-token CSA
     prefill row of 640 columns has ~250 valid ones on average, -1 at both ends).  ``tools/sweep/sparse_attention.py``
-    times the alternatives; on the H200 (2026-11-29) 64-row chunks with 2 stages were the fastest plain form in
-    every case (a 1024-token prefill: sliding 252 us, HCA 334, CSA 540, against 294 / 353 / 619 with 32-row chunks
-    and 3 stages; decode b1 14.5 us, b64 66 us); 128-row transposed chunks were close (CSA 481, b64 56, b1 17).
+    times the alternatives; 64-row chunks with 2 stages were its fastest plain form in every case, 128-row
+    transposed chunks close (docs/performance/log/2026-11-29.md).
     """
     if arch.triton_arch not in (90, 100):
         raise ValueError(f"no sparse attention configuration for {arch.name}")
@@ -563,7 +594,8 @@ FP8_ACT_MIN_ROWS = 64
 FP8_DECODE_ROW_TIERS = (1, FP8_ACT_MIN_ROWS - 1)
 #: Measured decode tiles, (N per group, K, groups, row tier) -> tile; a shape not listed gets
 #: :func:`fp8_decode_default`.  Paste ``tools/sweep/quant_decode.py``'s "best" lines here (H200, bf16 activations).
-FP8_DECODE_TILES: dict[tuple[int, int, int, int], Fp8DecodeTile] = {  # the H200 sweeps of 2026-12-02
+#: sweep winners: docs/performance/log/2026-12-02.md
+FP8_DECODE_TILES: dict[tuple[int, int, int, int], Fp8DecodeTile] = {
     (1024, 4096, 8, 1): Fp8DecodeTile(True, 16, 2048, 1, 8, 2, tma=True),
     (1024, 4096, 8, 63): Fp8DecodeTile(False, 32, 512, 1, 4, 3, tma=True),
     (1792, 5120, 1, 1): Fp8DecodeTile(True, 8, 1024, 1, 4, 3, tma=True),

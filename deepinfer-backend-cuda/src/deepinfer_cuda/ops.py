@@ -13,10 +13,11 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from deepinfer_cuda import kernels
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
+from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 from deepinfer_cuda.override import Override, registered
 
 
@@ -46,11 +47,24 @@ def batch_invariant_ops() -> tuple[str, ...]:
     return tuple(sorted(name for name, o in overrides().items() if o.batch_invariant is not None))
 
 
-def aot_kernels() -> tuple[TritonKernel, ...]:
-    """Every Triton kernel the kernel set compiles, once each, in op order."""
-    found: dict[str, TritonKernel] = {}
+K = TypeVar("K", TritonKernel, TileLangKernel)
+
+
+def _declared(kind: type[K]) -> tuple[K, ...]:
+    """Every kernel of ``kind`` some override declares in ``aot``, once each, in op order."""
+    found: dict[str, K] = {}
     for name in sorted(overrides()):
         for kernel in overrides()[name].aot:
-            if found.setdefault(kernel.name, kernel) is not kernel:
-                raise ValueError(f"two Triton kernels are named {kernel.name!r}")
+            if isinstance(kernel, kind) and found.setdefault(kernel.name, kernel) is not kernel:
+                raise ValueError(f"two {kind.__name__}s are named {kernel.name!r}")
     return tuple(found.values())
+
+
+def aot_kernels() -> tuple[TritonKernel, ...]:
+    """Every Triton kernel the kernel set compiles, once each, in op order."""
+    return _declared(TritonKernel)
+
+
+def tilelang_kernels() -> tuple[TileLangKernel, ...]:
+    """Every TileLang kernel the kernel set adds where TileLang and nvcc are installed."""
+    return _declared(TileLangKernel)

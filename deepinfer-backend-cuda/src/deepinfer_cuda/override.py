@@ -10,7 +10,8 @@ needs to know about it, so that adding a kernel is one new module under ``deepin
   rows, with fixed tiles); a function with the op's signature when the kernel has a fixed-tile form that is, which
   ``DEEPINFER_BATCH_INVARIANT=1`` runs instead; ``False`` (the default) when neither is declared, so core's
   batch-invariant reference runs under the flag.
-- ``aot``: the Triton kernels the wrapper launches; the kernel-set builder compiles each one's ``aot_variants``.
+- ``aot``: the kernels the wrapper launches, Triton's and TileLang's; the kernel-set builder compiles each one's
+  ``aot_variants`` (TileLang's only where TileLang and nvcc are installed: an optional step).
 
 Registering only records: :mod:`deepinfer_cuda.ops` imports the kernel modules (once the backend is chosen) and
 reads the records.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
+from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,7 +38,7 @@ class Override:
     coverage: Callable[..., bool] | None  #: the inputs the kernel handles; None: all
     #: what runs under ``DEEPINFER_BATCH_INVARIANT=1`` (the kernel itself or its fixed-tile form); None: not declared
     batch_invariant: Callable[..., Any] | None
-    aot: tuple[TritonKernel, ...]  #: the Triton kernels it launches, compiled into the kernel set
+    aot: tuple[TritonKernel | TileLangKernel, ...]  #: the kernels it launches, compiled into the kernel set
 
 
 _REGISTERED: dict[str, Override] = {}
@@ -44,7 +46,7 @@ _REGISTERED: dict[str, Override] = {}
 
 def override(op: str, *, coverage: Callable[..., bool] | None = None,
              batch_invariant: bool | Callable[..., Any] = False,
-             aot: tuple[TritonKernel, ...] = ()) -> Callable[[F], F]:
+             aot: tuple[TritonKernel | TileLangKernel, ...] = ()) -> Callable[[F], F]:
     """Register the decorated wrapper as this backend's kernel for core op ``op`` (see the module docstring)."""
 
     def register(fn: F) -> F:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import triton
 
@@ -23,7 +24,7 @@ from deepinfer_cuda.arch import ARCHS, CudaArch, arch_by_name
 from deepinfer_cuda.kernel_set.compile import compile_variant
 from deepinfer_cuda.kernel_set.dispatch import DEFAULT_KERNEL_SET_DIR
 from deepinfer_cuda.kernel_set.manifest import MANIFEST_NAME, Manifest, kernel_sources_digest
-from deepinfer_cuda.ops import aot_kernels
+from deepinfer_cuda.ops import aot_kernels, tilelang_kernels
 
 logger = logging.getLogger("deepinfer.cuda.kernel_set")
 
@@ -34,11 +35,12 @@ def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS,
 
     ``kernels`` limits the build to those kernel names (default: every kernel an ``@override`` names in ``aot``).
     """
-    every = aot_kernels()
+    every, every_tl = aot_kernels(), tilelang_kernels()
     selected = [k for k in every if kernels is None or k.name in set(kernels)]
-    if kernels is not None and len(selected) != len(set(kernels)):
-        unknown = sorted(set(kernels) - {k.name for k in every})
-        raise ValueError(f"unknown kernels {unknown}; known: {sorted(k.name for k in every)}")
+    selected_tl = [k for k in every_tl if kernels is None or k.name in set(kernels)]
+    if kernels is not None and len(selected) + len(selected_tl) != len(set(kernels)):
+        known = {k.name for k in every} | {k.name for k in every_tl}
+        raise ValueError(f"unknown kernels {sorted(set(kernels) - known)}; known: {sorted(known)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
@@ -59,10 +61,32 @@ def build_kernel_set(out_dir: Path, archs: Sequence[CudaArch] = ARCHS,
                 entry, cubin = compile_variant(kernel, arch, variant)
                 (out_dir / entry.cubin).write_bytes(cubin)
                 manifest.kernels.append(entry)
+    manifest.tilelang_skipped = _build_tilelang(out_dir, archs, selected_tl, manifest) if selected_tl else ""
     manifest.write(out_dir)
     logger.info("kernel set %s: %d cubins for %s in %.1fs (triton %s)", out_dir, len(manifest.kernels),
                 manifest.archs, time.perf_counter() - start, manifest.triton_version)
     return manifest
+
+
+def _build_tilelang(out_dir: Path, archs: Sequence[CudaArch], kernels: list[Any], manifest: Manifest) -> str:
+    """Add the TileLang kernels' cubins (an optional step: without TileLang or nvcc it logs why, adds none and
+    returns the reason; the backend then plans the Triton forms)."""
+    from deepinfer_cuda.kernel_set.tilelang_compile import compile_tilelang, tilelang_unavailable
+
+    why = tilelang_unavailable()
+    if why:
+        logger.warning("kernel set: TileLang kernels skipped: %s", why)
+        return why
+    import tilelang
+
+    manifest.built_with["tilelang"] = tilelang.__version__
+    for arch in archs:
+        for kernel in kernels:
+            for variant in kernel.aot_variants(arch):
+                entry, cubin = compile_tilelang(kernel, arch, variant)
+                (out_dir / entry.cubin).write_bytes(cubin)
+                manifest.kernels.append(entry)
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,8 @@ _STATIC_SHARED_LIMIT = 48 * 1024
 #: Triton's device TMA element-type enum -> the driver's CUtensorMapDataType (they differ for 8, 9, 10).
 _TMA_HOST_DTYPE = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
 _CU_TENSOR_MAP_L2_PROMOTION_128B = 2
+#: The signature type of a TileLang kernel's ``__grid_constant__ CUtensorMap`` param.
+TENSORMAP = "tensormap"
 
 
 def param_ctype(sig_type: str) -> type:
@@ -114,24 +116,28 @@ class CubinFunction:
                 value = args[name]
                 slot.value = value.data_ptr() if isinstance(value, torch.Tensor) else value
             for tensor_map, name in self._maps:
-                tensor_map.fill(args[name])
+                tensor_map.fill(args[name], args)
             result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
                                             self._params_addr, 0)
         if result[0] != _SUCCESS:
             _check(result, "cuLaunchKernel")
 
 
-def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]], list[tuple[_TensorMapParams, str]]]:
+def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]], list[tuple[Any, str]]]:
     """ctypes storage for every ``.param`` of ``entry`` in order, plus who fills it: ``(storage, name)`` per scalar
     or pointer param, ``(tensor map params, name)`` per TMA descriptor (its 1 + 2 * rank slots); hidden pointers
     stay null."""
     storage: list[Any] = []
     plain: list[tuple[Any, str]] = []
-    maps: list[tuple[_TensorMapParams, str]] = []
+    maps: list[tuple[Any, str]] = []  # _TensorMapParams (Triton) or _RecipeMap (TileLang)
     metas = iter(entry.tensordesc_meta)
+    recipes = iter(entry.tensormaps)
     for name, ty in entry.signature:
         rank = tensordesc_rank(ty.split(":")[0])
-        if rank is None:
+        if ty == TENSORMAP:  # TileLang: the CUtensorMap alone, encoded from the tensor param ``name``
+            maps.append((_RecipeMap(next(recipes)), name))
+            storage += maps[-1][0].storage
+        elif rank is None:
             plain.append((param_ctype(ty)(), name))
             storage.append(plain[-1][0])
         else:
@@ -154,7 +160,7 @@ class _TensorMapParams:
         self.storage += [ctypes.c_uint64() for _ in range(rank)]
         self._cache: dict[tuple[Any, ...], bytes] = {}
 
-    def fill(self, desc: Any) -> None:
+    def fill(self, desc: Any, args: Mapping[str, Any]) -> None:
         shape, strides = [int(d) for d in desc.shape], [int(s) for s in desc.strides]
         key = (desc.base.data_ptr(), tuple(shape), tuple(strides), desc.padding)
         encoded = self._cache.get(key)
@@ -183,4 +189,41 @@ def encode_tensor_map(address: int, shape: Sequence[int], strides: Sequence[int]
         driver.CUtensorMapDataType(_TMA_HOST_DTYPE[int(meta["elem_type"])]), u32(rank), address, dims, byte_strides,
         box, [u32(1)] * rank, driver.CUtensorMapInterleave(0), driver.CUtensorMapSwizzle(int(meta["swizzle"])),
         driver.CUtensorMapL2promotion(_CU_TENSOR_MAP_L2_PROMOTION_128B), fill), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tensor_map.getPtr(), 128)
+
+
+class _RecipeMap:
+    """A TileLang kernel's ``CUtensorMap`` param: encoded from the live tensor's address with the recipe the builder
+    read off TileLang's host code (dims may name a scalar param: a dynamic row count), cached per address and dims."""
+
+    __slots__ = ("recipe", "storage", "_map", "_cache")
+
+    def __init__(self, recipe: dict[str, Any]):
+        self.recipe = recipe
+        self._map = (ctypes.c_uint8 * 128)()
+        self.storage: list[Any] = [self._map]
+        self._cache: dict[tuple[int, ...], bytes] = {}
+
+    def fill(self, tensor: torch.Tensor, args: Mapping[str, Any]) -> None:
+        r = self.recipe
+        dims = [int(args[d]) if isinstance(d, str) else int(d) for d in r["dims"]]
+        key = (tensor.data_ptr(), *dims)
+        encoded = self._cache.get(key)
+        if encoded is None:
+            encoded = self._cache[key] = encode_recipe(tensor.data_ptr(), dims, r)
+        ctypes.memmove(self._map, encoded, 128)
+
+
+def encode_recipe(address: int, dims: Sequence[int], recipe: Mapping[str, Any]) -> bytes:
+    """``cuTensorMapEncodeTiled`` as TileLang's ``__tvm_tensormap_create_tiled`` calls it: dims innermost first,
+    the byte strides of the outer dims, the box, element strides, and the driver's enum values as recorded."""
+    driver = _driver()
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    rank = len(dims)
+    tensor_map = _check(driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType(int(recipe["dtype"])), u32(rank), address, [u64(d) for d in dims],
+        [u64(int(s)) for s in recipe["strides"]], [u32(int(b)) for b in recipe["box"]],
+        [u32(int(e)) for e in recipe["elem_strides"]], driver.CUtensorMapInterleave(int(recipe["interleave"])),
+        driver.CUtensorMapSwizzle(int(recipe["swizzle"])), driver.CUtensorMapL2promotion(int(recipe["l2"])),
+        driver.CUtensorMapFloatOOBfill(int(recipe["oob"]))), "cuTensorMapEncodeTiled")
     return ctypes.string_at(tensor_map.getPtr(), 128)

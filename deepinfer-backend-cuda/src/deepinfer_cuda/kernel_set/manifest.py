@@ -54,6 +54,13 @@ class Variant:
     num_stages: int = 1
 
 
+@dataclass(slots=True, frozen=True)
+class TileLangVariant:
+    """One TileLang specialization to compile: the program builder's keyword arguments (all compile-time)."""
+
+    constexprs: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class KernelEntry:
     """One cubin: a kernel compiled for one arch and one specialization."""
@@ -77,6 +84,12 @@ class KernelEntry:
     #: per TMA descriptor param, in order: how Triton lowered it (swizzle, elem_size, elem_type, block_size), which
     #: the launcher encodes the ``CUtensorMap`` with (the block may be split into 128-byte boxes)
     tensordesc_meta: list[dict[str, Any]] = field(default_factory=list)
+    #: "triton", or "tilelang": a TileLang kernel compiled to CUDA C++ and by nvcc (``tilelang_compile.py``)
+    kind: str = "triton"
+    #: TileLang only: per ``tensormap`` param, the ``CUtensorMap`` recipe TileLang's host code would encode (the
+    #: tensor param it describes, data type, dims innermost first (an int, or the name of a scalar param), byte
+    #: strides, box, element strides, interleave, swizzle, L2 promotion, out-of-bounds fill)
+    tensormaps: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -90,6 +103,8 @@ class Manifest:
     built_with: dict[str, str] = field(default_factory=dict)  #: tool versions, for the record
     #: :func:`kernel_sources_digest` of the sources it was built from (a set from other sources is refused)
     kernel_sources: str = ""
+    #: why no TileLang cubins were built ("" when they were, or the build selected no TileLang kernel)
+    tilelang_skipped: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

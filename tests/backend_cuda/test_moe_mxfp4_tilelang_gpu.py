@@ -1,0 +1,72 @@
+"""The TileLang MXFP4 expert GEMMs on a GPU (H100 / H200): against core's reference, with no host sync, and replayed
+from a CUDA graph.  Skipped without a GPU or without the TileLang cubins in the active kernel set (built where
+TileLang and nvcc are installed: ``python -m deepinfer_cuda.kernel_set.build --arch sm_90a``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+E, H, INTER, K = 16, 5120, 2304, 6  # V4.1-Flash's expert dims (the cubins'); 16 experts keep the test small
+
+
+def _layer(tokens: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def u8(*shape, lo=0, hi=256):
+        return torch.randint(lo, hi, shape, dtype=torch.uint8, device="cuda", generator=gen)
+
+    x = torch.randn(tokens, H, device="cuda", generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(tokens)])
+    weights = torch.rand(tokens, K, device="cuda", generator=gen)
+    return (x, ids, weights, u8(E, 2 * INTER, H // 2), u8(E, 2 * INTER, H // 32, lo=118, hi=122), u8(E, H, INTER // 2),
+            u8(E, H, INTER // 32, lo=118, hi=122), 10.0)
+
+
+def _chain(op, config):
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tl_form
+
+    chain = tl_form.prepare(*op, arch=SM90A, config=config)
+    if chain is None:
+        pytest.skip("the active kernel set has no TileLang cubins for this variant")
+    return chain
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 100])
+def test_tilelang_forms_match_the_reference_without_syncs_and_replay(tokens):
+    from deepinfer.ops.quant_gemm import moe_experts_mxfp4 as reference
+    from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang forms are SM90's")
+    op = _layer(tokens, tokens)
+    ref = reference(*op).float()
+    triton_err = None
+    for config in {c for tier in MXFP4_TILELANG_CANDIDATES.values() for c in tier}:
+        out = _chain(op, config).run(0).float()
+        err = ((out - ref).norm() / ref.norm()).item()
+        if triton_err is None:
+            from deepinfer_cuda.arch import SM90A
+            from deepinfer_cuda.kernels import moe_experts_mxfp4 as triton_form
+
+            tri = triton_form.prepare(*op, arch=SM90A).run(0).float()
+            triton_err = ((tri - ref).norm() / ref.norm()).item()
+        assert err < max(2 * triton_err, 2e-3), (config, err, triton_err)  # bf16 rounding of the same values
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _chain(op, config).run(0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            _chain(op, config).run(0)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            replayed = _chain(op, config).run(0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed.float(), out), config
