@@ -34,13 +34,16 @@ NOT_BUILT: dict[str, NotBuilt] = {
     "quantization": NotBuilt((None,), "weights are used in the format the checkpoint stores (FP8 / MXFP4 as its "
                              "config.json's quantization_config says, else dtype); there is no on-the-fly "
                              "quantization"),
-    "kv_cache_dtype": NotBuilt(("auto", None), "the state cache is kept in the model's dtype (set dtype=...); "
-                               "quantized cache formats are not built yet"),
-    "speculative_config": NotBuilt((None,), "speculative decoding (MTP / DSpark) is configured by environment "
-                                   "variables, not by this keyword: DEEPINFER_ENABLE_MTP_VARLEN=1 and "
-                                   "DEEPINFER_USE_NEXTN_DECODE=<max draft length> (drafting itself is not built yet)"),
-    "num_speculative_tokens": NotBuilt((None, 0), "the draft length is DEEPINFER_USE_NEXTN_DECODE (with "
-                                       "DEEPINFER_ENABLE_MTP_VARLEN=1; drafting itself is not built yet)"),
+    "kv_cache_dtype": NotBuilt(("auto", None), "the state cache is kept in the model's dtype (set dtype=...), or, "
+                               "for DeepSeek-V4.1, in the model's own FP8 / FP4 formats with DEEPINFER_QUANTIZED_KV=1 "
+                               "(docs/models/deepseek_v41.md); there is no other cache format"),
+    "speculative_config": NotBuilt((None,), "speculative decoding uses the checkpoint's own drafter (DSpark for "
+                                   "DeepSeek-V4.1) and is configured by environment variables, not by this keyword: "
+                                   "DEEPINFER_USE_NEXTN_DECODE=<max draft length> (0: off) and "
+                                   "DEEPINFER_ENABLE_MTP_VARLEN=1 for confidence-scheduled verification "
+                                   "(docs/spec_decode.md)"),
+    "num_speculative_tokens": NotBuilt((None, 0), "the draft length is DEEPINFER_USE_NEXTN_DECODE=<max draft length> "
+                                       "(0: off; docs/spec_decode.md)"),
     "trust_remote_code": NotBuilt((False,), "DeepInfer runs its own implementation of each supported model_type "
                                   "and never runs code shipped with a checkpoint"),
     "swap_space": NotBuilt((0, None), "preempted sequences are recomputed, never swapped to host memory; size the "
