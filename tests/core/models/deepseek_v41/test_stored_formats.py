@@ -17,7 +17,7 @@ from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.weight_reader import WeightReader
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
-from tests.support.held_tensors import held_bytes, held_storages
+from tests.support.held_bytes import held_bytes, held_storages
 from tests.support.model_runs import run_chunked
 from tests.support.quantized import released_tiny_v41
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -127,7 +127,7 @@ def test_the_drafter_is_neither_read_nor_built_when_speculation_is_off(released,
     monkeypatch.setattr(WeightReader, "load_kept", counted)
     with caplog.at_level("INFO", logger="deepinfer"):
         llm = _llm(released[0], monkeypatch, "native", nextn="0")
-    assert llm.engine.drafter is None and llm.engine.model.mtp_weights == {}
+    assert llm.engine.drafter is None and llm.engine.model.dspark is None
     assert reads and not [n for n in reads if n.startswith("mtp.")]
     assert any("speculative decoding off: DEEPINFER_USE_NEXTN_DECODE=0" in r.message for r in caplog.records)
 
