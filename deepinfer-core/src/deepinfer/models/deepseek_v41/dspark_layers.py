@@ -17,7 +17,7 @@ from deepinfer.layers.linear import stored_weight
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
 from deepinfer.models.deepseek_v41.dspark_heads import ConfidenceHead, MarkovHead
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, layer_prefix
-from deepinfer.models.deepseek_v41.layer import DecoderLayer, moe_spec
+from deepinfer.models.deepseek_v41.layer import DecoderLayer, layer_names, moe_spec
 from deepinfer.models.deepseek_v41.roles import SWA
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
@@ -36,6 +36,7 @@ class DSparkLayers:
     FP8 projections and MXFP4 / FP8 experts stay as loaded (the target's weight mode)."""
 
     def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], *, ops: Ops, dtype: torch.dtype):
+        """``tensors``: the ``mtp.*`` tensors, consumed as the model's are (a draft layer's dropped once built)."""
         n = cfg.num_nextn_predict_layers
         if n == 0:
             raise ValueError("num_nextn_predict_layers is 0: this checkpoint has no DSpark drafter")
@@ -43,12 +44,16 @@ class DSparkLayers:
         get = tensor_getter(tensors, ops, dtype)
         weight = stored_weight(tensors, get)
         moe = moe_spec(cfg, cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok)
-        self.layers = [DecoderLayer(ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None,
-                                    prefix=layer_prefix(i), moe=moe, weight=weight) for i in range(n)]
         first, last = layer_prefix(0), layer_prefix(n - 1)
         self.main_proj, self.main_norm = weight(first + "main_proj.weight"), get(first + "main_norm.weight")
         self.norm = get(last + "norm.weight")
         self.markov, self.confidence = MarkovHead(ops, get, last), ConfidenceHead(ops, get, last)
+        self.layers: list[DecoderLayer] = []
+        for i, names in enumerate(layer_names(tensors, "mtp.", n)):  # (dropped once built, as the model's)
+            self.layers.append(DecoderLayer(ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None,
+                                            prefix=layer_prefix(i), moe=moe, weight=weight))
+            for name in names:
+                del tensors[name]
 
 
 def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> Callable[[str], torch.Tensor]:
