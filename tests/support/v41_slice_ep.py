@@ -71,8 +71,8 @@ def check(backend_name: str, dtype: torch.dtype, tiny: bool) -> dict[str, float]
     plan = dataclasses.replace(plan, placement=ExpertPlacement.round_robin(layers, experts, 1, experts + 2))
     context = ParallelContext.create(plan, 120.0)
 
-    def build(parallel: ParallelContext | None) -> DeepseekV41ForCausalLM:
-        return DeepseekV41ForCausalLM(cfg, tensors, {}, token_map, ops=ops, dtype=dtype, device=device,
+    def build(parallel: ParallelContext | None) -> DeepseekV41ForCausalLM:  # (a copy: the model consumes its dict)
+        return DeepseekV41ForCausalLM(cfg, dict(tensors), {}, token_map, ops=ops, dtype=dtype, device=device,
                                       parallel=parallel, native_weights=True, quantized_kv=True)
 
     plain, split = build(None), build(context)

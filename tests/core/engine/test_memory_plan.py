@@ -2,15 +2,8 @@
 the real loader on the meta device (nothing allocated), the synthetic released checkpoint built on the CPU in both
 weight modes (with its drafter and state pool), and each expert-parallel rank's share as the loader selects it.
 
-The plan models issue 29's design; where today's code holds more, the difference is written out below (the part
-of issue 29 that changes the loader removes these lines):
-
-- native weights: attention keeps a second FP8 copy of ``wkv`` (read by the drafter's context latents) beside the
-  stacked ``wq_a | wkv``; Engram's ``wkv`` is dequantized;
-- either mode: the DSpark drafter, once built, holds dense copies beside the stored ``mtp.*`` the model keeps
-  (``model.mtp_weights``, which is what the plan counts with native weights);
-- dequantize: ``model.quantized`` keeps the stored form of every quantized weight beside its dense copy; the
-  shared expert runs as one more routed expert (stacked with them), so those two roles are compared together.
+Every role's planned bytes are the bytes the model holds in that role, exactly, and the model holds nothing the
+plan does not count (no second copy of a weight, ``tests/support/held_bytes.py``'s ``UNPLANNED``).
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ from deepinfer.testing.released_checkpoint import (
     write_released_checkpoint,
     write_released_config,
 )
-from tests.support.held_bytes import BUFFERS, DRAFTER_CONTEXT, SECOND_COPIES, STATE_POOL, MetaCheckpoint, held_by_role
+from tests.support.held_bytes import BUFFERS, DRAFTER_CONTEXT, STATE_POOL, UNPLANNED, MetaCheckpoint, held_by_role
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 
 #: V4.1-Flash's per-layer dims and tables on 6 layers: every role (SWA + Engram, ratio-2 Full / Reindex, ratio-1
@@ -38,7 +31,6 @@ from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 REAL_SLICE = {**RELEASED_TEXT_CONFIG, "num_hidden_layers": 6, "compress_ratios": [0, 0, 2, 2, 1, 1, 0, 0, 0],
               "kv_source_layer_ids": [2, 4], "index_source_layer_ids": [2, 3, 4, 5], "candidate_source_layer_id": 4,
               "engram_layer_ids": [1, 3], "dspark_target_layer_ids": [3, 4, 5]}
-EXACT = (wr.EMBED_HEAD, wr.DENSE_FFN, wr.ROUTED, wr.NORMS, wr.ENGRAM_TABLES)
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +46,11 @@ def _roles(plan) -> dict[str, int]:
     return {r.role: r.device + r.host for r in plan.roles}
 
 
-def _stored(inputs: PlanInputs, suffixes: tuple[str, ...]) -> int:
-    return sum(t.nbytes for t in inputs.tensors if t.name.startswith("layers.") and t.name.endswith(suffixes))
-
-
-def _stored_quantized(inputs: PlanInputs, prefix: str) -> int:
-    """Bytes of the quantized tensors under ``prefix`` and their scales, as stored (Engram tables excepted)."""
-    names = {t.name for t in inputs.tensors}
-    return sum(t.nbytes for t in inputs.tensors if t.name.startswith(prefix) and ".engram.embed." not in t.name
-               and (t.name.endswith(".scale") or t.dtype in ("F8_E4M3", "I8") and t.name[:-7] + ".scale" in names))
+def _check_roles(held: dict[str, int], plan) -> None:
+    """Each role holds what the plan says, and nothing is held beyond the plan."""
+    planned = _roles(plan)
+    assert {role: held.get(role, 0) for role in wr.ROLES} == planned
+    assert UNPLANNED not in held and planned[wr.IGNORED] == 0
 
 
 def _meta_model(text_config, monkeypatch):
@@ -83,23 +71,12 @@ def _meta_model(text_config, monkeypatch):
     return model, PlanInputs(cfg, tuple(layout), "meta", None)  # type: ignore[arg-type]
 
 
-def _check_native(held: dict[str, int], planner: MemoryPlanner, request: PlanRequest) -> None:
-    inputs = planner.inputs
-    plan = _roles(planner.plan(request))
-    for role in (*EXACT, wr.DRAFTER):
-        assert held.get(role, 0) == plan[role], role
-    assert held[wr.ATTENTION] == plan[wr.ATTENTION] + _stored(inputs, (".attn.wkv.weight", ".attn.wkv.scale"))
-    dense = _roles(planner.plan(_request(quantized_weights="dequantize")))
-    assert held[wr.ENGRAM_PROJ] == dense[wr.ENGRAM_PROJ]
-    assert wr.IGNORED not in held and plan[wr.IGNORED] == 0
-
-
 def test_plan_equals_the_real_dims_model_on_meta(monkeypatch):
-    """V4.1-Flash's real per-layer dims (6 layers, both real Engram tables): the plan's bytes per role are the
-    tensors the model built by the real loader holds.  The whole 40-layer model: the slow test below."""
+    """V4.1-Flash's real per-layer dims (6 layers, both real Engram tables, the drafter): the plan's bytes per role
+    are the tensors the model built by the real loader holds.  The whole 40-layer model: the slow test below."""
     model, inputs = _meta_model(REAL_SLICE, monkeypatch)
     held = held_by_role(model)
-    _check_native(held, MemoryPlanner(inputs), _request())
+    _check_roles(held, MemoryPlanner(inputs).plan(_request()))
     assert held[wr.ENGRAM_TABLES] > 180 * GiB and held[wr.ROUTED] > 40 * GiB  # the real sizes were built
     assert held[BUFFERS] < 16 << 20  # RoPE frequencies, hash constants, the token map
 
@@ -108,37 +85,28 @@ def test_plan_equals_the_real_dims_model_on_meta(monkeypatch):
 def test_plan_equals_the_whole_real_model_on_meta(monkeypatch):
     model, inputs = _meta_model(RELEASED_TEXT_CONFIG, monkeypatch)
     held = held_by_role(model)
-    _check_native(held, MemoryPlanner(inputs), _request())
+    _check_roles(held, MemoryPlanner(inputs).plan(_request()))
     total = sum(held.get(r, 0) for r in wr.ROLES)
     assert 470 * GiB < total < 480 * GiB
 
 
 @pytest.mark.parametrize("mode", ["native", "dequantize"])
 def test_plan_equals_the_tiny_model_with_its_drafter_and_pool(tiny, mode, monkeypatch):
-    """The synthetic checkpoint built on the CPU in bf16: weights by role, the drafter's context rings and the
-    state pool the engine sizes (``state_pool_bytes``: what the plan wants) as planned."""
+    """The synthetic checkpoint built on the CPU in bf16: weights by role (the drafter's as stored or dense, a
+    dequantized shared expert stacked with the routed ones counted as shared), the drafter's context rings and
+    the state pool the engine sizes (``state_pool_bytes``: what the plan wants) as planned."""
     from deepinfer.models import load_model
     from deepinfer.ops import OpTable
 
     monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", mode)
     model = load_model(tiny, ops=OpTable(), dtype=torch.bfloat16, device=torch.device("cpu"))
-    planner = MemoryPlanner(read_plan_inputs(tiny))
-    request = _request(quantized_weights=mode, max_num_seqs=4, max_model_len=64)
-    plan = planner.plan(request)
+    plan = MemoryPlanner(read_plan_inputs(tiny)).plan(_request(quantized_weights=mode, max_num_seqs=4,
+                                                               max_model_len=64))
     model.configure_state(4, plan.state_wanted)
     held = held_by_role(model, model.make_drafter())
+    _check_roles(held, plan)
     assert held[DRAFTER_CONTEXT] == plan.drafter_context
     assert plan.state_wanted * 0.99 <= held[STATE_POOL] <= plan.state_wanted
-    dense = _roles(planner.plan(_request(quantized_weights="dequantize", max_num_seqs=4, max_model_len=64)))
-    assert held[wr.DRAFTER] == dense[wr.DRAFTER] + _stored_quantized(planner.inputs, "mtp.")  # dense beside stored
-    if mode == "native":
-        _check_native(held_by_role(model), planner, request)
-        return
-    roles = _roles(plan)
-    for role in (wr.EMBED_HEAD, wr.ATTENTION, wr.NORMS, wr.ENGRAM_PROJ, wr.ENGRAM_TABLES):
-        assert held[role] == roles[role], role
-    assert held[wr.ROUTED] + held[wr.DENSE_FFN] == roles[wr.ROUTED] + roles[wr.DENSE_FFN]
-    assert held[SECOND_COPIES] == _stored_quantized(planner.inputs, "layers.")
 
 
 def _loaded_bytes(inputs: PlanInputs, context) -> tuple[int, int]:
@@ -157,7 +125,7 @@ def _loaded_bytes(inputs: PlanInputs, context) -> tuple[int, int]:
 @pytest.mark.parametrize("dp, ep, redundant", [(2, 2, None), (4, 4, None), (4, 2, None), (4, 4, 4)])
 def test_expert_parallel_ranks_hold_what_the_loader_selects(tiny, dp, ep, redundant):
     """Every rank of DP x EP worlds (replicas too): its routed experts and Engram rows as the plan counts them
-    equal what the loader would read for that rank (today's EP layer dequantizes the experts it reads: issue 29)."""
+    equal what the loader would read for that rank (as stored: an expert-parallel layer keeps them so)."""
     from deepinfer.parallel.comm import Communicator
     from deepinfer.parallel.context import ParallelContext
     from deepinfer.parallel.plan import ParallelConfig, plan_parallel

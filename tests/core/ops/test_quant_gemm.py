@@ -161,3 +161,21 @@ def test_projections_stack_only_into_a_gemm_that_computes_the_same():
     expected = torch.cat([F.linear(x, w.dequantize(OPS, torch.float32)) for w in fp8] + [F.linear(x, dense)], -1)
     torch.testing.assert_close(proj(OPS, x), expected, atol=1e-5, rtol=1e-5)
     assert proj.sizes == [64, 40, 32, 8]
+
+
+def test_a_stacked_projection_is_read_alone_through_a_view():
+    """``Projection.part``: each part's weight as it was given (FP8 data and scale rows alike), viewing the
+    stacked tensors, never a copy (the DSpark drafter reads ``wkv`` of ``wq_a | wkv`` so)."""
+    gen = torch.Generator().manual_seed(5)
+    parts = [quantize_fp8_block(torch.randn(n, 64, generator=gen), (32, 32), "ue8m0") for n in (64, 40)]
+    proj = Projection([*parts, torch.randn(8, 64, generator=gen)])
+    stack = proj.weights[0]
+    for i, given in enumerate(parts):
+        part = proj.part(i)
+        assert isinstance(part, QuantizedTensor) and (part.shape, part.block) == (given.shape, given.block)
+        assert torch.equal(part.data.view(torch.uint8), given.data.view(torch.uint8))
+        assert torch.equal(part.scale.view(torch.uint8), given.scale.view(torch.uint8))
+        for view, stacked in ((part.data, stack.data), (part.scale, stack.scale)):
+            assert view.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+    dense = proj.part(2)
+    assert torch.equal(dense, proj.weights[1]) and dense._base is proj.weights[1]

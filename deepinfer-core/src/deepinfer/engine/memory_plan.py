@@ -2,9 +2,10 @@
 
 From config.json and the shard headers (:mod:`.plan_inputs`), for the requested parallel sizes and engine
 arguments, per rank: the weights by role (:mod:`.weight_roles`) on the device and in host memory, the state
-pool, the DSpark drafter's context and the workspace.  It models issue 29's design: stored formats stay stored
-(expert parallelism and the drafter included), no second copy in ``dequantize`` mode, Engram tables in host
-memory by default (``engram="device"`` as an option), row-sharded over the expert-parallel group.
+pool, the DSpark drafter's context and the workspace.  Weights are counted as the loader holds them (the tests
+compare the two role by role): stored formats stay stored (expert parallelism and the drafter included), no
+second copy in ``dequantize`` mode; Engram tables in host memory by default (``engram="device"`` as an option),
+row-sharded over the expert-parallel group.
 
 Sizing follows the engine (``engine/sizing.py``): the state pool is what ``max_num_seqs`` sequences of
 ``min(max_model_len, 8192)`` tokens need, at most ``gpu_memory_utilization`` of the memory the weights leave;

@@ -1,7 +1,7 @@
 """Checkpoint tensors by role, how the engine holds each, and what one rank holds of each role.
 
 Roles are read off the released names (``layers.N.attn.wq_a.weight``, ``layers.N.ffn.experts.E.w1.scale``,
-``mtp.I.*``, ...); a ``.scale`` belongs to its weight's role.  How a tensor is held is the design of issue 29:
+``mtp.I.*``, ...); a ``.scale`` belongs to its weight's role.  How a tensor is held is how the loader holds it:
 with ``native`` weights every quantized tensor stays as stored (FP8 / MXFP4 and its scales: under expert
 parallelism too, and the DSpark drafter too); with ``dequantize`` each becomes one dense tensor in the compute
 dtype (no stored copy kept beside it); Engram tables stay FP8 either way; float tensors take the compute dtype
@@ -39,10 +39,10 @@ _NORM_SUFFIXES = ("norm.weight", "attn_sink", ".ape")
 
 def role_of(name: str) -> str:
     """The role of checkpoint tensor ``name`` (a ``.scale``: its weight's)."""
+    if name.startswith(_IGNORED_PREFIXES) or name.endswith(".gate.bias_vl"):
+        return IGNORED  # (a draft layer's image-token bias too)
     if name.startswith("mtp."):
         return DRAFTER
-    if name.startswith(_IGNORED_PREFIXES) or name.endswith(".gate.bias_vl"):
-        return IGNORED
     if name in ("embed.weight", "head.weight", "embed_tokens.weight", "lm_head.weight"):
         return EMBED_HEAD
     if ".engram.embed." in name:

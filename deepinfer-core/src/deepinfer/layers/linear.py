@@ -103,6 +103,17 @@ def stack_rows(parts: Sequence[Weight]) -> list[Weight]:
     return [_cat(run) for run in runs]
 
 
+def _row_view(w: Weight, start: int, stop: int) -> Weight:
+    """Rows [start, stop) of ``w`` as a view: a dense slice, or FP8 data rows with their scale rows (``start`` is
+    on a row block: every stacked part but the last fills whole blocks, :func:`_stackable`)."""
+    if isinstance(w, torch.Tensor):
+        return w[start:stop]
+    q = _fp8(w)
+    assert q is not None and start % q.block[0] == 0, (start, w.block)
+    scales = q.scale[start // q.block[0] : -(-stop // q.block[0])]
+    return QuantizedTensor(FP8_BLOCK, q.data[start:stop], scales, (stop - start, q.shape[1]), q.block)
+
+
 class Projection:
     """Several projections of one input as few GEMMs: ``proj(ops, x)`` is ``[..., sum of N]``, each part's
     columns in order (``split(self.sizes, -1)`` takes them apart)."""
@@ -113,15 +124,15 @@ class Projection:
         self.sizes = [p.shape[0] for p in parts]
         self.weights = stack_rows(parts)
 
-    def rows(self, start: int, stop: int) -> torch.Tensor | None:
-        """A view of rows [start, stop) of the stacked weights (one projection's) where they lie in one dense
-        tensor; None otherwise (an FP8 stack's rows are not a weight of their own)."""
+    def part(self, index: int) -> Weight:
+        """Projection ``index``'s weight as a view of the stacked rows, never a copy."""
+        start = sum(self.sizes[:index])
         offset = 0
         for w in self.weights:
-            if offset <= start and stop <= offset + w.shape[0]:
-                return w[start - offset : stop - offset] if isinstance(w, torch.Tensor) else None
+            if start + self.sizes[index] <= offset + w.shape[0]:
+                return _row_view(w, start - offset, start - offset + self.sizes[index])
             offset += w.shape[0]
-        return None
+        raise IndexError(f"part {index} of a projection of {len(self.sizes)}")
 
     def __call__(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
         outs = [linear(ops, x, w) for w in self.weights]

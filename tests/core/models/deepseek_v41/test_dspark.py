@@ -291,12 +291,14 @@ def test_bad_inputs_are_named(setup, sequence):
     drafter.free(PooledState(None))  # a state that never held a slot has no context to forget
 
 
-def test_mtp_tensors_are_checked_by_name_and_shape(setup):
+def test_mtp_tensors_are_checked_by_name_and_shape(checkpoint, setup):
+    from deepinfer.models.checkpoint import SafetensorsCheckpoint
+
     _, _, model = setup
-    cfg = model.config
-    shapes = {k: tuple(v.shape) for k, v in model.mtp_weights.items()}
-    assert set(shapes) == set(expected_mtp_shapes(cfg))  # (image tokens' gate.bias_vl: ignored, not loaded)
-    check_mtp(cfg, shapes, "tiny_b")
+    cfg, stored = model.config, SafetensorsCheckpoint(checkpoint[0])
+    shapes = {k: tuple(stored.shape(k)) for k in stored.names() if k.startswith("mtp.")}
+    assert {k for k in shapes if not k.endswith(".gate.bias_vl")} == set(expected_mtp_shapes(cfg))
+    check_mtp(cfg, shapes, "tiny_b")  # (image tokens' gate.bias_vl: allowed, not read)
     bad = dict(shapes)
     del bad["mtp.1.markov_head.head.weight"]
     bad["mtp.0.attn.wkv.weight"] = (3, 3)
@@ -332,9 +334,7 @@ def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequenc
     outs = []
     for folder in (quantized, dequantized):
         model = load_model(folder, ops=OpTable(), dtype=torch.float32, device=torch.device("cpu"))
-        kinds = {type(t) for n, t in model.mtp_weights.items() if ".experts." in n or ".main_proj." in n}
         stored = folder == quantized and mode == "native"
-        assert kinds == ({QuantizedTensor} if stored else {torch.Tensor})
         feats = captured(model, sequence, [60])
         drafter = drafter_for(model, feats, [30], [0])
         assert isinstance(drafter.main_proj, QuantizedTensor) == stored
@@ -348,10 +348,13 @@ def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequenc
 
 def test_bf16_load_keeps_the_confidence_head_and_norms_in_fp32(checkpoint):
     model = load_model(checkpoint[0], ops=OpTable(), dtype=torch.bfloat16, device=torch.device("cpu"))
-    mtp = model.mtp_weights
-    assert mtp["mtp.1.confidence_head.proj.weight"].dtype == torch.float32
-    assert mtp["mtp.0.main_norm.weight"].dtype == torch.float32 and mtp["mtp.0.hc_attn_fn"].dtype == torch.float32
-    assert mtp["mtp.0.attn.wq_a.weight"].dtype == torch.bfloat16
+    from deepinfer.models.checkpoint import SafetensorsCheckpoint
+
+    layers, stored = model.dspark, SafetensorsCheckpoint(checkpoint[0])
+    head = stored.get("mtp.1.confidence_head.proj.weight")
+    assert head.dtype == torch.float32 and torch.equal(layers.confidence.weight, head)  # not through bf16
+    assert layers.main_norm.dtype == torch.float32 and layers.layers[0].attn_hc.fn.dtype == torch.float32
+    assert layers.layers[0].attn.w_in.weights[0].dtype == torch.bfloat16
     drafter = DSparkDrafter.from_model(model, num_slots=1)
     drafts = drafter.draft([DraftRequest(slot_state(0), 5, 0, 0.0, 0)], SPEC.block_size)
     assert drafts.confidence.dtype == torch.float32 and bool(((drafts.confidence > 0) & (drafts.confidence < 1)).all())

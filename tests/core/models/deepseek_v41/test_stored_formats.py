@@ -1,7 +1,7 @@
 """V4.1 in the released layout (the embedded tiny V4.1 quantized as released: MXFP4 routed and draft experts, FP8
 dense projections, shared experts and ``main_proj``, FP8 Engram tables) in both weight modes: the same logprobs,
-the bytes each mode holds (``dequantize`` keeps no stored copy beside its dense weights), the DSpark drafter kept
-as stored and not read at all when speculative decoding is off."""
+the bytes each mode holds (``dequantize`` keeps no stored copy beside its dense weights, nor a load two copies of
+more than one layer), the DSpark drafter kept as stored and not read at all when speculative decoding is off."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.weight_reader import WeightReader
 from deepinfer.ops import OpTable
 from deepinfer.quant import QuantizedTensor
-from tests.support.held_tensors import held_bytes, held_storages
+from tests.support.held_bytes import held_bytes, held_storages
 from tests.support.model_runs import run_chunked
 from tests.support.quantized import released_tiny_v41
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -96,6 +96,36 @@ def test_native_keeps_only_what_its_layers_run(released, loads):
     assert held_bytes(model) < held_bytes(loads(quantized, "dequantize"))
 
 
+@pytest.mark.parametrize("mode", ["native", "dequantize"])
+def test_a_layer_s_loaded_tensors_are_released_once_it_is_built(released, loads, monkeypatch, mode):
+    """The model consumes what the loader read, layer by layer (its stacks replace the stored parts): when a layer
+    is built, no earlier layer's tensor is left in the loader's dict, so a load holds two copies of one layer at
+    most (not of all the routed experts)."""
+    from deepinfer.models import deepseek_v41
+    from deepinfer.models.deepseek_v41 import dspark_layers, model
+
+    loaded, left = [], []
+    read = deepseek_v41.read_weights
+
+    def recorded(*args, **kwargs):
+        loaded.extend(read(*args, **kwargs))  # (the text model's tensors, the drafter's)
+        return tuple(loaded)
+
+    class Recorded(model.DecoderLayer):
+        def __init__(self, ops, cfg, role, *args, prefix=None, **kwargs):
+            index = role.layer_id - (cfg.num_hidden_layers if prefix else 0)
+            tensors, head = (loaded[1], "mtp.") if prefix else (loaded[0], "layers.")
+            left.extend(n for n in tensors if n.startswith(head) and int(n.split(".")[1]) < index)
+            super().__init__(ops, cfg, role, *args, prefix=prefix, **kwargs)
+
+    monkeypatch.setattr(deepseek_v41, "read_weights", recorded)
+    monkeypatch.setattr(model, "DecoderLayer", Recorded)
+    monkeypatch.setattr(dspark_layers, "DecoderLayer", Recorded)
+    built = loads(released[0], mode)
+    assert loaded[1] == {} and not left and len(built.layers) == built.config.num_hidden_layers
+    assert sorted(loaded[0]) == ["embed.weight", "head.weight", "norm.weight"]  # (held as they are)
+
+
 def _llm(path, monkeypatch, mode: str, nextn: str | None = None):
     monkeypatch.setenv("DEEPINFER_QUANTIZED_WEIGHTS", mode)
     if nextn is not None:
@@ -127,7 +157,7 @@ def test_the_drafter_is_neither_read_nor_built_when_speculation_is_off(released,
     monkeypatch.setattr(WeightReader, "load_kept", counted)
     with caplog.at_level("INFO", logger="deepinfer"):
         llm = _llm(released[0], monkeypatch, "native", nextn="0")
-    assert llm.engine.drafter is None and llm.engine.model.mtp_weights == {}
+    assert llm.engine.drafter is None and llm.engine.model.dspark is None
     assert reads and not [n for n in reads if n.startswith("mtp.")]
     assert any("speculative decoding off: DEEPINFER_USE_NEXTN_DECODE=0" in r.message for r in caplog.records)
 

@@ -100,9 +100,8 @@ class Attention:
         # what the layer projects the token itself to, as one GEMM: wq_a | wkv (| indexer head weights)
         self.w_in = Projection([weight(p + name + ".weight") for name in names])
         self.in_splits = self.w_in.sizes
-        # wkv alone (the DSpark drafter's context latents): a view of w_in's rows where they are one dense tensor
-        wkv = self.w_in.rows(self.in_splits[0], self.in_splits[0] + self.in_splits[1])
-        self.wkv = wkv if wkv is not None else weight(p + "wkv.weight")
+        # wkv alone (the DSpark drafter's context latents): a view of w_in's rows, never a second copy
+        self.wkv = self.w_in.part(1)
 
     # --- shared by both paths -------------------------------------------------------------------------
     def _project(self, x: torch.Tensor, positions: torch.Tensor, ring: RowStore | None = None,

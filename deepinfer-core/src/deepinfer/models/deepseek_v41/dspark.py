@@ -11,7 +11,8 @@
 
 Every block position is a prediction ("anchor as first prediction": position j drafts the token at P+j+1), so a
 block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
-target's.  The layers are :class:`~.layer.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
+target's; the layers and heads are the model's (:mod:`.dspark_layers`, built as it loads), so a drafter adds
+only its context.  The layers are :class:`~.layer.DecoderLayer` (tensors ``mtp.{i}.*``) with attention's
 :meth:`~.attention.Attention.block` and :meth:`~.attention.Attention.latents`; the MoE, mHC and norms are the
 backbone's blocks.  Implements :class:`deepinfer.spec_decode.drafter.Drafter` and its optional
 :class:`~deepinfer.spec_decode.drafter.GraphDrafter` (draft passes captured per (batch bucket, k, sampled)).
@@ -19,35 +20,29 @@ backbone's blocks.  Implements :class:`deepinfer.spec_decode.drafter.Drafter` an
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from deepinfer.kv.pool import PooledState
-from deepinfer.layers.linear import linear, stored_weight
+from deepinfer.layers.linear import linear
 from deepinfer.models.base import SequenceState
 from deepinfer.models.deepseek_v41.attention import Attention
-from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
+from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.dspark_context import ContextRings
-from deepinfer.models.deepseek_v41.dspark_heads import ConfidenceHead, MarkovHead, draw
-from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, layer_prefix
-from deepinfer.models.deepseek_v41.layer import DecoderLayer, moe_spec
-from deepinfer.models.deepseek_v41.roles import SWA
+from deepinfer.models.deepseek_v41.dspark_heads import draw
+from deepinfer.models.deepseek_v41.dspark_layers import DSparkLayers
 from deepinfer.ops import Ops
 from deepinfer.ops.speculative import DRAFT_SALT
-from deepinfer.quant import QuantizedTensor
 from deepinfer.sample.sampler import signed64
 from deepinfer.spec_decode.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
-
-Stored = torch.Tensor | QuantizedTensor
 
 
 class DraftTarget(Protocol):
     """What the drafter takes from its target, a loaded :class:`~.model.DeepseekV41ForCausalLM`."""
 
     config: DeepseekV41Config
-    mtp_weights: dict[str, Stored]
+    dspark: DSparkLayers | None
     embed: torch.Tensor
     head: torch.Tensor
     ops: Ops
@@ -55,48 +50,32 @@ class DraftTarget(Protocol):
     device: torch.device
 
 
-def draft_role(layer_id: int) -> LayerRole:
-    """A draft layer's role: sliding window only (its ``compress_ratios`` entry is 0)."""
-    return LayerRole(layer_id, 0, SWA, None, None, False, False, False)
-
-
 class DSparkDrafter:
-    """The drafter of one V4.1 model: a context per target state, in the rows of the state's slot (``num_slots``:
-    the model's state pool's).  Its tensors run as loaded: FP8 projections and MXFP4 / FP8 experts as stored where
-    the target keeps its weights so (``native``), dense otherwise (:mod:`deepinfer.models.weights_mode`)."""
+    """The drafter of one V4.1 model: its draft layers and heads (:class:`~.dspark_layers.DSparkLayers`, which
+    the model holds and every drafter of it shares) and a context per target state, in the rows of the state's
+    slot (``num_slots``: the model's state pool's)."""
 
-    def __init__(self, cfg: DeepseekV41Config, tensors: dict[str, Stored], embed: torch.Tensor, head: torch.Tensor,
+    def __init__(self, cfg: DeepseekV41Config, weights: DSparkLayers, embed: torch.Tensor, head: torch.Tensor,
                  *, ops: Ops, dtype: torch.dtype, device: torch.device, num_slots: int):
-        n = cfg.num_nextn_predict_layers
-        if n == 0:
-            raise ValueError("num_nextn_predict_layers is 0: this checkpoint has no DSpark drafter")
-        check_mtp(cfg, {k: tuple(v.shape) for k, v in tensors.items()}, "checkpoint")
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
-        get = tensor_getter(tensors, ops, dtype)
-        weight = stored_weight(tensors, get)  # FP8 / MXFP4 tensors stay as loaded (the target's weight mode)
-        moe = moe_spec(cfg, cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok)
-        self.layers = [DecoderLayer(ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None,
-                                    prefix=layer_prefix(i), moe=moe, weight=weight) for i in range(n)]
-        first, last = layer_prefix(0), layer_prefix(n - 1)
-        self.main_proj, self.main_norm = weight(first + "main_proj.weight"), get(first + "main_norm.weight")
-        self.norm = get(last + "norm.weight")
-        self.markov, self.confidence = MarkovHead(ops, get, last), ConfidenceHead(ops, get, last)
+        self.layers, self.main_proj, self.main_norm = weights.layers, weights.main_proj, weights.main_norm
+        self.norm, self.markov, self.confidence = weights.norm, weights.markov, weights.confidence
         self.embed, self.head = embed, head
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # as the backbone: the first layer's input is the embedding itself
         # spare ring rows: a captured verify step extends up to a block of drafts past what it keeps
-        self.context = ContextRings(num_slots, n, cfg.sliding_window, cfg.head_dim, dtype, self.device,
-                                    spare=cfg.dspark_block_size)
+        self.context = ContextRings(num_slots, len(self.layers), cfg.sliding_window, cfg.head_dim, dtype,
+                                    self.device, spare=cfg.dspark_block_size)
         self.max_draft_len = cfg.dspark_block_size
         self.capture_layer_ids = cfg.dspark_target_layer_ids
 
     @classmethod
     def from_model(cls, model: DraftTarget, num_slots: int) -> DSparkDrafter:
-        """The drafter of a loaded model (its ``mtp.*`` tensors, its embedding and head)."""
-        if model.config.num_nextn_predict_layers == 0 or not model.mtp_weights:
-            raise ValueError("this DeepSeek-V4.1 checkpoint has no DSpark drafter (num_nextn_predict_layers = "
-                             f"{model.config.num_nextn_predict_layers}, {len(model.mtp_weights)} mtp.* tensors)")
-        return cls(model.config, model.mtp_weights, model.embed, model.head, ops=model.ops, dtype=model.dtype,
+        """The drafter of a loaded model (its draft layers, its embedding and head)."""
+        if model.dspark is None:
+            raise ValueError("this DeepSeek-V4.1 model has no DSpark drafter (num_nextn_predict_layers = "
+                             f"{model.config.num_nextn_predict_layers}, or its mtp.* tensors were not read)")
+        return cls(model.config, model.dspark, model.embed, model.head, ops=model.ops, dtype=model.dtype,
                    device=model.device, num_slots=num_slots)
 
     # --- context ---------------------------------------------------------------------------------------------
@@ -235,16 +214,6 @@ class DSparkDrafter:
         own = b * w + seq * k + torch.arange(k, device=valid.device)
         row = torch.cat([context, own], dim=1)  # [B, W + k]
         return row[:, None, :].expand(b, k, w + k).reshape(b * k, w + k)
-
-
-def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> Callable[[str], torch.Tensor]:
-    """``name -> dense tensor`` (quantized tensors dequantized into ``dtype``)."""
-
-    def get(name: str) -> torch.Tensor:
-        t = tensors[name]
-        return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
-
-    return get
 
 
 def _implements_the_protocol(drafter: DSparkDrafter) -> Drafter:

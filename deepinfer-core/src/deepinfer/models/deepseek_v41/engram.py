@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.layers.linear import GetWeight, Weight, linear
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout
 from deepinfer.quant import QuantizedTensor
 
@@ -26,8 +27,8 @@ class EngramWeights:
 
     table: torch.Tensor  # embed.weight [rows, head_dim]: float, or float8_e4m3fn with table_scale
     table_scale: torch.Tensor | None  # embed.scale [rows, head_dim / 32] e8m0 (uint8 or float8_e8m0fnu) or fp32
-    wkv: torch.Tensor  # [(S + 1) * D, C * head_dim]: S keys (one per stream), then the value
-    q_weight: torch.Tensor  # [S, D]
+    wkv: Weight  # [(S + 1) * D, C * head_dim]: S keys (one per stream), then the value; FP8 as stored or dense
+    q_weight: torch.Tensor  # [S, D] in the compute dtype
     k_weight: torch.Tensor  # [S, D]
 
 
@@ -54,14 +55,14 @@ def local_rows(ops: Any, weights: EngramWeights, flat: torch.Tensor) -> tuple[to
 
 def engram_embed(ops: Any, weights: EngramWeights, hash_ids: torch.Tensor, gather: Gather | None = None
                  ) -> torch.Tensor:
-    """[T, C * head_dim] in ``wkv``'s dtype: the table rows of ``hash_ids`` [T, C], concatenated.
+    """[T, C * head_dim] in the compute dtype (``q_weight``'s): the table rows of ``hash_ids`` [T, C], concatenated.
 
     An FP8 table is dequantized with its per-32-column scales (``fp8 * scale`` in fp32); a float table's
     ``scale`` tensor is ignored, as the reference does.  ``gather``: None for the table held here, whose FP8
     rows are gathered and scaled in one op (``ops.embedding_fp8``); else where the stored rows come from (an
     expert-parallel rank's shard and the other ranks', :mod:`.engram_shard`), dequantized once
     they arrived (``ops.dequant_fp8_block``: the same values)."""
-    flat, dtype = hash_ids.reshape(-1), weights.wkv.dtype
+    flat, dtype = hash_ids.reshape(-1), weights.q_weight.dtype
     if gather is None and weights.table.dtype == torch.float8_e4m3fn:
         rows = ops.embedding_fp8(flat, weights.table, _table_scale(weights), TABLE_SCALE_BLOCK, dtype)
     else:
@@ -79,7 +80,7 @@ def engram(ops: Any, weights: EngramWeights, streams: torch.Tensor, hash_ids: to
     ``wkv`` of the looked-up rows gives S keys and one value per token; ``ops.engram_gate`` does the rest.
     Returns [T, S, D] in streams' dtype.
     """
-    kv = ops.linear(engram_embed(ops, weights, hash_ids, gather), weights.wkv)
+    kv = linear(ops, engram_embed(ops, weights, hash_ids, gather), weights.wkv)
     tokens, n_streams, dim = streams.shape
     key = kv[:, : n_streams * dim].view(tokens, n_streams, dim)
     return ops.engram_gate(streams, key, kv[:, n_streams * dim :], weights.q_weight, weights.k_weight, eps)
@@ -89,13 +90,15 @@ class Engram:
     """One Engram layer of the model: its weights and hash layout; ``engram(streams, lookback)``."""
 
     def __init__(self, ops: Any, layout: EngramLayout, index: int, get: Callable[[str], torch.Tensor],
-                 stored: Callable[[str], torch.Tensor | QuantizedTensor], eps: float):
+                 stored: Callable[[str], torch.Tensor | QuantizedTensor], eps: float, weight: GetWeight | None = None):
+        """``weight``: ``wkv`` as the model keeps its projections (FP8 as stored); None: ``get``."""
         p = f"layers.{layout.layer_ids[index]}.engram."
         table = stored(p + "embed.weight")  # an FP8 table stays FP8: rows are dequantized as they are gathered
         rows, scale = (table.data, table.scale) if isinstance(table, QuantizedTensor) else (table, None)
-        self.weights = EngramWeights(rows, scale, get(p + "wkv.weight"), get(p + "q_weight"), get(p + "k_weight"))
+        wkv = (weight or get)(p + "wkv.weight")
+        self.weights = EngramWeights(rows, scale, wkv, get(p + "q_weight"), get(p + "k_weight"))
         self.ops, self.eps = ops, eps
-        self.hash = layout.hash_tensors(index, self.weights.wkv.device)
+        self.hash = layout.hash_tensors(index, self.weights.q_weight.device)
         #: Where table rows come from: this table (None) or a shard exchange (expert parallelism).
         self.gather: Gather | None = None
         self.idle: Callable[[], None] = lambda: None  # join a step with no tokens (a shard exchange does)

@@ -42,7 +42,7 @@ class EngramShard:
         return out, (packed[:, width:].contiguous().view(scales.dtype) if scales is not None else None)
 
     def idle(self) -> None:
-        flat = torch.empty(0, dtype=torch.int64, device=self.engram.weights.wkv.device)
+        flat = torch.empty(0, dtype=torch.int64, device=self.engram.weights.q_weight.device)
         self.gather(self.engram.ops, self.engram.weights, flat)
 
 

@@ -5,7 +5,7 @@ sites around attention and the MoE.  The backbone stacks them as ``layers.N.*``;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -85,3 +85,15 @@ class Site:
 
     def rows(self, rows: torch.Tensor) -> Site:
         return Site(self.streams[rows], self.x[rows], self.pre[rows], self.post[rows], self.comb[rows])
+
+
+def layer_names(tensors: Iterable[str], prefix: str, num_layers: int) -> list[list[str]]:
+    """The names of ``tensors`` under each layer ``prefix + N + "."`` (N < ``num_layers``), by layer: what a model
+    drops once the layer is built."""
+    names: list[list[str]] = [[] for _ in range(num_layers)]
+    for name in tensors:
+        if name.startswith(prefix):
+            index = name[len(prefix) :].split(".", 1)[0]
+            if index.isdigit() and int(index) < num_layers:
+                names[int(index)].append(name)
+    return names

@@ -27,11 +27,12 @@ from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, Ragged
 from deepinfer.models.deepseek_v41.capture import Capture
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
+from deepinfer.models.deepseek_v41.dspark_layers import DSparkLayers
 from deepinfer.models.deepseek_v41.engram import Engram
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after
 from deepinfer.models.deepseek_v41.engram_shard import shard_engrams
 from deepinfer.models.deepseek_v41.indexer import Published
-from deepinfer.models.deepseek_v41.layer import Attend, DecoderLayer
+from deepinfer.models.deepseek_v41.layer import Attend, DecoderLayer, layer_names
 from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.deepseek_v41.verify_step import VerifyRecord, commit
@@ -52,8 +53,10 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     ``decoder_keep`` positions of a prompt; None: on every position.
     Quantized checkpoint tensors are dequantized into the compute dtype (no stored copy is kept), except Engram
     tables (gathered by row) and, with ``native_weights``, FP8 projections and MXFP4 / FP8 routed experts (kept as
-    stored, run by the quantized GEMM ops); the DSpark drafter's tensors (``mtp.*``) are kept in
-    :attr:`mtp_weights` for :meth:`make_drafter`.
+    stored, run by the quantized GEMM ops); the DSpark drafter's tensors (``mtp``, empty when not read) become
+    its layers (:attr:`dspark`) for :meth:`make_drafter`, in the same form.  ``tensors`` is consumed: a layer's
+    entries are dropped once it is built (it keeps what it runs, its stacks in place of the stored parts), so a
+    load never holds more than one layer's weights twice (pass a copy to build two models from one dict).
     ``quantized_kv``: the state stores K=V and indexer keys in the model's formats (:mod:`.state`).
     ``parallel``: this rank's parallel context (expert-parallel MoE layers); None: one process.
     """
@@ -64,8 +67,6 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
                  native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-        #: The drafter's tensors as loaded (dense, or as stored with ``native_weights``); empty when not read.
-        self.mtp_weights = mtp
 
         def get(name: str) -> torch.Tensor:
             t = tensors[name]
@@ -82,12 +83,18 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             layout = EngramLayout.from_config(cfg)
             self.token_map = token_map.to(self.device)
             self.pad_id = int(self.token_map[cfg.engram_pad_id])
-            engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps)
+            engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps, weight)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
             shard_engrams(parallel, engrams, cfg.engram_layer_ids, cfg.engram_num_embeddings)
-        self.layers = [DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel, weight=weight)
-                       for i in range(cfg.num_hidden_layers)]
+        self.layers: list[DecoderLayer] = []
+        for i, names in enumerate(layer_names(tensors, "layers.", cfg.num_hidden_layers)):
+            self.layers.append(DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel,
+                                            weight=weight))
+            for name in names:
+                del tensors[name]
         self.parallel = parallel
+        #: The DSpark drafter's layers and heads; None when the checkpoint has none or they were not read.
+        self.dspark = DSparkLayers(cfg, mtp, ops=ops, dtype=dtype) if mtp and cfg.num_nextn_predict_layers else None
         self.first_pre = torch.zeros(1, cfg.hc_mult, dtype=torch.float32, device=self.device)
         self.first_pre[0, 0] = 1.0  # layer 0 collapses with a one-hot pre: its input is the embedding itself
         self.state_spec, self.views = state_spec(cfg, quantized=quantized_kv), views_for(cfg, ops)
@@ -112,7 +119,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     def make_drafter(self) -> Drafter | None:
         """The checkpoint's DSpark drafter over the configured state pool (one context per pool slot), or None
         when the checkpoint has none (:class:`deepinfer.spec_decode.drafter.DraftingModel`)."""
-        if not self.config.num_nextn_predict_layers or not self.mtp_weights:
+        if self.dspark is None:
             return None
         if self.pool is None or self.pool.growable:
             raise RuntimeError("make_drafter: configure_state first (the drafter keeps a context per state slot)")
@@ -278,5 +285,4 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
     def _final(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """The streams collapsed with the last site's pre, normalised: the hidden states."""
         return self.ops.rms_norm(self.ops.hc_collapse(streams, pre), self.norm, self.config.rms_norm_eps)
-
 
