@@ -54,9 +54,10 @@ class MetaCheckpoint:
     def file_of(self, name: str) -> Path:
         return self.directory / "model.safetensors"
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, rows: slice | None = None) -> torch.Tensor:
         t = self._tensors[name]
-        return torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype], device="meta")
+        tensor = torch.empty(t.shape, dtype=_TORCH_DTYPES[t.dtype], device="meta")
+        return tensor if rows is None else tensor[rows]
 
 
 def storage_key(t: torch.Tensor) -> int:

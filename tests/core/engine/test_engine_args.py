@@ -100,7 +100,7 @@ def test_unknown_keyword_without_a_close_name_lists_the_valid_ones():
         (dict(tensor_parallel_size=2), "no tensor parallelism yet"),
         (dict(pipeline_parallel_size=2), "no pipeline parallelism yet"),
         (dict(quantization="fp8"), "format the checkpoint stores"),
-        (dict(speculative_config={"method": "mtp"}), "DEEPINFER_ENABLE_MTP_VARLEN=1 and DEEPINFER_USE_NEXTN_DECODE"),
+        (dict(speculative_config={"method": "mtp"}), "DEEPINFER_USE_NEXTN_DECODE=<max draft length>"),
         (dict(trust_remote_code=True), "never runs code shipped with a checkpoint"),
         (dict(kv_cache_dtype="fp8"), "model's dtype"),
         (dict(swap_space=4), "recomputed, never swapped"),

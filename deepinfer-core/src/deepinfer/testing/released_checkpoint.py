@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.engine.model_source import EMBEDDED_MODEL_DIR
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer.models.deepseek_v41.released_layout import (
     FP8_BLOCK,
@@ -62,19 +63,24 @@ RELEASED_TEXT_CONFIG: dict[str, Any] = {
     "dspark_n_routed_experts": 128, "dspark_num_experts_per_tok": 3, "tie_word_embeddings": False,
 }
 
-#: The same structure at toy dims: the embedded model's tokenizer (vocab 1058, 899 Engram ids), every CSA2 role
+#: The embedded model's vocabulary: the synthetic release ships its tokenizer.
+_EMBEDDED = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
+_EMBEDDED_TEXT: dict[str, Any] = _EMBEDDED.get("text_config", _EMBEDDED)
+
+#: The same structure at toy dims: the embedded model's tokenizer and Engram compressed vocabulary, every CSA2 role
 #: (ratio 2 Full / Reindex / Full / Reuse, ratio 1 Full (candidate source) / Reuse / Reindex), two Engram layers,
 #: three DSpark stages; dims multiples of 32 so every stored format runs (MXFP4 experts stay packed in ``native``).
 TINY_TEXT_CONFIG: dict[str, Any] = {
-    **RELEASED_TEXT_CONFIG, "vocab_size": 1058, "hidden_size": 64, "num_hidden_layers": 9, "num_attention_heads": 4,
-    "head_dim": 64, "qk_rope_head_dim": 16, "q_lora_rank": 64, "o_lora_rank": 32, "o_groups": 2,
-    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "sliding_window": 16,
+    **RELEASED_TEXT_CONFIG, "vocab_size": _EMBEDDED_TEXT["vocab_size"], "hidden_size": 64, "num_hidden_layers": 9,
+    "num_attention_heads": 4, "head_dim": 64, "qk_rope_head_dim": 16, "q_lora_rank": 64, "o_lora_rank": 32,
+    "o_groups": 2, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "sliding_window": 16,
     "compress_ratios": [0, 0, 2, 2, 2, 2, 1, 1, 1, 0, 0, 0], "kv_source_layer_ids": [2, 4, 6],
     "index_source_layer_ids": [2, 3, 4, 6, 8], "index_n_heads": 4, "index_head_dim": 32, "index_topk": 8,
     "candidate_source_layer_id": 6, "candidate_topk_blocks": 4, "engram_layer_ids": [1, 4],
     "engram_num_embeddings": [462, 630], "engram_vocab_size": 64, "engram_n_heads": 2, "engram_head_dim": 32,
-    "engram_compressed_vocab_size": 899, "dspark_noise_token_id": 3, "dspark_target_layer_ids": [6, 7, 8],
-    "dspark_markov_rank": 32, "dspark_n_routed_experts": 4, "dspark_num_experts_per_tok": 2,
+    "engram_compressed_vocab_size": _EMBEDDED_TEXT["engram_compressed_vocab_size"], "dspark_noise_token_id": 3,
+    "dspark_target_layer_ids": [6, 7, 8], "dspark_markov_rank": 32, "dspark_n_routed_experts": 4,
+    "dspark_num_experts_per_tok": 2,
 }
 
 _VISION_WIDTH = 32
@@ -209,8 +215,6 @@ raise RuntimeError("encoding/encoding.py of a checkpoint must never be executed"
 
 def _write_side_files(directory: Path) -> None:
     """The tokenizer (the embedded model's), generation config and the ``encoding/`` files."""
-    from deepinfer.engine.model_source import EMBEDDED_MODEL_DIR
-
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(EMBEDDED_MODEL_DIR / name, directory / name)
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))

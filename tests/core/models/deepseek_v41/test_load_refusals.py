@@ -14,6 +14,7 @@ import torch
 from deepinfer.models import load_model
 from deepinfer.models.checkpoint import CheckpointError, SafetensorsCheckpoint
 from deepinfer.ops import OpTable
+from deepinfer.testing.released_checkpoint import TINY_TEXT_CONFIG
 from tests.support.model_runs import run_chunked
 from tests.support.quantized import released_tiny_v41, rewrite_checkpoint
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
@@ -56,7 +57,7 @@ CASES = {
         ["mtp.0.attn.bogus.weight: unexpected tensor of shape (3,)"]),
     "missing mtp tensor": (
         lambda t: t.pop("mtp.1.markov_head.head.weight"),
-        ["mtp.1.markov_head.head.weight: missing (expected shape (1058, 32))"]),
+        [f"mtp.1.markov_head.head.weight: missing (expected shape ({TINY_TEXT_CONFIG['vocab_size']}, 32))"]),
     "orphan scale": (
         lambda t: t.update({"layers.0.attn.bogus.scale": _e8m0((2, 2))}),
         ["layers.0.attn.bogus.scale: a .scale with no weight 'layers.0.attn.bogus.weight' of this model"]),
