@@ -1,7 +1,8 @@
 """The kernels' math on the CPU: every overridden op's Triton kernel, run by Triton's interpreter on core's
 conformance samples, against the reference op.  CI has no GPU; this is what proves the kernels there.
 
-Runs in a subprocess because ``TRITON_INTERPRET=1`` must be set before Triton decorates the kernels.
+Runs in subprocesses because ``TRITON_INTERPRET=1`` must be set before Triton decorates the kernels: one a core
+this process may use (at most 4), each checking every n-th op (the interpreter is single-threaded).
 libdevice calls have no interpreter implementation, so the script swaps them for ``tl`` equivalents, and kernels
 with an ``INTERPRETED`` switch multiply in fp32 and round to bf16 by hand (the interpreter computes bf16 ``tl.dot``
 wrongly and truncates fp32 -> bf16; bf16 products are exact in fp32, so the function checked is the same).
@@ -21,7 +22,7 @@ pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(
     """
-    import importlib, types
+    import importlib, sys, types
     import torch
     import triton.language as tl
     from deepinfer.ops import op_defs
@@ -38,7 +39,8 @@ SCRIPT = textwrap.dedent(
             if hasattr(m, "libdevice"):
                 m.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x),
                                                     log=lambda x: tl.log(x), exp=lambda x: tl.exp(x))
-    for name in sorted(OVERRIDES):
+    shard, shards = int(sys.argv[1]), int(sys.argv[2])
+    for name in sorted(OVERRIDES)[shard::shards]:
         module = importlib.import_module(OVERRIDES[name].__module__)
         if hasattr(module, "INTERPRETED"):  # kernels that work around the interpreter's bf16 dot and casts
             module.INTERPRETED = True
@@ -72,7 +74,12 @@ def test_every_override_matches_the_reference_under_the_triton_interpreter():
     from deepinfer_cuda.ops import kernels_by_op
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    checked = dict(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("OK "))
-    assert set(checked) == set(kernels_by_op()) and all(int(n) > 0 for n in checked.values()), proc.stdout
+    shards = max(1, min(4, len(os.sched_getaffinity(0))))
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(i), str(shards)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for i in range(shards)]
+    checked: dict[str, str] = {}
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out + err[-4000:]
+        checked.update(line.split()[1:] for line in out.splitlines() if line.startswith("OK "))
+    assert set(checked) == set(kernels_by_op()) and all(int(n) > 0 for n in checked.values()), checked

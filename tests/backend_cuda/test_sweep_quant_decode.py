@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~30 s; the kernels the sweep times are checked by test_kernels_interpreted.py
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the sweep itself there")
 def test_the_sweep_runs_tiny_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
