@@ -26,13 +26,31 @@ from deepinfer.ops.registry import OpSample, reference_op
 from deepinfer.ops.sampling import _race_scores, sample_tokens
 
 
-def _own_tokens(target: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """[B, K+1] int64: the token plain sampling draws from each target row at its output position ``step + j``."""
+def row_draws(target: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sample_tokens``' arguments for every target row, flattened: (logits [B*(K+1), V], greedy, seeds, output
+    positions ``step + j``), built on the device with no host data (a backend's verify is captured whole)."""
     b, k1, v = target.shape
     at = steps[:, None] + torch.arange(k1, device=target.device)[None, :]
-    flat = sample_tokens(target.reshape(b * k1, v), greedy.repeat_interleave(k1), seeds.repeat_interleave(k1),
-                         at.flatten())
-    return flat.view(b, k1)
+    return (target.reshape(b * k1, v), greedy[:, None].expand(b, k1).reshape(-1),
+            seeds[:, None].expand(b, k1).reshape(-1), at.reshape(-1))
+
+
+def accept_agreeing(own: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_drafts``' result from each target row's token ``own`` [B, K+1]: the drafts accepted while they
+    equal the row before them's token, then the token of the row after them, then -1."""
+    k1 = own.shape[1]
+    j = torch.arange(k1 - 1, device=own.device)
+    agree = (draft_tokens == own[:, :-1]) & (j[None, :] < num_drafts[:, None])
+    accepted = agree.long().cumprod(dim=1).sum(dim=1)
+    keep = torch.arange(k1, device=own.device)[None, :] <= accepted[:, None]
+    return torch.where(keep, own, torch.full_like(own, -1)), accepted
+
+
+def _own_tokens(target: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[B, K+1] int64: the token plain sampling draws from each target row at its output position ``step + j``."""
+    return sample_tokens(*row_draws(target, greedy, seeds, steps)).view(target.shape[:2])
 
 
 def _verify_samples(dtype: torch.dtype, gen: torch.Generator):
@@ -99,10 +117,4 @@ def verify_drafts(
     never read.  Returns (tokens [B, K+1] int64: the accepted drafts, then the request's own token, then -1;
     num_accepted [B] int64).
     """
-    b, k1, _ = target.shape
-    own = _own_tokens(target, greedy, seeds, steps)
-    j = torch.arange(k1 - 1, device=target.device)
-    agree = (draft_tokens == own[:, :-1]) & (j[None, :] < num_drafts[:, None])
-    accepted = agree.long().cumprod(dim=1).sum(dim=1)
-    keep = torch.arange(k1, device=target.device)[None, :] <= accepted[:, None]
-    return torch.where(keep, own, torch.full_like(own, -1)), accepted
+    return accept_agreeing(_own_tokens(target, greedy, seeds, steps), draft_tokens, num_drafts)
