@@ -47,14 +47,27 @@ def _needle(llm: LLM, batched: bool):
     needle, others, params = _prompts(llm.engine.model.vocab_size)
     if not batched:
         return llm.generate([needle], NEEDLE, use_tqdm=False)[0]
-    outs = llm.generate(others[:2] + [needle] + others[2:], params[:2] + [NEEDLE] + params[2:], use_tqdm=False)
-    return outs[2]
+    # second of the batch: admitted with the first, the newer of the two when the first outgrows the budget
+    return llm.generate(others[:1] + [needle] + others[1:], params[:1] + [NEEDLE] + params[1:], use_tqdm=False)[1]
 
 
 def _tight_budget(monkeypatch) -> int:
     """A state budget that holds two of the step's sequences at 64 tokens: the batch preempts."""
     probe = _llm(monkeypatch, 0, False, False)
     return probe.engine.model.state_pool_bytes(probe.engine.config.max_num_seqs, 64, sequences=2)
+
+
+def _preemptions(llm: LLM, monkeypatch) -> list[list[int]]:
+    """The prompts of the sequences the engine preempts from now on, in order."""
+    scheduler, preempted = llm.engine.scheduler, []
+    preempt = scheduler._preempt
+
+    def spy(seq) -> None:
+        preempted.append(seq.token_ids[: len(seq.request.prompt_token_ids)])
+        preempt(seq)
+
+    monkeypatch.setattr(scheduler, "_preempt", spy)
+    return preempted
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +87,7 @@ def test_seeded_sampling_with_speculation_is_the_plain_output(plain, monkeypatch
     varlen, invariant = MODES[mode]
     limits = {"state_cache_bytes": _tight_budget(monkeypatch)} if where == "preempted" else {}
     llm = _llm(monkeypatch, 4, varlen, invariant, **limits)
+    preempted = _preemptions(llm, monkeypatch)
     out = _needle(llm, where != "alone")
     if invariant:  # bit for bit: a verify chunk is one more chunking of the sequence
         assert_same_output(plain[True], out, tol=1e-12)
@@ -82,12 +96,13 @@ def test_seeded_sampling_with_speculation_is_the_plain_output(plain, monkeypatch
     stats = out.spec_decoding_stats
     assert stats is not None and stats.num_drafts > 0 and stats.num_accepted_tokens > 0
     if where == "preempted":
-        assert llm.engine.num_preemptions > 0
+        assert _prompts(llm.engine.model.vocab_size)[0] in preempted  # the needle itself was preempted
     assert len(set(out.outputs[0].token_ids)) > 3  # it does sample
 
 
 def test_the_needle_without_speculation_is_the_same_batched_and_preempted(plain, monkeypatch):
     """The reference itself: plain seeded sampling is batch- and preemption-invariant."""
     llm = _llm(monkeypatch, 0, False, False, state_cache_bytes=_tight_budget(monkeypatch))
+    preempted = _preemptions(llm, monkeypatch)
     assert_same_output(plain[False], _needle(llm, True), tol=TOL, flips=FLIPS)
-    assert llm.engine.num_preemptions > 0
+    assert _prompts(llm.engine.model.vocab_size)[0] in preempted
