@@ -42,7 +42,7 @@ def drafter():
 
 def _requests(n: int, shift: int = 0) -> list[DraftRequest]:
     at = [(1, 17, 40), (2, 301, 7), (3, 5, 0), (4, 88, 200), (5, 120, 9), (6, 42, 64), (7, 9, 90)]
-    return [DraftRequest(slot_state(slot), anchor + shift, position, 0.0, 0) for slot, anchor, position in at[:n]]
+    return [DraftRequest(slot_state(slot), anchor + shift, position, 0.0, 0, 0) for slot, anchor, position in at[:n]]
 
 
 def test_captured_draft_passes_replay_the_eager_pass(drafter):
@@ -72,13 +72,13 @@ def test_captured_draft_passes_replay_the_eager_pass(drafter):
 def _mixed(n: int, seed: int = 0) -> list[DraftRequest]:
     """``_requests(n)``, every other one sampled (temperature 0.8 or 1.2, seed ``seed + i``)."""
     temps = [0.8, 0.0, 1.2, 0.0, 0.8, 1.2, 0.0]
-    return [DraftRequest(r.state, r.anchor, r.position, temps[i], seed + i) for i, r in enumerate(_requests(n))]
+    return [DraftRequest(r.state, r.anchor, r.position, temps[i], seed + i, 3 * i) for i, r in enumerate(_requests(n))]
 
 
 def test_captured_sampled_draft_passes_replay_the_eager_pass(drafter):
     """Sampled passes (counter-based draws, sample_tokens' kernel) captured per (bucket, k): a replay equals the
-    eager pass on the same padded rows bit for bit (tokens, q, confidence), repeats for equal seeds, and mostly
-    agrees with the unpadded eager draft (its q within bf16 rounding where the drafts before agree)."""
+    eager pass on the same padded rows bit for bit (tokens, confidence), repeats for equal seeds, and mostly
+    agrees with the unpadded eager draft."""
     from deepinfer.runner.draft_graphs import DraftGraphs
 
     backend, drafter = drafter
@@ -88,18 +88,16 @@ def test_captured_sampled_draft_passes_replay_the_eager_pass(drafter):
             for n, seed in [(1, 0), (3, 0), (5, 4), (7, 0), (3, 9), (3, 0)]:  # later ones replay
                 requests = _mixed(n, seed)
                 captured = graphs.run(requests, k)
-                tokens, probs = captured.tokens.clone(), captured.probs.clone()
+                tokens = captured.tokens.clone()
                 confidence = captured.confidence.clone()
                 padded = drafter.draft_inputs(requests, graphs.bucket(n)).to("cuda")
                 same_rows = drafter.draft_forward(padded, k, True)
                 assert torch.equal(tokens, same_rows.tokens[:n]), (k, n, seed)
-                assert torch.equal(probs, same_rows.probs[:n]), (k, n, seed)
                 assert torch.equal(confidence, same_rows.confidence[:n]), (k, n, seed)
                 assert torch.equal(graphs.run(requests, k).tokens, tokens), (k, n, seed)  # seeded: repeats
                 eager = drafter.draft(requests, k)
                 agree = float((tokens == eager.tokens).float().mean())
                 assert agree >= 0.7, (k, n, seed, agree)
-                assert float((probs[:, 0] - eager.probs[:, 0]).abs().max()) <= 2e-2
     assert graphs.eager_reason is None, graphs.eager_reason
     assert {key for key in graphs._graphs if key[2]} == {(b, k, True) for k in (2, drafter.max_draft_len)
                                                           for b in (1, 4, 8)}

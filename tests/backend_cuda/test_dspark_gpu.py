@@ -66,7 +66,7 @@ def test_drafter_on_the_gpu_matches_the_cpu(models):
     tokens = json.loads((FIXTURES / "tiny_b" / "tokens.json").read_text())["sequences"]
     ids = torch.tensor(next(t for t in tokens if len(t) >= 60)[:60])
     anchors, slots = [5, 30, 47], [1, 4, 7]
-    requests = [DraftRequest(slot_state(s), int(ids[p]), p, 0.0, 0) for s, p in zip(slots, anchors, strict=True)]
+    requests = [DraftRequest(slot_state(s), int(ids[p]), p, 0.0, 0, 0) for s, p in zip(slots, anchors, strict=True)]
     runs = []
     for model in models:  # fp32 CPU, bf16 CPU, bf16 GPU
         feats = _features(model, ids)

@@ -47,24 +47,21 @@ class StandInDrafter:
         self.calls += 1
         b, v = len(requests), self.vocab_size
         tokens = torch.zeros(b, k, dtype=torch.int64)
-        probs = torch.zeros(b, k, v)
         for i, r in enumerate(requests):
             gen = self.gen
             if r.temperature > 0:
                 gen = torch.Generator().manual_seed((r.seed + (r.position + 1) * _GOLDEN) % (1 << 63))
             for j in range(k):
                 q = torch.softmax(torch.randn(v, generator=self.gen) * 2.0, dim=-1)
-                probs[i, j] = q
                 guess = self._oracle(r, j)
                 if guess is not None and not (self.mode == "mixed" and (r.position + j) % self.wrong_every == 0):
-                    # A sampled draft must really be drawn from the q it reports: mostly the guess, sometimes not.
-                    q = probs[i, j] = 0.2 * q + 0.8 * torch.nn.functional.one_hot(torch.tensor(guess), v)
+                    # mostly the guess, sometimes not (a sampled draft); the guess itself (a greedy one)
+                    q = 0.2 * q + 0.8 * torch.nn.functional.one_hot(torch.tensor(guess), v)
                     if r.temperature == 0:
                         q = torch.nn.functional.one_hot(torch.tensor(guess), v).float()
                 tokens[i, j] = int(torch.multinomial(q, 1, generator=gen)) if r.temperature > 0 else int(q.argmax())
         confidence = torch.rand(b, k, generator=self.gen)
-        sampled = any(r.temperature > 0 for r in requests)
-        return Drafts(tokens, probs if sampled else None, confidence)
+        return Drafts(tokens, confidence)
 
     def truncate(self, state: SequenceState, length: int) -> None:
         del self.context.setdefault(state, [])[length:]

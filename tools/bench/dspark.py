@@ -46,7 +46,7 @@ class ArbitraryDrafter:
 
         anchors = torch.tensor([r.anchor for r in requests], dtype=torch.int64)
         tokens = (anchors[:, None] + torch.arange(1, k + 1)[None, :]) % self.vocab_size
-        return Drafts(tokens.to(self.device), None, torch.full((len(requests), k), 0.5, device=self.device))
+        return Drafts(tokens.to(self.device), torch.full((len(requests), k), 0.5, device=self.device))
 
     def truncate(self, state, length: int) -> None:
         pass

@@ -72,7 +72,7 @@ def measure(model, data: Sequences, k: int) -> dict[str, object]:
         drafter.extend([state] * first, torch.arange(first, device=model.device), data.features[i, :first])
         anchor = first  # the target's first greedy token: the first speculative step's anchor
         while anchor + k < length:
-            drafts = drafter.draft([DraftRequest(state, int(seq[anchor]), anchor, 0.0, 0)], k)
+            drafts = drafter.draft([DraftRequest(state, int(seq[anchor]), anchor, 0.0, 0, 0)], k)
             truth = seq[anchor + 1 : anchor + 1 + k]
             match = (drafts.tokens[0].cpu() == truth).int().cumprod(0)
             accepted = int(match.sum())

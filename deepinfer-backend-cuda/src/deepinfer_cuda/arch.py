@@ -477,19 +477,6 @@ def sample_tokens_config(arch: CudaArch) -> tuple[LaunchConfig, int]:
     return LaunchConfig(num_warps=8), 4096
 
 
-def verify_drafts_config(arch: CudaArch) -> tuple[LaunchConfig, LaunchConfig, int, int]:
-    """Speculative verification: returns (chunk config, pick config, block_v, stats_tile).
-
-    The row statistics and the draw run one program per (request, chunk of ``block_v`` tokens) as sample_tokens
-    does (V4's 129280 tokens: 32 chunks); the per-request reductions over the chunks' results go ``stats_tile``
-    chunks at a time, in chunk order, and the final pick is one warp a request.  Fixed chunks, never a split chosen
-    from the batch, keep a request's result independent of the others.
-    """
-    if arch.triton_arch not in (90, 100):
-        raise ValueError(f"no verify_drafts configuration for {arch.name}")
-    return LaunchConfig(num_warps=8), LaunchConfig(num_warps=1), 4096, 32
-
-
 def moe_router_config(arch: CudaArch, experts: int) -> LaunchConfig:
     """MoE routing after the router GEMM, one program per ``block_rows`` tokens x all experts (the row in registers).
 

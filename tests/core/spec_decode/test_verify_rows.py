@@ -40,12 +40,12 @@ def test_penalties_see_the_drafts_before_each_row():
     params = SamplingParams(temperature=0.0, repetition_penalty=2.0)  # a seen 3 drops to 2.5, below 4's 4.9
     row = SamplingRow(params, seed=0, step=0, prompt_ids=[0], output_ids=[])
     tokens, accepted = verify(OpTable(), sampler, _logits(), [verify_rows(row, [3, 4])], torch.tensor([[3, 4]]),
-                              [2], None, None)
+                              [2], None)
     assert accepted.tolist() == [2]  # row 1 penalises the drafted 3, so its argmax is the drafted 4
     plain = SamplingParams(temperature=0.0)
     row = SamplingRow(plain, seed=0, step=0, prompt_ids=[0], output_ids=[])
     tokens, accepted = verify(OpTable(), sampler, _logits(), [verify_rows(row, [3, 4])], torch.tensor([[3, 4]]),
-                              [2], None, None)
+                              [2], None)
     assert accepted.tolist() == [1] and tokens.tolist() == [[3, 3, -1]]  # without the penalty row 1 wants 3
 
 
@@ -57,7 +57,7 @@ def test_min_tokens_bans_eos_at_each_rows_own_position():
     logits[:, 1] = 8.0
     row = SamplingRow(params, seed=0, step=1, prompt_ids=[0], output_ids=[5])
     tokens, accepted = verify(OpTable(), sampler, logits, [verify_rows(row, [1, 4])], torch.tensor([[1, 4]]), [2],
-                              None, None)
+                              None)
     # position 1 is still below min_tokens (EOS banned: 1 is the argmax); position 2 may end
     assert accepted.tolist() == [2] and tokens.tolist() == [[1, 4, 4]]
 

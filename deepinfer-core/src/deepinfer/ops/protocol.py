@@ -415,12 +415,11 @@ class Ops(Protocol):
         target: torch.Tensor,
         greedy: torch.Tensor,
         draft_tokens: torch.Tensor,
-        draft_probs: torch.Tensor | None,
         num_drafts: torch.Tensor,
         seeds: torch.Tensor,
         steps: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accept drafts against the target, then the request's own token (ops.speculative)."""
+        """Accept the drafts plain sampling would draw, then the request's own token (ops.speculative)."""
         raise TypeError
 
     def token_logprobs(

@@ -1,104 +1,70 @@
-"""Speculative verification: accept a request's drafts against the target's distributions, then draw its own token.
+"""Speculative verification by coupled sampling: every emitted token is the token plain sampling draws there.
 
-One op, row-wise per request (a backend fuses it into a few kernels).  Greedy rows accept while the draft equals the
-target's argmax, then take the target's argmax.  Sampled rows follow Leviathan et al. / Chen et al.: draft ``x``
-drawn from ``q`` is accepted with probability ``min(1, p(x) / q(x))``; the first rejection draws from the residual
-``max(p - q, 0)`` (normalised); when every verified draft passes, a bonus token is drawn from ``p``.  The output
-tokens are then distributed exactly as the target's.  A greedy drafter (``q`` absent) proposes a point mass.
+One op, row-wise per request (a backend fuses it).  Target row ``j`` of a request (its next-token logits after the
+anchor and drafts ``d1..dj``, processed as plain decoding processes output position ``s = step + j``) gives the token
+plain decoding would emit at ``s``: the argmax (greedy), else :func:`~deepinfer.ops.sampling.sample_tokens`' race
+over the counter-based noise of (seed, ``s``).  The request accepts ``d_{j+1}`` while it equals row ``j``'s token;
+its own token is the token of the first row whose draft differs, or of the row after its last verified draft.
 
-Randomness is counter-based like :func:`~deepinfer.ops.sampling.sample_tokens`: the acceptance test of output
-position ``s`` uses a hash of (seed, ``s`` ^ ACCEPT_SALT), the residual draw the race noise of (seed, ``s`` ^
-RESIDUAL_SALT), and the bonus token the plain noise of (seed, ``s``), i.e. exactly the token non-speculative
-sampling draws there.  A drafter that samples its drafts on the device draws them with the noise of (seed,
-position ^ DRAFT_SALT).  A seeded request is deterministic whatever its batch.
+So a request's output is exactly its plain (non-speculative) output from the same processed logits, whatever the
+drafter proposed, however many drafts a step verified, in any batch, preempted or not: the noise of a position is a
+function of (seed, position) alone and nothing else decides the token.  Its distribution is the target's.
+
+A sampled drafter is accepted most often when it draws its draft for output position ``s`` by the same race over its
+own distribution ``q`` (:func:`~deepinfer.ops.sampling.sample_tokens` with (seed, ``s``)): the two races agree with
+probability at least ``(1 - TV(p, q)) / (1 + TV(p, q))`` (the Gumbel-max coupling; Daliri, Musco and Suresh 2024,
+"Coupling without communication and drafter-invariant speculative decoding").  Rejection sampling (Leviathan et al.
+2023) accepts ``1 - TV``, but which rule emits a position's token there (an accepted draft, a residual draw or the
+bonus draw) follows the draft schedule, so its output cannot be a function of the position's noise alone.
 """
 
 from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.registry import OpSample, Rows, reference_op
-from deepinfer.ops.sampling import _race_scores, uniform_noise
+from deepinfer.ops.registry import OpSample, reference_op
+from deepinfer.ops.sampling import _race_scores, sample_tokens
 
-#: Output positions are far below 2**30, so these salts give each draw its own noise stream.
-ACCEPT_SALT = 1 << 30
-RESIDUAL_SALT = 1 << 31
-#: The drafter's own draws (DSpark's sampled drafts).  A draft must be drawn independently of the acceptance test
-#: and of the residual / bonus draws that judge it: with a shared noise stream the accepted tokens' distribution
-#: would no longer be the target's.  ``3 << 30`` keeps its steps apart from the plain, accept and residual ones.
-DRAFT_SALT = 3 << 30
+
+def row_draws(target: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sample_tokens``' arguments for every target row, flattened: (logits [B*(K+1), V], greedy, seeds, output
+    positions ``step + j``), built on the device with no host data (a backend's verify is captured whole)."""
+    b, k1, v = target.shape
+    at = steps[:, None] + torch.arange(k1, device=target.device)[None, :]
+    return (target.reshape(b * k1, v), greedy[:, None].expand(b, k1).reshape(-1),
+            seeds[:, None].expand(b, k1).reshape(-1), at.reshape(-1))
+
+
+def accept_agreeing(own: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``verify_drafts``' result from each target row's token ``own`` [B, K+1]: the drafts accepted while they
+    equal the row before them's token, then the token of the row after them, then -1."""
+    k1 = own.shape[1]
+    j = torch.arange(k1 - 1, device=own.device)
+    agree = (draft_tokens == own[:, :-1]) & (j[None, :] < num_drafts[:, None])
+    accepted = agree.long().cumprod(dim=1).sum(dim=1)
+    keep = torch.arange(k1, device=own.device)[None, :] <= accepted[:, None]
+    return torch.where(keep, own, torch.full_like(own, -1)), accepted
+
+
+def _own_tokens(target: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[B, K+1] int64: the token plain sampling draws from each target row at its output position ``step + j``."""
+    return sample_tokens(*row_draws(target, greedy, seeds, steps)).view(target.shape[:2])
 
 
 def _verify_samples(dtype: torch.dtype, gen: torch.Generator):
     b, k, v = 4, 3, 40
     target = torch.randn(b, k + 1, v, generator=gen) * 2.0
     greedy = torch.tensor([True, False, False, True])
-    q = torch.softmax(torch.randn(b, k, v, generator=gen), dim=-1)
-    drafts = torch.multinomial(q.view(-1, v), 1, generator=gen).view(b, k)
-    drafts[0] = target[0, :k].argmax(-1)  # a greedy row whose drafts all match
     seeds = torch.tensor([3, -5, 1 << 40, 7], dtype=torch.int64)
     steps = torch.tensor([0, 4, 9, 2], dtype=torch.int64)
+    # Drafts from a blurred target raced with the same noise (a coupled drafter): some agree, some do not.
+    blurred = target + torch.randn(b, k + 1, v, generator=gen)
+    drafts = _own_tokens(blurred, greedy, seeds, steps)[:, :k]
+    drafts[0] = target[0, :k].argmax(-1)  # a greedy row whose drafts all match
     num = torch.tensor([3, 3, 1, 0], dtype=torch.int64)
-    yield OpSample((target.to(dtype), greedy, drafts, q, num, seeds, steps), label="mixed")
-    yield OpSample((target.to(dtype), greedy, drafts, None, num, seeds, steps), label="greedy drafter")
-
-
-def _verify_rows(sample: OpSample, rows: torch.Tensor) -> OpSample:
-    """A sub-batch of requests (``draft_probs`` may be None: a greedy drafter)."""
-    return OpSample(tuple(a[rows] if a is not None else None for a in sample.args), dict(sample.kwargs), sample.label)
-
-
-def _draft_tests(
-    target: torch.Tensor, greedy: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-    num_drafts: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each draft's test on its own: (passes [B, K] bool; margin [B, K] float64 = log p(x) - log(u q(x)), the
-    sampled test's distance from its threshold, +inf on greedy rows).  Rows past ``num_drafts`` never pass."""
-    b, k1, v = target.shape
-    k = k1 - 1
-    device = target.device
-    j = torch.arange(k, device=device)
-    valid = j[None, :] < num_drafts[:, None]
-    x = draft_tokens.clamp(0, v - 1)
-    logp = torch.log_softmax(target[:, :k].float(), dim=-1)
-    p_x = logp.gather(-1, x[..., None])[..., 0].exp()
-    q_x = draft_probs.gather(-1, x[..., None])[..., 0].float() if draft_probs is not None else torch.ones_like(p_x)
-    pos = steps[:, None] + j[None, :]
-    u = uniform_noise(seeds.repeat_interleave(k), (pos ^ ACCEPT_SALT).flatten(), 1).view(b, k)
-    sampled_ok = u * q_x.double() <= p_x.double()
-    greedy_ok = x == target[:, :k].argmax(dim=-1)
-    ok = torch.where(greedy[:, None], greedy_ok, sampled_ok) & valid & (draft_tokens >= 0)
-    margin = torch.where(greedy[:, None], torch.inf, p_x.double().log() - (u * q_x.double()).log())
-    return ok, margin
-
-
-def _own_scores(
-    target: torch.Tensor, greedy: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-    num_drafts: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, accepted: torch.Tensor,
-) -> torch.Tensor:
-    """The scores [B, V] float64 whose argmax is each request's own token once it accepted ``accepted`` drafts:
-    the logits (greedy), the residual's race (a rejection) or the plain race (the bonus token)."""
-    b, k1, v = target.shape
-    k = k1 - 1
-    device = target.device
-    rows = torch.arange(b, device=device)
-    final_logits = target[rows, accepted]  # [B, V]: the row after the last accepted draft
-    p = torch.log_softmax(final_logits.float(), dim=-1).exp()
-    at = accepted.clamp(max=max(k - 1, 0))  # the rejected draft's row (unused where none was rejected)
-    q = torch.zeros(b, v, device=device)
-    if k and draft_probs is not None:
-        q = draft_probs[rows, at].float()
-    elif k:  # a greedy drafter's point mass
-        q.scatter_(1, draft_tokens.clamp(0, v - 1)[rows, at][:, None], 1.0)
-    residual = (p - q).clamp(min=0.0)
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
-    position = steps + accepted
-    noise = uniform_noise(seeds, position ^ RESIDUAL_SALT, v)
-    residual_race = residual.double().log() - torch.log(-torch.log(noise))
-    bonus_race = _race_scores(final_logits, seeds, position)
-    rejected = accepted < num_drafts
-    sampled = torch.where(rejected[:, None], residual_race, bonus_race)
-    return torch.where(greedy[:, None], final_logits.double(), sampled)
+    yield OpSample((target.to(dtype), greedy, drafts, num, seeds, steps), label="coupled drafts")
 
 
 def _compare_verified(
@@ -106,40 +72,38 @@ def _compare_verified(
     dtype: torch.dtype,
 ) -> None:
     """Greedy requests must match exactly.  A sampled request may differ only where another implementation's
-    rounding can flip a near-tie: each of its acceptance decisions agrees with the reference's test or lies within
-    1e-4 of the threshold (in log space), and its own token is the reference's draw after the drafts it accepted,
-    or one within 1e-4 of it in the race (the tolerance of ``sample_tokens``)."""
-    target, greedy, drafts, probs, num, seeds, steps = sample.args
+    rounding can flip a near-tie of a race (the tolerance of ``sample_tokens``): each token it emits is, within 1e-4,
+    the winner of its row's race, its accepted tokens are its drafts, and the draft after them differs from its own
+    token."""
+    target, greedy, drafts, num, seeds, steps = sample.args
     tokens, accepted = (t.cpu() for t in actual)
     assert tokens.shape == expected[0].shape and tokens.dtype == expected[0].dtype, "verify_drafts: tokens' shape"
     assert accepted.shape == expected[1].shape and accepted.dtype == expected[1].dtype, "verify_drafts: counts"
     if torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1]):
         return
-    ok, margin = _draft_tests(target, greedy, drafts, probs, num, seeds, steps)
-    scores = _own_scores(target, greedy, drafts, probs, num, seeds, steps, accepted.clamp(0, target.shape[1] - 1))
-    for i in (tokens != expected[0]).any(dim=1).nonzero().flatten().tolist():
+    b, k1, v = target.shape
+    at = (steps[:, None] + torch.arange(k1)[None, :]).flatten()
+    scores = _race_scores(target.reshape(b * k1, v), seeds.repeat_interleave(k1), at).view(b, k1, v)
+    for i in ((tokens != expected[0]).any(dim=1) | (accepted != expected[1])).nonzero().flatten().tolist():
         a = int(accepted[i])
         where = f"verify_drafts request {i} (accepted {a}, reference {int(expected[1][i])})"
         assert not bool(greedy[i]), f"{where}: a greedy request differs"
         assert 0 <= a <= int(num[i]), f"{where}: accepted count out of range"
-        decided = [(j, True) for j in range(a)] + ([(a, False)] if a < int(num[i]) else [])
-        for j, passed in decided:
-            near = abs(float(margin[i, j])) < 1e-4 and int(drafts[i, j]) >= 0
-            assert bool(ok[i, j]) == passed or near, f"{where}: draft {j} decided against its test"
         assert tokens[i, :a].tolist() == drafts[i, :a].tolist(), f"{where}: accepted tokens are not the drafts"
         assert bool((tokens[i, a + 1:] == -1).all()), f"{where}: no -1 after its own token"
-        token, best = int(tokens[i, a]), int(scores[i].argmax())
-        gap = float(scores[i, best] - scores[i, token]) if 0 <= token < target.shape[-1] else float("inf")
-        assert gap < 1e-4, f"{where}: token {token} instead of {best} (gap {gap})"
+        assert a == int(num[i]) or int(tokens[i, a]) != int(drafts[i, a]), f"{where}: rejected its own token"
+        for j in range(a + 1):
+            token, best = int(tokens[i, j]), int(scores[i, j].argmax())
+            gap = float(scores[i, j, best] - scores[i, j, token]) if 0 <= token < v else float("inf")
+            assert gap < 1e-4, f"{where}: token {token} at row {j} instead of {best} (gap {gap})"
 
 
 @reference_op(sample_inputs=_verify_samples, dtypes=(torch.float32,), compare=_compare_verified,
-              rows=Rows((0, 1, 2, 3, 4, 5, 6), _verify_rows))
+              rows=(0, 1, 2, 3, 4, 5))
 def verify_drafts(
     target: torch.Tensor,
     greedy: torch.Tensor,
     draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
     num_drafts: torch.Tensor,
     seeds: torch.Tensor,
     steps: torch.Tensor,
@@ -147,23 +111,10 @@ def verify_drafts(
     """Verify ``num_drafts[b]`` drafts of each request ``b``.
 
     target [B, K+1, V] fp32: the target's logits for the rows after the anchor and after each draft, already
-    penalised, masked, tempered and filtered as for sampling (softmax = the distribution sampled; greedy rows:
-    argmax); greedy [B] bool; draft_tokens [B, K] int64; draft_probs [B, K, V] fp32 or None (greedy drafter);
-    num_drafts [B] int64 in [0, K]; seeds [B] int64; steps [B] int64: the output position of row 0.
-    Returns (tokens [B, K+1] int64: the accepted drafts, then the request's own token, then -1;
+    penalised, masked, tempered and filtered as for sampling (:meth:`~deepinfer.sample.Sampler.distribution`);
+    greedy [B] bool; draft_tokens [B, K] int64 (negative: no draft, never accepted); num_drafts [B] int64 in
+    [0, K]; seeds [B] int64; steps [B] int64: the output position of row 0.  Rows past a request's drafts are
+    never read.  Returns (tokens [B, K+1] int64: the accepted drafts, then the request's own token, then -1;
     num_accepted [B] int64).
     """
-    b, k1, v = target.shape
-    k = k1 - 1
-    device = target.device
-    args = (target, greedy, draft_tokens, draft_probs, num_drafts, seeds, steps)
-    ok, _ = _draft_tests(*args)
-    accepted = ok.long().cumprod(dim=1).sum(dim=1)
-    token = _own_scores(*args, accepted).argmax(dim=-1)
-
-    rows = torch.arange(b, device=device)
-    out = torch.full((b, k1), -1, dtype=torch.int64, device=device)
-    keep = torch.arange(k1, device=device)[None, :] < accepted[:, None]
-    out[:, :k] = torch.where(keep[:, :k], draft_tokens, out[:, :k])
-    out[rows, accepted] = token
-    return out, accepted
+    return accept_agreeing(_own_tokens(target, greedy, seeds, steps), draft_tokens, num_drafts)

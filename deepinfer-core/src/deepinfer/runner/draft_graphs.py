@@ -6,9 +6,9 @@ included) and its own context.  The first draft of a (bucket, k, sampled) captur
 backend's graph service (``Backend.graph_capture``: CUDA graphs on NVIDIA, plain re-execution on the CPU) against a
 static input buffer; every later one copies its rows into that buffer (one host-to-device copy) and replays.
 Capture runs on all-zero rows, padding that reads only the null slot, and drafting writes nothing, so capturing
-changes no context.  A step whose requests are all greedy replays the greedy pass (argmax only, no q); one with a
-sampled request replays the sampled pass, whose draws are counter-based noise of each row's seed (no generator),
-so they are captured like the rest, and whose q ``[bucket, k, V]`` the verifier reads.
+changes no context.  A step whose requests are all greedy replays the greedy pass (argmax only); one with a
+sampled request replays the sampled pass, whose draws are counter-based noise of each row's (seed, output
+position) (no generator), so they are captured like the rest.
 """
 
 from __future__ import annotations
@@ -55,9 +55,8 @@ class DraftGraphs(CapturedSteps):
         return max(n, min(bucket_size(n), self.max_seqs))
 
     def run(self, requests: list[DraftRequest], k: int) -> Drafts:
-        """The drafts of ``requests`` (tokens and confidence ``[len(requests), k]``, and q ``[len(requests), k, V]``
-        when any request samples, else None): views of the graph's outputs, valid until the next draft of the same
-        (bucket, k, sampled)."""
+        """The drafts of ``requests`` (tokens and confidence ``[len(requests), k]``): views of the graph's outputs,
+        valid until the next draft of the same (bucket, k, sampled)."""
         rows = self.bucket(len(requests))
         sampled = any(r.temperature > 0 for r in requests)
         host = self.drafter.draft_inputs(requests, rows)
@@ -67,7 +66,7 @@ class DraftGraphs(CapturedSteps):
         graph.stage(host)
         graph.replay()
         out, n = graph.outputs[0], len(requests)
-        return Drafts(out.tokens[:n], out.probs[:n] if out.probs is not None else None, out.confidence[:n])
+        return Drafts(out.tokens[:n], out.confidence[:n])
 
     def _capture_graph(self, host: torch.Tensor, k: int, sampled: bool) -> _DraftGraph:
         inputs = torch.zeros(host.shape, dtype=torch.int64, device=self.device)

@@ -3,7 +3,8 @@
 1. The drafter proposes ``chunk.num_drafts`` tokens per speculating sequence (from its context, which holds the
    target features of every position the sequence has had accepted), as a replayed captured draft pass when the
    runner captures them (:class:`~deepinfer.runner.draft_graphs.DraftGraphs`; greedy and sampled requests alike:
-   sampled drafts race counter-based noise of the request's seed).  A grammar keeps the leading drafts it allows.
+   sampled drafts race the counter-based noise of the request's (seed, output position) that the verifier uses).
+   A grammar keeps the leading drafts it allows.
 2. One ragged forward runs every chunk with its drafts appended (the model already takes several tokens per
    sequence); states of speculating sequences are checkpointed first (:class:`~deepinfer.models.base.Rewindable`).
 3. :func:`deepinfer.spec_decode.verify.verify` accepts a prefix of each sequence's drafts and draws its own token.
@@ -91,7 +92,7 @@ def _draft(runner: SpeculativeRunner, step: StepInput, per_chunk: list[list[Sche
         chunk, row = step.chunks[i], per_chunk[i][0].row
         position = chunk.start + len(chunk.token_ids) - 1
         requests.append(DraftRequest(step.states[i], chunk.token_ids[-1], position,
-                                     0.0 if row.params.greedy else row.params.temperature, row.seed))
+                                     0.0 if row.params.greedy else row.params.temperature, row.seed, row.step))
     k_max = max(step.chunks[i].num_drafts for i in chosen)
     graphs = runner.draft_graphs
     drafts = graphs.run(requests, k_max) if graphs is not None else runner.drafter.draft(requests, k_max)
@@ -292,8 +293,7 @@ def _verify(runner: SpeculativeRunner, specs: list[_Spec], drafts: Drafts | None
     tokens_in = drafts.tokens[index, :k]
     counts = [s.count for s in specs]
     if runner.forced is None:
-        probs = drafts.probs[index, :k] if drafts.probs is not None else None
-        tokens, accepted = verify(runner.io.ops, runner.sampler, logits, sampling, tokens_in, counts, probs, bitmask)
+        tokens, accepted = verify(runner.io.ops, runner.sampler, logits, sampling, tokens_in, counts, bitmask)
     else:  # benchmarks: accept L - 1 drafts a step on average (lossy)
         tokens, accepted = forced(runner.sampler, logits, sampling, tokens_in, counts,
                                   [runner.forced.next_count()] * len(specs))

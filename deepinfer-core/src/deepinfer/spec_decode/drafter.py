@@ -32,7 +32,6 @@ class Drafts:
     """One step's drafts for ``B`` requests."""
 
     tokens: torch.Tensor  # [B, K] int64, drawn left to right
-    probs: torch.Tensor | None  # [B, K, V] float32: the distribution q each token was drawn from (None: greedy)
     confidence: torch.Tensor  # [B, K] float32: each position's conditional acceptance probability
 
 
@@ -45,6 +44,10 @@ class DraftRequest:
     position: int  # the anchor's position
     temperature: float  # 0 = greedy
     seed: int  # the request's 64-bit sampling seed (``SamplingRow.seed``): a sampled draft's noise stream
+    #: The output position of the first draft (``SamplingRow.step`` of the anchor's row).  A sampled drafter
+    #: draws draft ``j`` with the noise of (seed, ``step + j``), the noise the verifier's race uses there
+    #: (:mod:`deepinfer.ops.speculative`), so the draft agrees with the target's token as often as it can.
+    step: int
 
 
 class Drafter(Protocol):
@@ -97,9 +100,8 @@ class GraphDrafter(Protocol):
 
     def draft_forward(self, inputs: torch.Tensor, k: int, sampled: bool) -> Drafts:
         """The drafts of ``inputs`` (from ``draft_inputs``, on the device): tokens ``[bucket, k]`` int64 and
-        confidence ``[bucket, k]`` fp32, and with ``sampled`` the distributions q ``[bucket, k, V]`` fp32 the
-        tokens were drawn from (greedy rows: one-hot; without ``sampled``: None, and every row drafts greedily).
-        Must not change the context."""
+        confidence ``[bucket, k]`` fp32; without ``sampled`` every row drafts greedily.  Must not change the
+        context."""
         ...
 
 

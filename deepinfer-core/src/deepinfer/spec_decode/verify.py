@@ -4,8 +4,9 @@ A request that verifies ``k`` drafts ``d1..dk`` after its anchor has ``k + 1`` t
 target's next-token distribution after the anchor and ``d1..dj``.  Each row is processed exactly as plain decoding
 would process it at that output position (:meth:`~deepinfer.sample.Sampler.distribution`: penalties that count
 ``d1..dj`` as output, ``min_tokens`` bans at that position, the grammar's mask after accepting ``d1..dj``,
-temperature and truncation), then :func:`~deepinfer.ops.speculative.verify_drafts` accepts a prefix and draws the
-request's own token.  So greedy output is the plain argmax chain and sampled output has the plain distribution.
+temperature and truncation), then :func:`~deepinfer.ops.speculative.verify_drafts` draws each row's token as plain
+sampling draws it at that position and accepts the drafts that equal them.  So every emitted token is the plain
+output's token (greedy and seeded sampling alike), whatever the drafts.
 """
 
 from __future__ import annotations
@@ -50,13 +51,11 @@ def _padded_target(sampler: Sampler, logits: torch.Tensor, rows: list[list[Sampl
 
 
 def verify(ops: Ops, sampler: Sampler, logits: torch.Tensor, rows: list[list[SamplingRow]], drafts: torch.Tensor,
-           counts: list[int], draft_probs: torch.Tensor | None, bitmask: torch.Tensor | None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+           counts: list[int], bitmask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify every request's drafts.  ``logits`` fp32 ``[sum(k_i + 1), V]``: each request's target rows in order
-    (``rows[i]`` from :func:`verify_rows`, ``k_i = counts[i]``); ``drafts`` ``[B, >= max k_i]`` int64 and
-    ``draft_probs`` ``[B, >= max k_i, V]`` the drafter's tokens and q on the logits' device (None: greedy drafter);
-    ``bitmask``: the rows' grammar masks or None.  Returns (tokens ``[B, K+1]``: accepted drafts, then the
-    target's token, then -1; accepted ``[B]``), on the logits' device."""
+    (``rows[i]`` from :func:`verify_rows`, ``k_i = counts[i]``); ``drafts`` ``[B, >= max k_i]`` int64: the
+    drafter's tokens on the logits' device; ``bitmask``: the rows' grammar masks or None.  Returns (tokens
+    ``[B, K+1]``: accepted drafts, then the target's token, then -1; accepted ``[B]``), on the logits' device."""
     device = logits.device
     k = max(counts, default=0)
     first = [group[0] for group in rows]
@@ -64,7 +63,6 @@ def verify(ops: Ops, sampler: Sampler, logits: torch.Tensor, rows: list[list[Sam
         _padded_target(sampler, logits, rows, k, bitmask),
         sampler.upload(torch.tensor([r.params.greedy for r in first], dtype=torch.bool), device),
         drafts[:, :k],
-        draft_probs[:, :k].float() if draft_probs is not None else None,
         sampler.upload(torch.tensor(counts, dtype=torch.int64), device),
         sampler.upload(torch.tensor([signed64(r.seed) for r in first], dtype=torch.int64), device),
         sampler.upload(torch.tensor([r.step for r in first], dtype=torch.int64), device),

@@ -17,7 +17,6 @@ from deepinfer.models import ForwardBatch, load_model
 from deepinfer.models.deepseek_v41.dspark import DSparkDrafter
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, expected_mtp_shapes
 from deepinfer.ops import OpTable
-from deepinfer.ops.speculative import DRAFT_SALT
 from deepinfer.spec_decode.drafter import DraftRequest
 from tests.support.v4_fixtures import single_thread  # noqa: F401  (autouse)
 from tests.support.v41_fixtures import FIXTURES
@@ -129,7 +128,7 @@ def test_draft_block_matches_the_dense_drafter(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     anchors, slots, k = [5, 30, 47], [1, 4, 7], SPEC.block_size
     drafter = drafter_for(model, feats[0], anchors, slots)
-    requests = [DraftRequest(slot_state(s), int(sequence[p]), p, 0.0, 0)
+    requests = [DraftRequest(slot_state(s), int(sequence[p]), p, 0.0, 0, 0)
                 for s, p in zip(slots, anchors, strict=True)]
     with torch.no_grad():
         hidden, logits = drafter.block(requests, k)
@@ -141,7 +140,7 @@ def test_draft_block_matches_the_dense_drafter(setup, sequence):
         d_tokens, d_conf, _ = dense.draft_greedy(d_hidden, d_logits, sequence[anchor_t])
     assert float((hidden - d_hidden).abs().max()) <= TOL
     assert float((logits - d_logits).abs().max()) <= TOL
-    assert torch.equal(drafts.tokens, d_tokens) and drafts.probs is None
+    assert torch.equal(drafts.tokens, d_tokens)
     assert float((drafts.confidence - d_conf).abs().max()) <= TOL
     assert drafts.tokens.shape == (3, k) and drafts.confidence.shape == (3, k)
     again = drafter.draft(requests, k)  # drafting does not change the context
@@ -151,38 +150,39 @@ def test_draft_block_matches_the_dense_drafter(setup, sequence):
 
 
 def test_sampled_drafts_follow_the_markov_chain(setup, sequence):
-    """A sampled row's q is softmax(Markov-biased logits / T) given the token drawn before it, and its token is
-    sample_tokens' race over that with the request's seed at step (P + j + 1) ^ DRAFT_SALT; a greedy row in the
-    same batch takes the argmax (q one-hot).  Equal seeds draft equal tokens, other seeds other tokens."""
+    """A sampled row's draft j is sample_tokens' race over softmax(Markov-biased logits / T), given the token drawn
+    before it, with the request's seed at output position s + j (the verifier's noise there); a greedy row in the
+    same batch takes the argmax.  Equal seeds and positions draft equal tokens; other seeds, or the same seed at
+    other output positions, other tokens."""
     target, dense, model = setup
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [40, 40], [2, 3])
-    temps, seeds = [0.8, 0.0], [7, 7]
-    requests = [DraftRequest(slot_state(s), int(sequence[40]), 40, t, seed)
-                for s, t, seed in zip([2, 3], temps, seeds, strict=True)]
+    temps, seeds, s = [0.8, 0.0], [7, 7], 13
+    requests = [DraftRequest(slot_state(slot), int(sequence[40]), 40, t, seed, s)
+                for slot, t, seed in zip([2, 3], temps, seeds, strict=True)]
     with torch.no_grad():
         drafts = drafter.draft(requests, SPEC.block_size)
         hidden, logits = drafter.block(requests, SPEC.block_size)
-    assert drafts.probs is not None and drafts.probs.shape == (2, SPEC.block_size, 384)
     prev = torch.full((2,), int(sequence[40]))
     ops = OpTable()
     for j in range(SPEC.block_size):
         with torch.no_grad():
             step, _ = dense.heads(hidden[:, j], logits[:, j], prev)
-        want = torch.stack([torch.softmax(step[0] / temps[0], -1),
-                            torch.nn.functional.one_hot(step[1].argmax(), 384).float()])
-        assert float((drafts.probs[:, j] - want).abs().max()) <= TOL
-        assert bool((drafts.probs[torch.arange(2), j, drafts.tokens[:, j]] > 0).all())
         drawn = ops.sample_tokens(step[:1] / temps[0], torch.tensor([False]), torch.tensor([7]),
-                                  torch.tensor([(40 + j + 1) ^ DRAFT_SALT]))
+                                  torch.tensor([s + j]))
         assert int(drafts.tokens[0, j]) == int(drawn[0]) and int(drafts.tokens[1, j]) == int(step[1].argmax())
         prev = drafts.tokens[:, j]
-    again = drafter.draft([DraftRequest(r.state, r.anchor, r.position, r.temperature, r.seed) for r in requests],
-                          SPEC.block_size)
-    assert torch.equal(again.tokens, drafts.tokens) and torch.equal(again.probs, drafts.probs)
-    other = [drafter.draft([DraftRequest(slot_state(2), requests[0].anchor, 40, 0.8, seed)],
-                           SPEC.block_size).tokens[0] for seed in range(8, 16)]
-    assert any(not torch.equal(t, drafts.tokens[0]) for t in other)
+    again = drafter.draft([DraftRequest(r.state, r.anchor, r.position, r.temperature, r.seed, r.step)
+                           for r in requests], SPEC.block_size)
+    assert torch.equal(again.tokens, drafts.tokens)
+
+    def first(seed: int, step: int) -> torch.Tensor:
+        return drafter.draft([DraftRequest(slot_state(2), requests[0].anchor, 40, 0.8, seed, step)],
+                             SPEC.block_size).tokens[0]
+
+    assert torch.equal(first(7, s), drafts.tokens[0])
+    assert any(not torch.equal(first(seed, s), drafts.tokens[0]) for seed in range(8, 16))
+    assert any(not torch.equal(first(7, step), drafts.tokens[0]) for step in range(s + 1, s + 9))
 
 
 def test_sampled_drafts_are_distributed_as_q(setup, sequence):
@@ -193,11 +193,17 @@ def test_sampled_drafts_are_distributed_as_q(setup, sequence):
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [40], [2])
     n, t = 2000, 1.5
-    requests = [DraftRequest(slot_state(2), int(sequence[40]), 40, t, seed) for seed in range(n)]
+    requests = [DraftRequest(slot_state(2), int(sequence[40]), 40, t, seed, 0) for seed in range(n)]
     with torch.no_grad():
         drafts = drafter.draft(requests, 2)
-    q0 = drafts.probs[0, 0].double()
-    assert float((drafts.probs[:, 0] - drafts.probs[:1, 0]).abs().max()) <= 1e-6  # one anchor: one q_0
+        hidden, logits = drafter.block(requests[:1], 2)  # one anchor: one q_0, one q_1(. | x) per first draft x
+
+    @torch.no_grad()
+    def q(j: int, prev: int) -> torch.Tensor:
+        step, _ = dense.heads(hidden[:, j], logits[:, j], torch.tensor([prev]))
+        return torch.softmax(step[0].double() / t, -1)
+
+    q0 = q(0, int(sequence[40]))
     first = drafts.tokens[:, 0]
     assert _chi_square_p(torch.bincount(first, minlength=384).double(), q0 * n) > 1e-3
     # the second draft given the first: q_1 of each row (conditioned on its own first draft)
@@ -205,7 +211,7 @@ def test_sampled_drafts_are_distributed_as_q(setup, sequence):
     expected = torch.zeros(384 * 384, dtype=torch.float64)
     for x in first.unique().tolist():  # given the first draft x, the second follows q_1(. | x)
         rows = (first == x).nonzero()[:, 0]
-        expected[x * 384 : (x + 1) * 384] = drafts.probs[rows[0], 1].double() * len(rows)
+        expected[x * 384 : (x + 1) * 384] = q(1, x) * len(rows)
     assert _chi_square_p(torch.bincount(pair, minlength=384 * 384).double(), expected) > 1e-3
     assert len(first.unique()) > 5  # negative control: the drafts do vary
 
@@ -225,7 +231,7 @@ def test_truncate_free_and_fork(setup, sequence):
     target, dense, model = setup
     _, feats = dense_features(target, dense, sequence)
     drafter = drafter_for(model, feats[0], [33], [0])
-    at = [DraftRequest(slot_state(0), int(sequence[30]), 30, 0.0, 0)]
+    at = [DraftRequest(slot_state(0), int(sequence[30]), 30, 0.0, 0, 0)]
     # positions 30..32 forgotten: the draft at 30 reads its window 6 .. 29 (the ring's 24 + 4 spare rows kept 5+)
     drafter.truncate(slot_state(0), 30)
     with torch.no_grad():
@@ -241,7 +247,7 @@ def test_truncate_free_and_fork(setup, sequence):
     assert float((hidden - d_hidden).abs().max()) <= TOL
     drafter.fork(slot_state(0), slot_state(5))
     with torch.no_grad():
-        forked, _ = drafter.block([DraftRequest(slot_state(5), at[0].anchor, 30, 0.0, 0)], 3)
+        forked, _ = drafter.block([DraftRequest(slot_state(5), at[0].anchor, 30, 0.0, 0, 0)], 3)
     assert torch.equal(forked, hidden)
     drafter.free(slot_state(0))
     with torch.no_grad():
@@ -264,7 +270,7 @@ def test_rows_a_verify_step_rejects_never_reach_a_draft(setup, sequence):
     garbage = torch.randn(k, feats.shape[-1], generator=torch.Generator().manual_seed(5))
     verified.extend_rows(torch.ones(k + 1, dtype=torch.int64), torch.arange(40, 41 + k),
                          torch.cat([feats[0, 40:41], garbage]))
-    at = [DraftRequest(slot_state(1), int(sequence[41]), 41, 0.0, 0)]
+    at = [DraftRequest(slot_state(1), int(sequence[41]), 41, 0.0, 0, 0)]
     with torch.no_grad():
         want, got = kept.block(at, k), verified.block(at, k)
     assert float((got[0] - want[0]).abs().max()) <= TOL and float((got[1] - want[1]).abs().max()) <= TOL
@@ -275,19 +281,19 @@ def test_bad_inputs_are_named(setup, sequence):
     _, _, model = setup
     drafter = DSparkDrafter.from_model(model, num_slots=2)
     assert drafter.max_draft_len == SPEC.block_size and drafter.capture_layer_ids == (3, 6, 8)
-    request = DraftRequest(slot_state(0), 5, 3, 0.0, 0)
+    request = DraftRequest(slot_state(0), 5, 3, 0.0, 0, 0)
     with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
         drafter.draft([request], 5)
     with pytest.raises(ValueError, match=r"slot must be in \[0, 2\)"):
-        drafter.draft([DraftRequest(slot_state(2), 5, 3, 0.0, 0)], 2)
+        drafter.draft([DraftRequest(slot_state(2), 5, 3, 0.0, 0, 0)], 2)
     with pytest.raises(ValueError, match="expected 192"):
         drafter.extend([slot_state(0)], torch.tensor([0]), torch.zeros(1, 64))
     with pytest.raises(ValueError, match="one state and position per row"):
         drafter.extend([slot_state(0)] * 2, torch.tensor([0]), torch.zeros(1, 192))
     with pytest.raises(TypeError, match="pooled states, got object"):
-        drafter.draft([DraftRequest(object(), 5, 3, 0.0, 0)], 2)
+        drafter.draft([DraftRequest(object(), 5, 3, 0.0, 0, 0)], 2)
     with pytest.raises(ValueError, match="hold a slot"):
-        drafter.draft([DraftRequest(PooledState(None), 5, 3, 0.0, 0)], 2)
+        drafter.draft([DraftRequest(PooledState(None), 5, 3, 0.0, 0, 0)], 2)
     drafter.free(PooledState(None))  # a state that never held a slot has no context to forget
 
 
@@ -340,7 +346,7 @@ def test_released_format_drafter_equals_its_dequantized_twin(checkpoint, sequenc
         assert isinstance(drafter.main_proj, QuantizedTensor) == stored
         assert isinstance(drafter.layers[0].attn.wo_b, QuantizedTensor) == stored
         with torch.no_grad():
-            at = [DraftRequest(slot_state(0), int(sequence[30]), 30, 0.0, 0)]
+            at = [DraftRequest(slot_state(0), int(sequence[30]), 30, 0.0, 0, 0)]
             outs.append(drafter.block(at, SPEC.block_size))
     assert float((outs[0][0] - outs[1][0]).abs().max()) <= TOL
     assert float((outs[0][1] - outs[1][1]).abs().max()) <= TOL
@@ -356,5 +362,5 @@ def test_bf16_load_keeps_the_confidence_head_and_norms_in_fp32(checkpoint):
     assert layers.main_norm.dtype == torch.float32 and layers.layers[0].attn_hc.fn.dtype == torch.float32
     assert layers.layers[0].attn.w_in.weights[0].dtype == torch.bfloat16
     drafter = DSparkDrafter.from_model(model, num_slots=1)
-    drafts = drafter.draft([DraftRequest(slot_state(0), 5, 0, 0.0, 0)], SPEC.block_size)
+    drafts = drafter.draft([DraftRequest(slot_state(0), 5, 0, 0.0, 0, 0)], SPEC.block_size)
     assert drafts.confidence.dtype == torch.float32 and bool(((drafts.confidence > 0) & (drafts.confidence < 1)).all())

@@ -7,7 +7,7 @@
                attention sees the sequence's context window and the whole block (non-causal inside the block)
     hidden   = collapse(streams, last FFN site's pre);  base logits = head(norm(hidden))
     drafts   = drawn left to right with the Markov bias of the previous token (:mod:`.dspark_heads`); sampled
-               ones race counter-based noise of (seed, (P + j + 1) ^ DRAFT_SALT)
+               ones race the counter-based noise of (seed, s + j), s the first draft's output position
 
 Every block position is a prediction ("anchor as first prediction": position j drafts the token at P+j+1), so a
 block of k positions drafts k tokens and ``max_draft_len == dspark_block_size``.  The embedding and head are the
@@ -33,7 +33,6 @@ from deepinfer.models.deepseek_v41.dspark_context import ContextRings
 from deepinfer.models.deepseek_v41.dspark_heads import draw
 from deepinfer.models.deepseek_v41.dspark_layers import DSparkLayers
 from deepinfer.ops import Ops
-from deepinfer.ops.speculative import DRAFT_SALT
 from deepinfer.sample.sampler import signed64
 from deepinfer.spec_decode.drafter import Drafter, DraftRequest, Drafts, GraphDrafter, VerifyExtender
 
@@ -125,29 +124,29 @@ class DSparkDrafter:
 
     # --- drafting ---------------------------------------------------------------------------------------------
     def draft(self, requests: list[DraftRequest], k: int) -> Drafts:
-        """k drafts per request, drawn left to right (q only when some request samples); the context is not
-        changed."""
+        """k drafts per request, drawn left to right; the context is not changed."""
         inputs = self.draft_inputs(requests, len(requests)).to(self.device)
         return self.draft_forward(inputs, k, any(r.temperature > 0 for r in requests))
 
     def draft_inputs(self, requests: list[DraftRequest], bucket: int) -> torch.Tensor:
-        """Host int64 [bucket, 5]: (slot, anchor, anchor position, seed as signed 64-bit, temperature's float64
-        bits) per request, then all-zero padding rows.  A padding row reads slot 0 at position 0, where no context
-        row is valid (it holds positions < 0 only), so it attends to its own block alone, and drafts greedily
-        (temperature 0.0) (:class:`deepinfer.spec_decode.drafter.GraphDrafter`)."""
+        """Host int64 [bucket, 6]: (slot, anchor, anchor position, seed as signed 64-bit, temperature's float64
+        bits, the first draft's output position) per request, then all-zero padding rows.  A padding row reads
+        slot 0 at position 0, where no context row is valid (it holds positions < 0 only), so it attends to its
+        own block alone, and drafts greedily (temperature 0.0) (:class:`deepinfer.spec_decode.drafter.GraphDrafter`)."""
         if bucket < len(requests):
             raise ValueError(f"draft_inputs: {len(requests)} requests do not fit a bucket of {bucket} rows")
         slots = [self._slot(r.state) for r in requests]
         temps = torch.tensor([float(r.temperature) for r in requests] + [0.0] * (bucket - len(requests)),
                              dtype=torch.float64)
-        rows = [[slot, r.anchor, r.position, signed64(r.seed), 0] for slot, r in zip(slots, requests, strict=True)]
-        inputs = torch.tensor(rows + [[0] * 5] * (bucket - len(requests)), dtype=torch.int64).view(bucket, 5)
+        rows = [[slot, r.anchor, r.position, signed64(r.seed), 0, r.step]
+                for slot, r in zip(slots, requests, strict=True)]
+        inputs = torch.tensor(rows + [[0] * 6] * (bucket - len(requests)), dtype=torch.int64).view(bucket, 6)
         inputs[:, 4] = temps.view(torch.int64)
         return inputs
 
     def draft_forward(self, inputs: torch.Tensor, k: int, sampled: bool) -> Drafts:
         """The drafts of ``draft_inputs`` rows on the device: fixed shapes, no host data, so the runner can capture
-        it per (bucket, k, sampled).  Without ``sampled`` every row drafts greedily and ``probs`` is None."""
+        it per (bucket, k, sampled).  Without ``sampled`` every row drafts greedily."""
         self._check_k(k)
         return self._drafts(inputs, k, sampled)
 
@@ -160,29 +159,24 @@ class DSparkDrafter:
             raise ValueError(f"k must be in [1, {self.max_draft_len}] (dspark_block_size), got {k}")
 
     def _drafts(self, inputs: torch.Tensor, k: int, sampled: bool) -> Drafts:
-        """The parallel pass over ``inputs`` [B, 5] (device), then the k drafts drawn left to right: argmax only
-        unless ``sampled``; then rows with a temperature race noise of (seed, (P + j + 1) ^ DRAFT_SALT), the
-        drafted token's position salted apart from the verifier's draws (``deepinfer.ops.speculative``)."""
+        """The parallel pass over ``inputs`` [B, 6] (device), then the k drafts drawn left to right: argmax only
+        unless ``sampled``; then rows with a temperature draw draft ``j`` by the race over the noise of (seed,
+        s + j), s the first draft's output position: the verifier's noise there (``deepinfer.ops.speculative``)."""
         hidden, logits = self._block(inputs, k)
         prev = inputs[:, 1].contiguous()
-        seeds, starts = inputs[:, 3].contiguous(), inputs[:, 2]
+        seeds, steps = inputs[:, 3].contiguous(), inputs[:, 5]
         temps = inputs[:, 4].contiguous().view(torch.float64).float()
-        tokens, confidence, probs = [], [], []
+        tokens, confidence = [], []
         for j in range(k):
             code, bias = self.markov(prev)
             confidence.append(self.confidence(hidden[:, j], code))
             biased = logits[:, j] + bias
-            if sampled:
-                prev, q = draw(self.ops, biased, temps, seeds, (starts + (j + 1)) ^ DRAFT_SALT)
-                probs.append(q)
-            else:
-                prev = biased.argmax(dim=-1)
+            prev = draw(self.ops, biased, temps, seeds, steps + j) if sampled else biased.argmax(dim=-1)
             tokens.append(prev)
-        stacked = torch.stack(probs, dim=1) if sampled else None
-        return Drafts(torch.stack(tokens, dim=1), stacked, torch.stack(confidence, dim=1))
+        return Drafts(torch.stack(tokens, dim=1), torch.stack(confidence, dim=1))
 
     def _block(self, inputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`block` of ``draft_inputs`` rows [B, 5] on the device."""
+        """:meth:`block` of ``draft_inputs`` rows [B, 6] on the device."""
         ops, cfg, b = self.ops, self.config, inputs.shape[0]
         slots, anchors, starts = inputs[:, 0], inputs[:, 1], inputs[:, 2]
         ids = torch.full((b, k), cfg.dspark_noise_token_id, dtype=torch.int64, device=self.device)

@@ -6,8 +6,8 @@ on the one drawn before it (vLLM ``DSparkSpeculator._sample_sequential``, DeepSp
     code_j  = markov_embed[prev_j]                     # [r]; prev_0 = the anchor, prev_j = draft_{j-1}
     logit_j = base_j + markov_head @ code_j            # [V]
     conf_j  = sigmoid(w . [hidden_j, code_j])          # fp32, hidden_j before the final norm (vLLM's V4.1)
-    draft_j ~ softmax(logit_j / T)  (argmax at T = 0; noise of (seed, (P + j + 1) ^ DRAFT_SALT), P the anchor's
-                                       position: see deepinfer.ops.speculative)
+    draft_j ~ softmax(logit_j / T)  (argmax at T = 0; the race over the noise of (seed, s + j), s the output
+                                       position of the first draft: see deepinfer.ops.speculative)
 
 ``conf_j`` estimates P(draft_j accepted | drafts before it accepted): the budget multiplies them into survival.
 """
@@ -48,16 +48,15 @@ class ConfidenceHead:
 
 
 def draw(ops: Ops, logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B] int64, the distributions they were drawn from [B, V] fp32) from logits [B, V] fp32, on the
-    device with no host data (a captured draft pass draws this way).
+         ) -> torch.Tensor:
+    """Tokens [B] int64 from logits [B, V] fp32, on the device with no host data (a captured draft pass draws
+    this way).
 
     temperatures [B] fp32 (0: greedy); seeds [B] int64 (the requests' seeds as signed 64-bit); steps [B] int64
-    (the draws' noise counters).  A row with temperature 0 takes the argmax (its distribution: one-hot); the others
-    sample ``softmax(logits / T)`` by :func:`~deepinfer.ops.sampling.sample_tokens`' exponential race over
-    counter-based noise of (seed, step), so a seeded request drafts the same tokens every run."""
+    (the drafted tokens' output positions).  A row with temperature 0 takes the argmax; the others sample
+    ``softmax(logits / T)`` by :func:`~deepinfer.ops.sampling.sample_tokens`' race over the counter-based noise of
+    (seed, step): the noise the verifier races the target with at that position, so the draft equals the target's
+    token as often as a coupling allows (:mod:`deepinfer.ops.speculative`)."""
     sampled = temperatures > 0
     scaled = logits / torch.where(sampled, temperatures, torch.ones_like(temperatures))[:, None]
-    tokens = ops.sample_tokens(scaled, ~sampled, seeds, steps)
-    one_hot = torch.zeros_like(scaled).scatter_(1, tokens[:, None], 1.0)  # F.one_hot may check on the host
-    return tokens, torch.where(sampled[:, None], torch.softmax(scaled, dim=-1), one_hot)
+    return ops.sample_tokens(scaled, ~sampled, seeds, steps)
