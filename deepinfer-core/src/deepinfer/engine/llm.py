@@ -83,8 +83,9 @@ def drafter_off(backend: Backend, captured_decode: bool, several_ranks: bool, en
 
     Off with ``DEEPINFER_USE_NEXTN_DECODE=0``; on several ranks (their lock-stepped loop runs one forward a step:
     an explicit ``DEEPINFER_USE_NEXTN_DECODE`` is refused); and, unless that variable is set, where the engine
-    replays captured decode graphs (``captured_decode`` on a backend that really captures, e.g. CUDA): steps a
-    verify graph cannot take run eagerly, which can be slower than captured plain decoding."""
+    replays captured decode graphs (``captured_decode`` on a backend that really captures, e.g. CUDA): there a
+    verify step of k drafts reads the experts of k + 1 tokens' routes, and drafting loses to captured plain
+    decoding below an acceptance of ~3 tokens a step (docs/spec_decode.md has the H200 measurements)."""
     if env.draft_len == 0:
         return "speculative decoding off: DEEPINFER_USE_NEXTN_DECODE=0"
     if several_ranks:
