@@ -35,7 +35,9 @@ SCRIPT = textwrap.dedent(
     for name in sorted(OVERRIDES):  # every kernel module first: a kernel may call another module's jitted helpers
         module = importlib.import_module(OVERRIDES[name].__module__)  # the kernel module the op's wrapper is in
         # the module of the kernel's Triton function too: a fused op runs another op's kernel with an epilogue
-        for m in {module, importlib.import_module(module.KERNEL.jit_fn.fn.__module__)}:
+        # (a module without a KERNEL of its own chains other modules' kernels, patched as their ops are)
+        own = getattr(module, "KERNEL", None)
+        for m in {module} | ({importlib.import_module(own.jit_fn.fn.__module__)} if own else set()):
             if hasattr(m, "libdevice"):
                 m.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x),
                                                     log=lambda x: tl.log(x), exp=lambda x: tl.exp(x))

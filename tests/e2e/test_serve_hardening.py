@@ -12,9 +12,9 @@ from tools.bench.serve_stall import measure as measure_stall
 
 
 def test_a_huge_prompt_does_not_stall_running_streams(server_url):
-    """``tools/bench/serve_stall.py``: a ~1.2 MB prompt takes the embedded tokenizer seconds, then is refused
-    (longer than max_model_len); a stream that runs meanwhile keeps streaming."""
-    stall = measure_stall(server_url, megabytes=1.2)
+    """``tools/bench/serve_stall.py``: a ~3 MB prompt takes the embedded tokenizer seconds (over one on an idle
+    2-core host), then is refused (longer than max_model_len); a stream that runs meanwhile keeps streaming."""
+    stall = measure_stall(server_url, megabytes=3.0)
     error = stall.body["error"]
     assert stall.status == 400 and error["param"] == "prompt" and "max_model_len" in error["message"]
     # Tokenized on the engine thread, the stream would wait the whole time; off it, it keeps streaming.

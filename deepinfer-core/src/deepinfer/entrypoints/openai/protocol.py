@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
+# (imports xgrammar, a C extension taking ~0.7 s: at server start, not on the event loop at the first request)
+from deepinfer.structured.vllm_names import StructuredOutputsError, request_so_args
 
 
 class RequestFieldError(ValueError):
@@ -83,8 +85,6 @@ class _SamplingRequest(_Strict):
     guided_choice: list[str] | None = None
 
     def _so_args(self) -> dict[str, Any] | None:
-        from deepinfer.structured.vllm_names import StructuredOutputsError, request_so_args
-
         try:
             given = request_so_args(self)
         except StructuredOutputsError as exc:
