@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.sampling_params import RequestOutputKind, SamplingParams
+
 # (imports xgrammar, a C extension taking ~0.7 s: at server start, not on the event loop at the first request)
 from deepinfer.structured.vllm_names import StructuredOutputsError, request_so_args
 
