@@ -19,6 +19,7 @@ def run_chunked(model: CausalLM, tokens: torch.Tensor, chunk: int) -> torch.Tens
             ids = tokens[start : start + chunk].to(device)  # on the model's device, as the engine uploads them
             batch = ForwardBatch(ids, torch.arange(start, start + len(ids), device=device), [len(ids)], [state])
             out.append(model.compute_logits(model.forward(batch)).cpu())
+    state.release()  # (the model's pool is then free for an engine)
     return torch.log_softmax(torch.cat(out), dim=-1)
 
 
@@ -39,6 +40,8 @@ def run_ragged(model: CausalLM, sequences: list[torch.Tensor], schedule: list[li
             for i, rows in zip(members, logits.split(lens), strict=True):
                 out[i].append(rows)
                 done[i] += step[i]
+    for state in states:
+        state.release()
     assert done == [len(s) for s in sequences], "schedule does not cover the sequences"
     return [torch.log_softmax(torch.cat(rows), dim=-1) for rows in out]
 
