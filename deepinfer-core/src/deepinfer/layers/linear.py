@@ -21,6 +21,16 @@ Weight = torch.Tensor | QuantizedTensor
 GetWeight = Callable[[str], Weight]
 
 
+def dense_getter(tensors: Mapping[str, Weight], ops: Ops, dtype: torch.dtype) -> Callable[[str], torch.Tensor]:
+    """``get(name)``: checkpoint tensor ``name`` dense (a quantized one dequantized into ``dtype``)."""
+
+    def get(name: str) -> torch.Tensor:
+        t = tensors[name]
+        return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
+
+    return get
+
+
 def stored_weight(tensors: Mapping[str, Weight], get: Callable[[str], torch.Tensor]) -> GetWeight:
     """``weight(name)`` for layers that run quantized GEMMs: FP8 block-scaled and MXFP4 2-D tensors as stored,
     any other (dense, or a format no op takes) through ``get`` (which dequantizes)."""

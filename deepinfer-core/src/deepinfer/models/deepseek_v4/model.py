@@ -19,7 +19,7 @@ from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import RaggedLayout
 from deepinfer.kv.pool import PooledState, StatePool
 from deepinfer.layers.ep_moe import build_moe
-from deepinfer.layers.linear import GetWeight, stored_weight
+from deepinfer.layers.linear import GetWeight, dense_getter, stored_weight
 from deepinfer.layers.mhc import HcSpec, HyperConnection
 from deepinfer.layers.moe import MoESpec
 from deepinfer.models.base import ForwardBatch
@@ -31,7 +31,6 @@ from deepinfer.models.pooled import PooledCausalLM
 from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
-from deepinfer.quant import QuantizedTensor
 
 
 class DecoderLayer:
@@ -76,11 +75,7 @@ class DeepseekV4ForCausalLM(PooledCausalLM):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
         self.mtp_weights = weights.mtp
-
-        def get(name: str) -> torch.Tensor:
-            t = weights.tensors[name]
-            return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
-
+        get = dense_getter(weights.tensors, ops, dtype)
         self.embed = get("embed.weight")
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
         self.norm = get("norm.weight")

@@ -9,15 +9,13 @@ Every :class:`~.dspark.DSparkDrafter` of the model shares them; a drafter adds o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from deepinfer.layers.linear import stored_weight
+from deepinfer.layers.linear import dense_getter, stored_weight
 from deepinfer.models.deepseek_v41.config import DeepseekV41Config, LayerRole
 from deepinfer.models.deepseek_v41.dspark_heads import ConfidenceHead, MarkovHead
 from deepinfer.models.deepseek_v41.dspark_weights import check_mtp, layer_prefix
-from deepinfer.models.deepseek_v41.layer import DecoderLayer, layer_names, moe_spec
+from deepinfer.models.deepseek_v41.layer import DecoderLayer, build_layers, moe_spec
 from deepinfer.models.deepseek_v41.roles import SWA
 from deepinfer.ops import Ops
 from deepinfer.quant import QuantizedTensor
@@ -41,26 +39,13 @@ class DSparkLayers:
         if n == 0:
             raise ValueError("num_nextn_predict_layers is 0: this checkpoint has no DSpark drafter")
         check_mtp(cfg, {k: tuple(v.shape) for k, v in tensors.items()}, "checkpoint")
-        get = tensor_getter(tensors, ops, dtype)
+        get = dense_getter(tensors, ops, dtype)
         weight = stored_weight(tensors, get)
         moe = moe_spec(cfg, cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok)
         first, last = layer_prefix(0), layer_prefix(n - 1)
         self.main_proj, self.main_norm = weight(first + "main_proj.weight"), get(first + "main_norm.weight")
         self.norm = get(last + "norm.weight")
         self.markov, self.confidence = MarkovHead(ops, get, last), ConfidenceHead(ops, get, last)
-        self.layers: list[DecoderLayer] = []
-        for i, names in enumerate(layer_names(tensors, "mtp.", n)):  # (dropped once built, as the model's)
-            self.layers.append(DecoderLayer(ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None,
-                                            prefix=layer_prefix(i), moe=moe, weight=weight))
-            for name in names:
-                del tensors[name]
-
-
-def tensor_getter(tensors: dict[str, Stored], ops: Ops, dtype: torch.dtype) -> Callable[[str], torch.Tensor]:
-    """``name -> dense tensor`` (quantized tensors dequantized into ``dtype``)."""
-
-    def get(name: str) -> torch.Tensor:
-        t = tensors[name]
-        return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
-
-    return get
+        self.layers = build_layers(tensors, "mtp.", n, lambda i: DecoderLayer(
+            ops, cfg, draft_role(cfg.num_hidden_layers + i), get, None, prefix=layer_prefix(i), moe=moe,
+            weight=weight))

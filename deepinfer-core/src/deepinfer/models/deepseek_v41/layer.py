@@ -5,8 +5,9 @@ sites around attention and the MoE.  The backbone stacks them as ``layers.N.*``;
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -87,13 +88,20 @@ class Site:
         return Site(self.streams[rows], self.x[rows], self.pre[rows], self.post[rows], self.comb[rows])
 
 
-def layer_names(tensors: Iterable[str], prefix: str, num_layers: int) -> list[list[str]]:
-    """The names of ``tensors`` under each layer ``prefix + N + "."`` (N < ``num_layers``), by layer: what a model
-    drops once the layer is built."""
+def build_layers(tensors: dict[str, Any], prefix: str, num_layers: int,
+                 build: Callable[[int], DecoderLayer]) -> list[DecoderLayer]:
+    """``build(N)`` for N < ``num_layers``, dropping layer N's entries of ``tensors`` (``prefix + N + "."``) once
+    it is built: it keeps what it runs (its stacks in place of the stored parts), so a load holds two copies of one
+    layer at most."""
     names: list[list[str]] = [[] for _ in range(num_layers)]
     for name in tensors:
         if name.startswith(prefix):
-            index = name[len(prefix) :].split(".", 1)[0]
-            if index.isdigit() and int(index) < num_layers:
-                names[int(index)].append(name)
-    return names
+            digits = name[len(prefix) :].split(".", 1)[0]
+            if digits.isdigit() and int(digits) < num_layers:
+                names[int(digits)].append(name)
+    layers = []
+    for index, built in enumerate(names):
+        layers.append(build(index))
+        for name in built:
+            del tensors[name]
+    return layers

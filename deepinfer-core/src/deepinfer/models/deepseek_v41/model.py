@@ -21,7 +21,7 @@ import torch
 from deepinfer.kv.decode_plan import DecodePlan, DecodeStep, RatioKinds
 from deepinfer.kv.layout import BuiltOnUse, RaggedLayout
 from deepinfer.kv.pool import PooledState, StatePool
-from deepinfer.layers.linear import stored_weight
+from deepinfer.layers.linear import dense_getter, stored_weight
 from deepinfer.models.base import ForwardBatch
 from deepinfer.models.deepseek_v41.attention import Attention, GraphStep, RaggedStep
 from deepinfer.models.deepseek_v41.capture import Capture
@@ -32,7 +32,7 @@ from deepinfer.models.deepseek_v41.engram import Engram
 from deepinfer.models.deepseek_v41.engram_hash import EngramLayout, engram_lookback, history_after
 from deepinfer.models.deepseek_v41.engram_shard import shard_engrams
 from deepinfer.models.deepseek_v41.indexer import Published
-from deepinfer.models.deepseek_v41.layer import Attend, DecoderLayer, layer_names
+from deepinfer.models.deepseek_v41.layer import Attend, DecoderLayer, build_layers
 from deepinfer.models.deepseek_v41.state import Views, state_spec, views_for
 from deepinfer.models.deepseek_v41.truncation import DecoderRows, cut_layer, decoder_rows
 from deepinfer.models.deepseek_v41.verify_step import VerifyRecord, commit
@@ -41,7 +41,6 @@ from deepinfer.models.weight_reader import Stored
 from deepinfer.ops import Ops
 from deepinfer.parallel.context import ParallelContext
 from deepinfer.parallel.context_parallel import context_split, run_split
-from deepinfer.quant import QuantizedTensor
 from deepinfer.spec_decode.drafter import Drafter
 
 
@@ -67,11 +66,7 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
                  native_weights: bool = False, quantized_kv: bool = False):
         self.config, self.ops, self.dtype, self.device = cfg, ops, dtype, torch.device(device)
         self.vocab_size = cfg.vocab_size
-
-        def get(name: str) -> torch.Tensor:
-            t = tensors[name]
-            return t.dequantize(ops, dtype) if isinstance(t, QuantizedTensor) else t
-
+        get = dense_getter(tensors, ops, dtype)
         weight = stored_weight(tensors, get) if native_weights else None
         self.embed = get("embed.weight")
         self.head = self.embed if cfg.tie_word_embeddings else get("head.weight")
@@ -86,12 +81,8 @@ class DeepseekV41ForCausalLM(PooledCausalLM):
             engrams = {layer: Engram(ops, layout, i, get, tensors.__getitem__, cfg.rms_norm_eps, weight)
                        for i, layer in enumerate(cfg.engram_layer_ids)}
             shard_engrams(parallel, engrams, cfg.engram_layer_ids, cfg.engram_num_embeddings)
-        self.layers: list[DecoderLayer] = []
-        for i, names in enumerate(layer_names(tensors, "layers.", cfg.num_hidden_layers)):
-            self.layers.append(DecoderLayer(ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel,
-                                            weight=weight))
-            for name in names:
-                del tensors[name]
+        self.layers = build_layers(tensors, "layers.", cfg.num_hidden_layers, lambda i: DecoderLayer(
+            ops, cfg, cfg.layers[i], get, engrams.get(i), parallel=parallel, weight=weight))
         self.parallel = parallel
         #: The DSpark drafter's layers and heads; None when the checkpoint has none or they were not read.
         self.dspark = DSparkLayers(cfg, mtp, ops=ops, dtype=dtype) if mtp and cfg.num_nextn_predict_layers else None
