@@ -51,9 +51,11 @@ def _needle(llm: LLM, batched: bool):
     return llm.generate(others[:1] + [needle] + others[1:], params[:1] + [NEEDLE] + params[1:], use_tqdm=False)[1]
 
 
-def _tight_budget(monkeypatch) -> int:
+@pytest.fixture(scope="module")
+def tight_budget() -> int:
     """A state budget that holds two of the step's sequences at 64 tokens: the batch preempts."""
-    probe = _llm(monkeypatch, 0, False, False)
+    with pytest.MonkeyPatch.context() as mp:
+        probe = _llm(mp, 0, False, False)
     return probe.engine.model.state_pool_bytes(probe.engine.config.max_num_seqs, 64, sequences=2)
 
 
@@ -83,9 +85,9 @@ MODES = {"every-draft": (False, False), "varlen": (True, False), "batch-invarian
 
 @pytest.mark.parametrize("where", ["alone", "batched", "preempted"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_seeded_sampling_with_speculation_is_the_plain_output(plain, monkeypatch, mode, where):
+def test_seeded_sampling_with_speculation_is_the_plain_output(plain, tight_budget, monkeypatch, mode, where):
     varlen, invariant = MODES[mode]
-    limits = {"state_cache_bytes": _tight_budget(monkeypatch)} if where == "preempted" else {}
+    limits = {"state_cache_bytes": tight_budget} if where == "preempted" else {}
     llm = _llm(monkeypatch, 4, varlen, invariant, **limits)
     preempted = _preemptions(llm, monkeypatch)
     out = _needle(llm, where != "alone")
@@ -100,9 +102,9 @@ def test_seeded_sampling_with_speculation_is_the_plain_output(plain, monkeypatch
     assert len(set(out.outputs[0].token_ids)) > 3  # it does sample
 
 
-def test_the_needle_without_speculation_is_the_same_batched_and_preempted(plain, monkeypatch):
+def test_the_needle_without_speculation_is_the_same_batched_and_preempted(plain, tight_budget, monkeypatch):
     """The reference itself: plain seeded sampling is batch- and preemption-invariant."""
-    llm = _llm(monkeypatch, 0, False, False, state_cache_bytes=_tight_budget(monkeypatch))
+    llm = _llm(monkeypatch, 0, False, False, state_cache_bytes=tight_budget)
     preempted = _preemptions(llm, monkeypatch)
     assert_same_output(plain[False], _needle(llm, True), tol=TOL, flips=FLIPS)
     assert _prompts(llm.engine.model.vocab_size)[0] in preempted
