@@ -81,9 +81,9 @@ def _compare_verified(
     assert accepted.shape == expected[1].shape and accepted.dtype == expected[1].dtype, "verify_drafts: counts"
     if torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1]):
         return
-    b, k1, v = target.shape
-    at = (steps[:, None] + torch.arange(k1)[None, :]).flatten()
-    scores = _race_scores(target.reshape(b * k1, v), seeds.repeat_interleave(k1), at).view(b, k1, v)
+    rows, _, row_seeds, at = row_draws(target, greedy, seeds, steps)
+    scores = _race_scores(rows, row_seeds, at).view(target.shape)
+    v = target.shape[-1]
     for i in ((tokens != expected[0]).any(dim=1) | (accepted != expected[1])).nonzero().flatten().tolist():
         a = int(accepted[i])
         where = f"verify_drafts request {i} (accepted {a}, reference {int(expected[1][i])})"
