@@ -42,7 +42,8 @@ def released_tensors(bench: Any, shape: Any, dtype: torch.dtype) -> dict[str, An
     """The slice's random weights as released: the bench's FP8 projections and Engram table, every routed expert
     MXFP4 and the shared experts FP8 (32x32 blocks, as released); the float ones (bf16) in ``dtype``."""
     rand, gen = bench.random_generator(shape.device)
-    tensors = bench._random_tensors(expected_shapes(bench._config(shape)), rand, gen, torch.device(shape.device))
+    tensors = bench._random_tensors(expected_shapes(bench._config(shape)), rand, gen, torch.device(shape.device),
+                                   released=True)
     bench._released(tensors)
     for name, t in tensors.items():
         if ".ffn.experts." in name:

@@ -118,14 +118,29 @@ def _is_fp8(name: str) -> bool:
 
 
 def _released(tensors: dict[str, Any]) -> None:
-    """The FP8 projections and the Engram table quantized as released, in place."""
+    """The FP8 projections quantized as released, in place (the Engram tables are drawn quantized:
+    :func:`_fp8_engram_table`)."""
     from deepinfer.quant import quantize_fp8_block
 
     for name, t in tensors.items():
         if _is_fp8(name):
             tensors[name] = quantize_fp8_block(t.float(), FP8_BLOCK, "ue8m0")
-        elif name.endswith("engram.embed.weight"):
-            tensors[name] = quantize_fp8_block(t.float(), (1, 32), "ue8m0")
+
+
+def _fp8_engram_table(rows: int, cols: int, gen: Any, device: Any, chunk: int = 1 << 20) -> Any:
+    """An N(0, 1) Engram table in the released FP8 (1 x 32 blocks, ue8m0), drawn and quantized a chunk of
+    rows at a time: a 96M-row table never exists in bf16 or fp32 on the device."""
+    import torch
+
+    from deepinfer.quant import QuantizedTensor, quantize_fp8_block
+
+    data = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device=device)
+    scale = torch.empty(rows, -(-cols // 32), dtype=torch.float8_e8m0fnu, device=device)
+    for start in range(0, rows, chunk):
+        part = quantize_fp8_block(torch.randn(min(chunk, rows - start), cols, generator=gen, device=device),
+                                  (1, 32), "ue8m0")
+        data[start:start + len(part.data)], scale[start:start + len(part.data)] = part.data, part.scale
+    return QuantizedTensor(part.format, data, scale, (rows, cols), (1, 32))
 
 
 def _mxfp4_experts(moe: Any, e: int, hidden: int, inter: int, gen: Any, rand: Any) -> None:
@@ -162,8 +177,10 @@ def random_generator(device: str, seed: int = 0):
     return rand, gen
 
 
-def _random_tensors(shapes: dict[str, tuple[int, ...]], rand: Any, gen: Any, device: Any) -> dict[str, Any]:
-    """Random tensors of ``shapes`` (norms 1, fp32 where the loader keeps fp32, Engram tables N(0, 1))."""
+def _random_tensors(shapes: dict[str, tuple[int, ...]], rand: Any, gen: Any, device: Any,
+                    released: bool = False) -> dict[str, Any]:
+    """Random tensors of ``shapes`` (norms 1, fp32 where the loader keeps fp32, Engram tables N(0, 1);
+    ``released``: the Engram tables in FP8, as released)."""
     import torch
 
     from deepinfer.models.deepseek_v41.weights import MTP_FP32
@@ -175,6 +192,8 @@ def _random_tensors(shapes: dict[str, tuple[int, ...]], rand: Any, gen: Any, dev
         dtype = torch.float32 if fp32 else torch.bfloat16
         if name.endswith(("norm.weight", "q_weight", "k_weight")):
             tensors[name] = torch.ones(dims, dtype=dtype, device=device)
+        elif name.endswith("embed.weight") and name.startswith("layers.") and released:
+            tensors[name] = _fp8_engram_table(*dims, gen, device)
         elif name.endswith("embed.weight") and name.startswith("layers."):  # an Engram table: O(1) rows
             tensors[name] = torch.randn(*dims, generator=gen, device=device, dtype=dtype)
         else:
@@ -226,7 +245,7 @@ def build_model(shape: Shape, ops: Any, released: bool = False):
         raise ValueError("the released-format slice has no drafter")
     device = torch.device(shape.device)
     rand, gen = random_generator(shape.device)
-    tensors = _random_tensors(expected_shapes(cfg), rand, gen, device)
+    tensors = _random_tensors(expected_shapes(cfg), rand, gen, device, released)
     if released:
         _released(tensors)
     token_map = torch.randint(0, cfg.engram_compressed_vocab_size, (cfg.vocab_size,), generator=gen, device=device)
