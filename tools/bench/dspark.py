@@ -58,6 +58,19 @@ class ArbitraryDrafter:
         pass
 
 
+def spec_policy(engine, drafter, k: int):
+    """The engine's own policy for ``k`` drafts: every draft verified, or with ``DEEPINFER_ENABLE_MTP_VARLEN=1``
+    confidence-scheduled verification with the step costs measured now (as :meth:`Engine.set_drafter` builds it
+    from the environment)."""
+    import dataclasses
+
+    from deepinfer import envs
+    from deepinfer.engine.speculation import policy_from_env
+
+    env = dataclasses.replace(envs.spec_decode(), draft_len=min(k, drafter.max_draft_len), draft_len_set=True)
+    return policy_from_env(drafter, engine.model, engine.runner.backend, engine.config, env)
+
+
 def _decode_time(llm, prompts, new_tokens: int, repeats: int) -> tuple[float, list]:
     """Best of ``repeats`` decode windows (after a warm-up run) and the last run's outputs.  A window is one run's
     span from the first request's first token to the last request's last token (the engine's request metrics), in
@@ -150,11 +163,10 @@ def load_slice(tiny: bool, max_seqs: int, tokens: int):
 
 def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: list[float], k: int, new_tokens: int,
           prompt_len: int, real: bool, repeats: int) -> list[dict[str, object]]:
-    from deepinfer.spec_decode.budget import SpecPolicy
-
     engine = llm.engine
     k = min(k, drafter.max_draft_len)
     engine.set_drafter(None)
+    policy = spec_policy(engine, drafter, k)
     rows = []
     for batch in batches:
         gen = torch.Generator().manual_seed(batch)
@@ -164,20 +176,23 @@ def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: li
         plain, _ = _decode_time(llm, prompts, new_tokens, repeats)
         base = batch * (new_tokens - 1) / plain
         steps, graphs = counter.take()
-        rows.append(dict(batch=batch, mode="plain", acceptance=1.0, tokens_per_s=base, speedup=1.0, steps=steps,
-                         graph_steps=graphs))
+        rows.append(dict(batch=batch, mode="plain", acceptance=1.0, verified=0.0, tokens_per_s=base, speedup=1.0,
+                         steps=steps, graph_steps=graphs))
         for length in acceptance + ([0.0] if real else []):
-            engine.set_drafter(drafter, SpecPolicy(k), forced_acceptance=length or None)
+            engine.set_drafter(drafter, policy, forced_acceptance=length or None)
             try:
                 took, outs = _decode_time(llm, prompts, new_tokens, repeats)
             finally:
                 engine.set_drafter(None)
             stats = [o.spec_decoding_stats for o in outs if o.spec_decoding_stats is not None]
-            measured = (sum(s.num_accepted_tokens for s in stats) / max(1, sum(s.num_drafts for s in stats)) + 1.0)
+            verify_steps = max(1, sum(s.num_drafts for s in stats))
+            measured = sum(s.num_accepted_tokens for s in stats) / verify_steps + 1.0
+            verified = sum(s.num_draft_tokens for s in stats) / verify_steps
             speed = batch * (new_tokens - 1) / took
             steps, graphs = counter.take()
             rows.append(dict(batch=batch, mode="forced" if length else "real", acceptance=round(measured, 3),
-                             tokens_per_s=speed, speedup=speed / base, steps=steps, graph_steps=graphs))
+                             verified=round(verified, 2), tokens_per_s=speed, speedup=speed / base, steps=steps,
+                             graph_steps=graphs))
     return rows
 
 
@@ -187,7 +202,6 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     ``new_tokens`` run minus those of a 1-token run (the prefill), over the steps between them; with the host's
     wall time a step (what the kernels leave to launches, read-backs and host work)."""
     from deepinfer import SamplingParams
-    from deepinfer.spec_decode.budget import SpecPolicy
     from tools.bench.steps import kernel_totals, profile_table
 
     engine = llm.engine
@@ -196,7 +210,7 @@ def step_profile(llm, drafter, counter: StepCounter, batch: int, length: float, 
     out = []
     for mode in ("plain", "speculative"):
         if mode == "speculative":
-            engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)), forced_acceptance=length)
+            engine.set_drafter(drafter, spec_policy(engine, drafter, k), forced_acceptance=length)
         try:
             runs = {}
             for n in (new_tokens, 1, new_tokens):  # the first: warm-up
@@ -255,14 +269,12 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
     one ``new_tokens`` run after a warm-up): what the host does between read-backs, which the device waits on."""
     from deepinfer import SamplingParams
     from deepinfer.runner import speculative
-    from deepinfer.spec_decode.budget import SpecPolicy
-
     engine = llm.engine
     runner = engine.runner
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(3, engine.model.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    engine.set_drafter(drafter, SpecPolicy(min(k, drafter.max_draft_len)), forced_acceptance=length or None)
+    engine.set_drafter(drafter, spec_policy(engine, drafter, k), forced_acceptance=length or None)
     try:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: graphs
         phases: dict[str, tuple[object, str]] = {
@@ -362,10 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     counter = StepCounter(llm.engine.runner)  # (it wraps the runner's methods: one a run)
     rows = bench(llm, drafter, counter, batches, acceptance, args.k, args.new_tokens, args.prompt_len, args.real,
                  args.repeats)
-    print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'tokens/s':>10} {'speedup':>8} {'graph steps':>12}")
+    policy = spec_policy(llm.engine, drafter, args.k)
+    print(f"policy: up to {policy.max_draft_len} drafts a step, " + (
+        "confidence-scheduled verification (DEEPINFER_ENABLE_MTP_VARLEN=1)" if policy.varlen
+        else "every draft verified (DEEPINFER_ENABLE_MTP_VARLEN=0)"))
+    print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'verified':>8} {'tokens/s':>10} {'speedup':>8} {'graph steps':>12}")
     for r in rows:
-        print(f"{r['batch']:>5} {r['mode']:>7} {r['acceptance']:>7.2f} {r['tokens_per_s']:>10.1f} {r['speedup']:>8.2f} "
-              f"{r['graph_steps']:>5} of {r['steps']:<4}")
+        print(f"{r['batch']:>5} {r['mode']:>7} {r['acceptance']:>7.2f} {r['verified']:>8.2f} {r['tokens_per_s']:>10.1f} "
+              f"{r['speedup']:>8.2f} {r['graph_steps']:>5} of {r['steps']:<4}")
     print(graphs_line(llm, rows))
     if args.slice:
         from tools.bench.v41_slice_engine import check_shared_stack, jit_line
