@@ -161,12 +161,10 @@ def load_slice(tiny: bool, max_seqs: int, tokens: int):
     return llm, drafter, describe_drafter(drafter)
 
 
-def bench(llm, drafter, counter: StepCounter, batches: list[int], acceptance: list[float], k: int, new_tokens: int,
+def bench(llm, drafter, policy, counter: StepCounter, batches: list[int], acceptance: list[float], new_tokens: int,
           prompt_len: int, real: bool, repeats: int) -> list[dict[str, object]]:
     engine = llm.engine
-    k = min(k, drafter.max_draft_len)
     engine.set_drafter(None)
-    policy = spec_policy(engine, drafter, k)
     rows = []
     for batch in batches:
         gen = torch.Generator().manual_seed(batch)
@@ -372,16 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         llm, drafter, drafter_name = load_checkpoint(args.model, args.dtype, max(batches), args.k)
     print(f"drafter: {drafter_name}", flush=True)
     counter = StepCounter(llm.engine.runner)  # (it wraps the runner's methods: one a run)
-    rows = bench(llm, drafter, counter, batches, acceptance, args.k, args.new_tokens, args.prompt_len, args.real,
-                 args.repeats)
     policy = spec_policy(llm.engine, drafter, args.k)
+    rows = bench(llm, drafter, policy, counter, batches, acceptance, args.new_tokens, args.prompt_len, args.real,
+                 args.repeats)
     print(f"policy: up to {policy.max_draft_len} drafts a step, " + (
         "confidence-scheduled verification (DEEPINFER_ENABLE_MTP_VARLEN=1)" if policy.varlen
         else "every draft verified (DEEPINFER_ENABLE_MTP_VARLEN=0)"))
-    print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'verified':>8} {'tokens/s':>10} {'speedup':>8} {'graph steps':>12}")
+    print(f"{'batch':>5} {'mode':>7} {'accept':>7} {'verified':>8} {'tokens/s':>10} {'speedup':>8} "
+          f"{'graph steps':>12}")
     for r in rows:
-        print(f"{r['batch']:>5} {r['mode']:>7} {r['acceptance']:>7.2f} {r['verified']:>8.2f} {r['tokens_per_s']:>10.1f} "
-              f"{r['speedup']:>8.2f} {r['graph_steps']:>5} of {r['steps']:<4}")
+        print(f"{r['batch']:>5} {r['mode']:>7} {r['acceptance']:>7.2f} {r['verified']:>8.2f} "
+              f"{r['tokens_per_s']:>10.1f} {r['speedup']:>8.2f} {r['graph_steps']:>5} of {r['steps']:<4}")
     print(graphs_line(llm, rows))
     if args.slice:
         from tools.bench.v41_slice_engine import check_shared_stack, jit_line
