@@ -2,7 +2,8 @@
 experts, FP8 dense projections and shared experts, FP8 Engram table, packed KV), under expert parallelism in a
 world of one rank: its one EP rank holds every expert plus two replicas, so the dispatch / combine all-to-alls
 and an EPLB rebalance (moving packed experts and their scales) run through the backend's collectives (NCCL on one
-GPU, gloo on the CPU) around the packed expert op; compared with the same weights without expert parallelism.
+GPU, gloo on the CPU) around the packed expert op, with the Engram table in host memory (``Backend.host_resident``:
+read through UVA on CUDA); compared with the same weights without expert parallelism, table in device memory.
 
 Run as ``python -m tests.support.v41_slice_ep nvidia bfloat16`` (the real per-layer dims, 8 routed experts a
 layer) or ``python -m tests.support.v41_slice_ep cpu float32 --tiny`` in a fresh process (it initialises the
@@ -22,6 +23,7 @@ import torch
 from deepinfer.backends import select_backend
 from deepinfer.layers.ep_rebalance import rebalance_experts
 from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
+from deepinfer.models.deepseek_v41.engram_placement import TABLE, place_tables
 from deepinfer.models.deepseek_v41.weights import expected_shapes
 from deepinfer.ops import OpTable
 from deepinfer.parallel.context import ParallelContext
@@ -73,9 +75,14 @@ def check(backend_name: str, dtype: torch.dtype, tiny: bool) -> dict[str, float]
     context = ParallelContext.create(plan, 120.0)
 
     def build(parallel: ParallelContext | None) -> DeepseekV41ForCausalLM:  # (a copy: the model consumes its dict)
-        return DeepseekV41ForCausalLM(cfg, dict(tensors), {}, token_map, ops=ops, dtype=dtype, device=device,
+        weights = dict(tensors)
+        if parallel is not None:  # the EP model reads its Engram table from host memory, as released models do
+            weights.update({n: t.to(torch.device("cpu")) for n, t in tensors.items() if n.endswith(TABLE)})
+            engram_host_bytes.append(place_tables(weights, backend.host_resident, device))
+        return DeepseekV41ForCausalLM(cfg, weights, {}, token_map, ops=ops, dtype=dtype, device=device,
                                       parallel=parallel, native_weights=True, quantized_kv=True)
 
+    engram_host_bytes: list[int] = []
     plain, split = build(None), build(context)
     moe = split.layers[2].ffn
     tokens = torch.randint(3, cfg.vocab_size, (48,), generator=torch.Generator().manual_seed(1))
@@ -88,7 +95,7 @@ def check(backend_name: str, dtype: torch.dtype, tiny: bool) -> dict[str, float]
             "experts_mxfp4": float(moe.scales is not None and moe.fp8_block is None and moe.w13.element_size() == 1),
             "shared_fp8": float(moe.shared is not None and isinstance(moe.shared[0], QuantizedTensor)),
             "slots_moved": float(moe.placement.local_experts(2, 0) != held),
-            "sent_pairs": float(context.sent_pairs)}
+            "sent_pairs": float(context.sent_pairs), "engram_host_bytes": float(sum(engram_host_bytes))}
 
 
 if __name__ == "__main__":

@@ -25,3 +25,4 @@ def test_v41_slice_with_packed_experts_on_gloo():
     got = run_alone(slice_check, "cpu", torch.float32, True)
     assert got["max_logprob_diff_before"] < 1e-5 and got["max_logprob_diff_after_rebalance"] < 1e-5, got
     assert got["experts_mxfp4"] == got["shared_fp8"] == 1.0 and got["sent_pairs"] > 0, got
+    assert got["engram_host_bytes"] > 0, got  # the EP model read its FP8 Engram table from host memory
