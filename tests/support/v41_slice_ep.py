@@ -22,8 +22,8 @@ import torch
 
 from deepinfer.backends import select_backend
 from deepinfer.layers.ep_rebalance import rebalance_experts
-from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer.models.deepseek_v41.engram_placement import TABLE, place_tables
+from deepinfer.models.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer.models.deepseek_v41.weights import expected_shapes
 from deepinfer.ops import OpTable
 from deepinfer.parallel.context import ParallelContext

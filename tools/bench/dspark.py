@@ -267,6 +267,7 @@ def host_phases(llm, drafter, batch: int, length: float, k: int, new_tokens: int
     one ``new_tokens`` run after a warm-up): what the host does between read-backs, which the device waits on."""
     from deepinfer import SamplingParams
     from deepinfer.runner import speculative
+
     engine = llm.engine
     runner = engine.runner
     gen = torch.Generator().manual_seed(batch)
