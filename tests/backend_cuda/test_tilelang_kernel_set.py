@@ -75,6 +75,8 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
                               "moe_experts_mxfp4_tl_up", "moe_experts_mxfp4_tl_down", "moe_experts_combine"]
         up = chain.steps[-3][1]
         assert chain.steps[-4][1].args["order"] is up.args["order"]  # gathered after the plan wrote it
+        assert torch.equal(chain.steps[-4][1].args["columns"], tl_form.k_order(256, layer[0].device))
+        assert up.args["w"].dtype == torch.uint32 and up.args["w"].shape == (8 * 256, 256 // 8)
         assert up.args["constexprs"] == variant and up.args["wrows"] == 8 * 256 and up.grid == (up.args["nb"], 2)
         assert tl_form.prepare(*layer, arch=SM100A, config=CONFIG) is None  # Hopper only
         fp32 = (layer[0].float(), *layer[1:])
@@ -83,12 +85,31 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
         use_kernel_set(None)
 
 
+def test_the_k_order_gives_each_fragment_thread_two_whole_words_of_one_scale_group():
+    """The RS decode's contract: in a 64-column block, lane q of a wgmma A fragment holds columns 2q, 2q + 1,
+    2q + 8, 2q + 9 of each 16-column slice; the K order maps those 16 to stored columns 16q..16q + 15 (bytes
+    8q..8q + 7: two words, one scale group), in fragment order; the up GEMM's output positions invert it."""
+    n = 256
+    order = tl_form.k_order(n, torch.device("cpu"))
+    columns = torch.arange(n)
+    assert torch.equal(order.sort().values, columns)
+    assert torch.equal(tl_form.k_position(order), columns)
+    assert torch.equal(order, tl_form._word(columns) * 8 + tl_form._nibble(columns))
+    assert torch.equal(tl_form._group(columns), order // 32)
+    for block in range(n // 64):
+        for q in range(4):
+            fragment = [64 * block + 16 * s + 8 * h + 2 * q + b for s in range(4) for h in range(2) for b in range(2)]
+            assert order[fragment].tolist() == list(range(64 * block + 16 * q, 64 * block + 16 * q + 16))
+    x, w = torch.randn(3, n, dtype=torch.float64), torch.randn(5, n, dtype=torch.float64)
+    assert torch.allclose(x[:, order] @ w[:, order].T, x @ w.T)  # K is summed: only its order changed
+
+
 def test_the_arch_table_keeps_triton_until_a_sweep_picks_tilelang():
     from deepinfer_cuda.arch import MXFP4_TILELANG, mxfp4_tilelang_config
 
     for (hidden, inter), tiers in MXFP4_TILELANG.items():
         for tier, config in tiers.items():
-            per_expert = 0 if tier == "decode" else 96
+            per_expert = {"decode": 0, "batch": 1, "prefill": 96}[tier]
             assert mxfp4_tilelang_config(SM90A, per_expert, hidden, inter) == config
             assert tl_form.UP_KERNEL.has_aot_variant(tl_form._variant(config, hidden, inter), SM90A)
     assert mxfp4_tilelang_config(SM100A, 0, 5120, 2304) is None
@@ -103,5 +124,6 @@ def test_one_variant_compiles_to_an_sm90a_cubin_with_its_launch_recipe():
     names = dict(entry.signature)
     assert names["w"] == names["xs"] == TENSORMAP and names["blocks"] == "*i32" and names["out"] == "*bf16"
     w, xs = (entry.tensormaps[[n for n, t in entry.signature if t == TENSORMAP].index(k)] for k in ("w", "xs"))
-    assert w["dims"] == [2560, "wrows"] and w["box"] == [64, 64] and w["dtype"] == 0  # u8 [E * 2I, H / 2]
+    # u32 words [E * 2I, H / 8], 64 rows of 16 words a box, 64-byte swizzle (no bank conflicts for the decoders)
+    assert w["dims"] == [640, "wrows"] and w["box"] == [16, 64] and w["dtype"] == 2 and w["swizzle"] == 2
     assert xs["dims"] == [5120, "slots"] and xs["box"][1] == 16 and xs["dtype"] == 9  # bf16 rows of a block

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from deepinfer.ops.quant_gemm import moe_experts_mxfp4 as reference
-    from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, SM90A
+    from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, SM90A, mxfp4_tilelang_tier
     from deepinfer_cuda.kernel_set.dispatch import use_kernel_set
     from deepinfer_cuda.kernels import moe_experts_mxfp4 as triton_form
     from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         bytes_ = hit * (INTER * H + INTER * H // 16 + H * INTER // 2 + H * INTER // 32) + 2 * tokens * H * 2
         floor_us = bytes_ / bandwidth * 1e6
         forms = {"triton": lambda: triton_form.prepare(*op, arch=SM90A)}
-        tier = "decode" if tokens * K // E < 32 else "prefill"
-        for c in MXFP4_TILELANG_CANDIDATES[tier]:
+        for c in MXFP4_TILELANG_CANDIDATES[mxfp4_tilelang_tier(tokens * K // E)]:
             forms[f"tilelang m{c.block_m} k{c.block_k} s{c.stages}"] = (
                 lambda c=c: tilelang_form.prepare(*op, arch=SM90A, config=c))
         for name, planner in forms.items():

@@ -307,15 +307,22 @@ class Mxfp4TileLang:
 
 Mxfp4TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 
-#: The TileLang MXFP4 forms built into the kernel set (SM90 only): per tier (decode: below 32 slots an expert, which
-#: at V4.1-Flash's 384 experts includes the 1024-token prefill chunk; prefill: 32 and more), the candidates.
+def mxfp4_tilelang_tier(slots_per_expert: int) -> str:
+    """The MXFP4 tier of a call by its (whole) slots an expert: "decode" below one (fewer slots than experts: at
+    V4.1-Flash's 384 experts, top-6, below 64 tokens), "batch" below 32 (up to the 1024-token prefill chunk),
+    "prefill" from 32."""
+    return "decode" if slots_per_expert < 1 else "batch" if slots_per_expert < 32 else "prefill"
+
+
+#: The TileLang MXFP4 forms built into the kernel set (SM90 only): per :func:`mxfp4_tilelang_tier`, the candidates.
 MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
-    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 128, 8)),
+    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 128, 8), Mxfp4TileLang(16, 256, 4)),
+    "batch": (Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 128, 8)),
     "prefill": (Mxfp4TileLang(64, 128, 3),),
 }
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
-#: ``tools/sweep/mxfp4_tilelang.py`` (H200).  A shape or tier not listed runs Triton.
-MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {}
+#: ``tools/sweep/mxfp4_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs Triton.
+MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {(5120, 2304): {"batch": Mxfp4TileLang(16, 256, 4)}}
 
 
 def mxfp4_tilelang_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
@@ -324,7 +331,7 @@ def mxfp4_tilelang_config(arch: CudaArch, slots_per_expert: int, hidden: int, in
     whatever the table says (what the kernel set builds, with the other candidates, for the sweep)."""
     if arch.triton_arch != 90:
         return None
-    tier = "decode" if slots_per_expert < 32 else "prefill"
+    tier = mxfp4_tilelang_tier(slots_per_expert)
     if tuned:
         return MXFP4_TILELANG.get((hidden, inter), {}).get(tier)
     return MXFP4_TILELANG_CANDIDATES[tier][0]

@@ -84,11 +84,12 @@ class CubinFunction:
         self._module = _check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({entry.cubin})")
         self._function = _check(driver.cuModuleGetFunction(self._module, entry.entry.encode()),
                                 f"cuModuleGetFunction({entry.entry})")
-        if entry.shared > _STATIC_SHARED_LIMIT:
+        static = _check(driver.cuFuncGetAttribute(
+            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._function), "cuFuncGetAttribute")
+        # past 48 KiB of static + dynamic shared memory (a TileLang kernel's barriers are static), opt in
+        if entry.shared + static > _STATIC_SHARED_LIMIT:
             attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
             optin = _check(driver.cuDeviceGetAttribute(attr, device), "cuDeviceGetAttribute")
-            static = _check(driver.cuFuncGetAttribute(
-                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._function), "cuFuncGetAttribute")
             if entry.shared > optin - static:
                 raise RuntimeError(f"{entry.entry} needs {entry.shared} B of shared memory; the device allows "
                                    f"{optin - static}")

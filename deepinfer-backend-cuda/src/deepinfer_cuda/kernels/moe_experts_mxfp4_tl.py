@@ -1,17 +1,28 @@
 # mypy: disable-error-code="valid-type"
-"""MXFP4 routed experts in TileLang (SM90): TMA of the packed e2m1 bytes into shared memory, dequantized by the
-consumer warpgroups into a bf16 tile, multiplied on the tensor cores (wgmma), warp-specialized.
+"""MXFP4 routed experts in TileLang (SM90): TMA of the packed e2m1 words into shared memory, decoded by the
+consumer warpgroups straight into the wgmma's A-operand registers (RS wgmma), warp-specialized.
 
 The same op as ``moe_experts_mxfp4.py`` (core's ``moe_experts_mxfp4``) and the same routing plan, combine and
 roundings; only the two expert GEMMs differ.  Each GEMM is "swapped": the weight rows are the MMA's M side (128
 a program: 64 gate + 64 up rows, or 128 rows of ``w2``) and a plan block's ``block_m`` slots its N side, so a
 decode block of one slot wastes tensor-core work, not weight bytes.  Per K step one producer warpgroup loads, by
-TMA, the two [64, BK / 2] byte tiles and the block's [block_m, BK] activation rows (the up GEMM reads ``x``'s rows
-gathered into slot order first, one ``index_select``; the down GEMM ``act`` as the up GEMM wrote it); the two
-consumer warpgroups decode each 4-byte word (8 values) with ``_DEQUANT``: an e2m1 code's sign and magnitude bits
-put into an fp16's give its value times 2^-14 exactly, times the 32-column group's e8m0 scale (times 2^14) in
-fp32, rounded to bf16 (exact) -- the value ``dequant_mxfp4`` gives, as the Triton kernels do.  Epilogues as there:
-the projections rounded to bf16, clamped SwiGLU (``limit`` = inf when the op has none), the slot's routing weight.
+TMA, the block's [128, BK / 8] tile of 32-bit words (8 codes each) and its [block_m, BK] activation rows; each
+consumer thread loads its own rows' e8m0 scale bytes for the next step into registers, then decodes its share of
+the words into its wgmma fragment (no bf16 tile in shared memory: each packed byte is read once).
+
+**The K order.**  A wgmma A fragment gives a thread, in each 16-column slice, columns 2q, 2q + 1, 2q + 8, 2q + 9
+(q = lane % 4).  So that a thread's 16 values of a 64-column block come from two whole words (bytes 8q..8q + 7 of
+the block, one 32-column scale group), the GEMM runs its K columns in the order :func:`k_order`: logical column
+16s + 8h + 2q + b reads stored column 16q + 4s + 2h + b.  K is summed, so only the activations need the same
+order: the up GEMM reads ``x``'s rows gathered in slot order *and* columns in that order (one gather), and the up
+GEMM writes ``act`` in it (:func:`k_position`) for the down GEMM; the down GEMM's output is in natural order.
+
+**The decode** (``_DEQUANT``: a word's 8 codes, code n in bits 4n..4n + 3): the magnitudes index two byte tables
+(``prmt``: the high and low bytes of bf16 0, .5, 1, 1.5, 2, 3, 4, 6), two more ``prmt`` interleave them into bf16
+pairs, a ``prmt`` in sign-replicate mode spreads each code's sign bit, and one bf16x2 multiply by the group's scale
+(2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0) gives ``dequant_mxfp4``'s bf16 values, exact.
+Epilogues as in the Triton kernels: the projections rounded to bf16, clamped SwiGLU (``limit`` = inf when the op
+has none), the slot's routing weight.
 
 (No ``from __future__ import annotations`` here: TileLang evaluates the program's annotations.)  Built ahead of
 time into the kernel set only where TileLang and nvcc are installed (``kernel_set/tilelang_compile``);
@@ -20,6 +31,7 @@ covered (bf16 only, dims multiples of the tiles), and the op then runs the Trito
 """
 
 
+import functools
 import math
 from typing import Any
 
@@ -38,89 +50,111 @@ from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 from deepinfer_cuda.kernels.moe_experts import AOT_SHAPES, COMBINE_KERNEL, _combine_constexprs
 from deepinfer_cuda.kernels.moe_routing import plan
 
-#: One consumer thread's step: 4 packed bytes (8 e2m1 codes, low nibble = even column) and their group's e8m0
-#: scale -> 8 bf16 values.  fp16 bits (sign << 15 | code & 7 << 9) are the code's value times 2^-14, exactly.
+#: Element n (0..7) of a word's e2m1 codes times 2^(e8m0 - 127) as bf16 bits.  Called once per fragment element;
+#: nvcc shares the word's table lookups between the 8 calls on the same word (the SASS has one bf16x2 multiply
+#: a pair).  ``prmt`` selector nibbles: bits 0-2 pick one of the 8 bytes {b, a}, bit 3 replicates its sign bit.
 _DEQUANT = r"""
-#include <cuda_fp16.h>
 #include <cuda_bf16.h>
-__device__ __forceinline__ void di_mxfp4x8(const unsigned char* src, const unsigned char e8m0, void* dst) {
-  const unsigned q = *reinterpret_cast<const unsigned*>(src);
-  const float scale = __uint_as_float(((unsigned)e8m0) << 23) * 16384.0f;
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const unsigned b = (q >> (8 * i)) & 0xFFu;
-    unsigned h = ((b & 0x8u) << 12) | ((b & 0x7u) << 9) | ((b & 0x80u) << 24) | ((b & 0x70u) << 21);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    reinterpret_cast<__nv_bfloat162*>(dst)[i] = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-  }
+__device__ __forceinline__ unsigned di_prmt(unsigned a, unsigned b, unsigned s) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+__device__ __forceinline__ unsigned short di_e2m1_at(const unsigned q, const int n, const unsigned char e8m0) {
+  const unsigned m = (n < 4 ? q : q >> 16) & 0x7777u;  // 4 magnitudes as selectors, sign mode off
+  const unsigned hi = di_prmt(0x3F3F3F00u, 0x40404040u, m);
+  const unsigned lo = di_prmt(0xC0800000u, 0xC0804000u, m);
+  const int k = n >> 1;  // the byte holding codes 2k (low nibble) and 2k + 1
+  const unsigned pair = di_prmt(lo, hi, (k & 1) ? 0x7362u : 0x5140u);
+  // byte 1 <- sign of code 2k (bit 3 of byte k: bit 7 of q << 4), byte 3 <- sign of code 2k + 1 (bit 7 of byte k)
+  const unsigned sign = di_prmt(q, q << 4, ((0xCu + k) << 4) | ((0x8u + k) << 12));
+  const unsigned v = pair | (sign & 0x80008000u);
+  const unsigned sc = ((unsigned)e8m0 << 7) | ((unsigned)e8m0 << 23);
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&sc));
+  const unsigned bits = *reinterpret_cast<const unsigned*>(&r);
+  return (unsigned short)((n & 1) ? bits >> 16 : bits & 0xFFFFu);
 }
 """
 THREADS = 256  #: the consumer warpgroups (TileLang adds the producer's 128)
 
 
+def _word(j: Any) -> Any:
+    """The 32-bit word (of a row's words) holding logical K column ``j`` (ints, TIR expressions or tensors)."""
+    return (j // 64) * 8 + ((j // 2) % 4) * 2 + (j // 32) % 2
+
+
+def _nibble(j: Any) -> Any:
+    """Which of its word's 8 codes logical column ``j`` is."""
+    return ((j // 16) % 2) * 4 + ((j // 8) % 2) * 2 + j % 2
+
+
+def _group(j: Any) -> Any:
+    """The 32-column scale group of logical column ``j``."""
+    return (j // 64) * 2 + ((j // 2) % 4) // 2
+
+
+def k_position(p: Any) -> Any:
+    """Where stored column ``p`` runs in the GEMMs' K order (the inverse of :func:`k_order`)."""
+    return (p // 64) * 64 + ((p // 4) % 4) * 16 + ((p // 2) % 2) * 8 + ((p // 16) % 4) * 2 + p % 2
+
+
+@functools.cache
+def _k_order(n: int, device: str) -> torch.Tensor:
+    j = torch.arange(n, device=device)
+    return _word(j) * 8 + _nibble(j)
+
+
+def k_order(n: int, device: torch.device) -> torch.Tensor:
+    """The stored column each of the GEMMs' ``n`` K columns reads (``n`` a multiple of 64; cached per device)."""
+    return _k_order(n, str(device))
+
+
 def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, stages: int) -> Any:
     """The ``T.prim_func`` of the up (``kind="up"``) or down GEMM; every other size is a dynamic dim."""
+    import tilelang
     import tilelang.language as T
 
     up = kind == "up"
     K, N = (hidden, inter) if up else (inter, hidden)
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
-    chunks = block_k // 8  # 8-column chunks a row
-    step = THREADS // chunks  # rows one pass of the consumer threads covers
-    passes = 64 // step  # passes over each half (64 rows) of the weight tile
+    words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
 
     @T.prim_func
-    def main(xs: T.Tensor((slots, K), "bfloat16"), w: T.Tensor((wrows, K // 2), "uint8"),
+    def main(xs: T.Tensor((slots, K), "bfloat16"), w: T.Tensor((wrows, K // 8), "uint32"),
              s: T.Tensor((wrows, K // 32), "uint8"), out: T.Tensor((slots, N), "bfloat16"),
              order: T.Tensor((slots,), "int32"), weights: T.Tensor((slots,), "float32"),
              blocks: T.Tensor((3, nb), "int32"), limit: T.float32):
         with T.Kernel(nb, N // cols, threads=THREADS) as (b, c):
-            wa_s = T.alloc_shared((64, block_k // 2), "uint8")
-            wb_s = T.alloc_shared((64, block_k // 2), "uint8")
+            w_s = T.alloc_shared((128, words), "uint32")
             x_s = T.alloc_shared((block_m, block_k), "bfloat16")
-            w_s = T.alloc_shared((128, block_k), "bfloat16")
+            w_f = T.alloc_fragment((128, block_k), "bfloat16")  # the wgmma's A operand, in registers
+            sc = T.alloc_fragment((128, groups), "uint8")  # this step's scales of the thread's rows
+            sc_next = T.alloc_fragment((128, groups), "uint8")  # the next step's, loaded a step ahead
             acc = T.alloc_fragment((128, block_m), "float32")
             c_s = T.alloc_shared((128, block_m), "float32")
-            packed = T.alloc_local((4,), "uint8")
-            deq = T.alloc_local((8,), "bfloat16")
-            sc = T.alloc_local((2 * passes,), "uint8")  # this stage's scale byte of each row the thread decodes
-            sc_next = T.alloc_local((2 * passes,), "uint8")  # the next stage's, loaded a stage ahead
-            tx = T.get_thread_binding()
             expert, start, end = blocks[0, b], blocks[1, b], blocks[2, b]
             ra = expert * (2 * inter if up else hidden) + c * cols
             rb = ra + (inter if up else 64)
-            r0 = tx // chunks  # the thread's first row; it decodes rows r0 + step * it of each half
-            j = (tx % chunks) * 8  # and columns [j, j + 8) of each stage
             n_k = T.if_then_else(start < end, K // block_k, 0)
             T.import_source(_DEQUANT)
+            T.annotate_layout({w_s: tilelang.layout.make_swizzled_layout(w_s)})
             T.clear(acc)
-            for it in T.unroll(passes):
-                sc_next[it] = s[ra + r0 + it * step, j // 32]
-                sc_next[passes + it] = s[rb + r0 + it * step, j // 32]
+            for i, g in T.Parallel(128, groups):
+                sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), g]
             for k in T.Pipelined(n_k, num_stages=stages):
-                T.copy(w[ra, k * (block_k // 2)], wa_s)
-                T.copy(w[rb, k * (block_k // 2)], wb_s)
+                T.copy(w[ra:ra + 64, k * words:(k + 1) * words], w_s[0:64, :])
+                T.copy(w[rb:rb + 64, k * words:(k + 1) * words], w_s[64:128, :])
                 T.copy(xs[start, k * block_k], x_s)
-                for it in T.unroll(2 * passes):
-                    sc[it] = sc_next[it]
-                if k + 1 < n_k:  # the scale loads' latency hides behind this stage's decoding
-                    for it in T.unroll(passes):
-                        sc_next[it] = s[ra + r0 + it * step, (k + 1) * (block_k // 32) + j // 32]
-                        sc_next[passes + it] = s[rb + r0 + it * step, (k + 1) * (block_k // 32) + j // 32]
-                for it in T.unroll(passes):
-                    for v in T.vectorized(4):
-                        packed[v] = wa_s[r0 + it * step, j // 2 + v]
-                    T.call_extern("handle", "di_mxfp4x8", T.address_of(packed[0]), sc[it], T.address_of(deq[0]))
-                    for v in T.vectorized(8):
-                        w_s[r0 + it * step, j + v] = deq[v]
-                    for v in T.vectorized(4):
-                        packed[v] = wb_s[r0 + it * step, j // 2 + v]
-                    T.call_extern("handle", "di_mxfp4x8", T.address_of(packed[0]), sc[passes + it],
-                                  T.address_of(deq[0]))
-                    for v in T.vectorized(8):
-                        w_s[64 + r0 + it * step, j + v] = deq[v]
-                T.gemm(w_s, x_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(sc_next, sc)
+                if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
+                    for i, g in T.Parallel(128, groups):
+                        sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), (k + 1) * groups + g]
+                for i, j in T.Parallel(128, block_k):
+                    code = T.call_extern("uint16", "di_e2m1_at", w_s[i, _word(j)], _nibble(j), sc[i, _group(j)])
+                    w_f[i, j] = T.reinterpret(code, "bfloat16")
+                T.gemm(w_f, x_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, c_s)
             if up:
                 for i, j in T.Parallel(64, block_m):
@@ -128,7 +162,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
                         g = T.min(c_s[i, j].astype("bfloat16").astype("float32"), limit)
                         u = T.clamp(c_s[64 + i, j].astype("bfloat16").astype("float32"), -limit, limit)
                         silu = (g / (1.0 + T.exp(-g))).astype("bfloat16").astype("float32")
-                        out[start + j, c * cols + i] = (silu * u).astype("bfloat16")
+                        out[start + j, c * cols + k_position(i)] = (silu * u).astype("bfloat16")
             else:
                 for i, j in T.Parallel(128, block_m):
                     if start + j < end:
@@ -149,7 +183,7 @@ def _aot_variants(arch: CudaArch) -> list[TileLangVariant]:
     if arch.triton_arch != 90:  # wgmma: Hopper's; SM100 keeps its Triton forms
         return []
     shapes = sorted({(h, i) for h, i, k in AOT_SHAPES if k == 6})  # MXFP4: the routed experts (top-6) only
-    configs = [c for tier in MXFP4_TILELANG_CANDIDATES.values() for c in tier]
+    configs = list(dict.fromkeys(c for tier in MXFP4_TILELANG_CANDIDATES.values() for c in tier))
     return [TileLangVariant(_variant(c, h, i)) for h, i in shapes for c in configs]
 
 
@@ -185,16 +219,17 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     order, blocks, plan_steps = plan(ids, num_experts, config.block_m, arch=arch)
     n_blocks = blocks.shape[1]
     xs = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
-    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=order, top_k=top_k, out=xs), xs)
+    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=order, top_k=top_k,
+                                    columns=k_order(hidden, x.device), out=xs), xs)
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
     limit = math.inf if swiglu_limit is None else float(swiglu_limit)
     common = dict(order=order, weights=weights.reshape(-1).to(torch.float32).contiguous(), blocks=blocks,
                   nb=n_blocks, slots=slots, limit=limit, constexprs=variant)
-    up = Launch((n_blocks, inter // 64), _CONFIG, dict(xs=xs, w=_rows(w13), s=_rows(w13_scale), out=act,
+    up = Launch((n_blocks, inter // 64), _CONFIG, dict(xs=xs, w=_words(w13), s=_rows(w13_scale), out=act,
                                                        wrows=num_experts * two_inter, **common), act)
-    down = Launch((n_blocks, hidden // 128), _CONFIG, dict(xs=act, w=_rows(w2), s=_rows(w2_scale), out=slot_out,
+    down = Launch((n_blocks, hidden // 128), _CONFIG, dict(xs=act, w=_words(w2), s=_rows(w2_scale), out=slot_out,
                                                           wrows=num_experts * hidden, **common), slot_out)
     cfg, block_h = moe_combine_config(arch, hidden)
     combine = Launch((tokens, -(-hidden // block_h)), cfg,
@@ -209,14 +244,14 @@ _CONFIG = Mxfp4TileLang.LAUNCH
 
 
 class _Gather:
-    """x's rows in slot order for the up GEMM's TMA (``xs[r] = x[order[r] // k]``), as a chain step: it must run
-    after the plan's kernels have written ``order``."""
+    """x's rows in slot order and its columns in the GEMMs' K order for the up GEMM's TMA
+    (``xs[r] = x[order[r] // k][columns]``), as a chain step: it must run after the plan's kernels wrote ``order``."""
 
     name = "moe_experts_mxfp4_tl_gather"
 
     def launch(self, grid: tuple[int, ...], config: Any, args: dict[str, Any], device_index: int) -> None:
-        torch.index_select(args["x"], 0, torch.div(args["order"], args["top_k"], rounding_mode="floor"),
-                           out=args["out"])
+        x = torch.index_select(args["x"], 1, args["columns"])
+        torch.index_select(x, 0, torch.div(args["order"], args["top_k"], rounding_mode="floor"), out=args["out"])
 
 
 GATHER = _Gather()
@@ -226,3 +261,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     """Stacked experts' bytes [E, rows, n] as one [E * rows, n] uint8 matrix (what the TMA descriptors cover)."""
     t = t.contiguous().view(torch.uint8)
     return t.view(-1, t.shape[-1])
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """Stacked experts' packed codes as one [E * rows, n / 4] matrix of 32-bit words (8 codes each)."""
+    return _rows(t).view(torch.uint32)
