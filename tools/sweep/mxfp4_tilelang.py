@@ -15,6 +15,7 @@ count: where a TileLang form wins, its tiles go into ``arch.MXFP4_TILELANG`` for
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -65,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         ref = reference(*op).float() if hit * 0.15 < 24 else triton_form.prepare(*op, arch=SM90A).run(0).float()
         bytes_ = hit * (INTER * H + INTER * H // 16 + H * INTER // 2 + H * INTER // 32) + 2 * tokens * H * 2
         floor_us = bytes_ / bandwidth * 1e6
-        forms = {"triton": lambda: triton_form.prepare(*op, arch=SM90A)}
-        for c in MXFP4_TILELANG_CANDIDATES[mxfp4_tilelang_tier(tokens * K // E)]:
-            forms[f"tilelang m{c.block_m} k{c.block_k} s{c.stages}"] = (
-                lambda c=c: tilelang_form.prepare(*op, arch=SM90A, config=c))
-        for name, planner in forms.items():
-            row = {"tokens": tokens, "form": name, "experts_hit": hit, "floor_us": floor_us,
-                   "error_against": "reference" if hit * 0.15 < 24 else "triton"}
+        tier = mxfp4_tilelang_tier(tokens * K // E)
+        forms = {"triton": (None, lambda: triton_form.prepare(*op, arch=SM90A))}
+        for c in MXFP4_TILELANG_CANDIDATES[tier]:
+            forms[f"tilelang m{c.block_m} k{c.block_k} s{c.stages} o{c.occupancy}"] = (
+                c, lambda c=c: tilelang_form.prepare(*op, arch=SM90A, config=c))
+        for name, (config, planner) in forms.items():
+            row = {"tokens": tokens, "tier": tier, "form": name, "experts_hit": hit, "floor_us": floor_us,
+                   "error_against": "reference" if hit * 0.15 < 24 else "triton",
+                   "tiles": None if config is None else dataclasses.astuple(config)}
             try:
                 chain = planner()
                 if chain is None:
@@ -90,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n{'tokens':>6} {'form':>26} {'hit':>4} {'rel err':>9} {'us':>9} {'floor us':>9} {'% copy':>7}")
+    print(f"\n{'tokens':>6} {'form':>29} {'hit':>4} {'rel err':>9} {'us':>9} {'floor us':>9} {'% copy':>7}")
     for r in rows:
         if "error" in r:
-            print(f"{r['tokens']:>6} {r['form']:>26} {r['experts_hit']:>4}  {r['error'][:80]}")
+            print(f"{r['tokens']:>6} {r['form']:>29} {r['experts_hit']:>4}  {r['error'][:80]}")
         else:
-            print(f"{r['tokens']:>6} {r['form']:>26} {r['experts_hit']:>4} {r['rel_err']:>9.2e} {r['us']:>9.1f} "
+            print(f"{r['tokens']:>6} {r['form']:>29} {r['experts_hit']:>4} {r['rel_err']:>9.2e} {r['us']:>9.1f} "
                   f"{r['floor_us']:>9.1f} {r['pct_copy']:>6.0f}%")
     for tokens in sorted({r["tokens"] for r in rows}):
         timed = [r for r in rows if r["tokens"] == tokens and "us" in r]

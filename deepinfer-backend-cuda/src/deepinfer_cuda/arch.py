@@ -296,11 +296,13 @@ def mxfp4_block_scaled_tiles(hidden: int, inter: int, activation: str) -> Mxfp4T
 @dataclass(slots=True, frozen=True)
 class Mxfp4TileLang:
     """Tiles of the TileLang MXFP4 expert GEMMs (``kernels/moe_experts_mxfp4_tl.py``): ``block_m`` slots of a plan
-    block (the wgmma's N), ``block_k`` columns a pipeline stage, ``stages`` TMA stages in flight."""
+    block (the wgmma's N), ``block_k`` columns a pipeline stage, ``stages`` TMA stages in flight, ``occupancy``
+    programs an SM (2: nvcc keeps to 80 registers a thread so that two fit)."""
 
     block_m: int
     block_k: int
     stages: int
+    occupancy: int = 1
     #: the launcher's config: 12 warps (one producer and two consumer warpgroups); the cubin fixes the rest
     LAUNCH: ClassVar[LaunchConfig]
 
@@ -316,9 +318,10 @@ def mxfp4_tilelang_tier(slots_per_expert: int) -> str:
 
 #: The TileLang MXFP4 forms built into the kernel set (SM90 only): per :func:`mxfp4_tilelang_tier`, the candidates.
 MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
-    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 128, 8), Mxfp4TileLang(16, 256, 4)),
-    "batch": (Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 128, 8)),
-    "prefill": (Mxfp4TileLang(64, 128, 3),),
+    "decode": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 256, 4, 2), Mxfp4TileLang(16, 128, 8, 2),
+               Mxfp4TileLang(16, 256, 4)),
+    "batch": (Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 256, 4, 2), Mxfp4TileLang(16, 128, 4, 2)),
+    "prefill": (Mxfp4TileLang(64, 128, 3), Mxfp4TileLang(64, 128, 3, 2)),
 }
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
 #: ``tools/sweep/mxfp4_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs Triton.

@@ -72,8 +72,7 @@ __device__ __forceinline__ unsigned short di_e2m1_at(const unsigned q, const int
   const unsigned sc = ((unsigned)e8m0 << 7) | ((unsigned)e8m0 << 23);
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
                                    *reinterpret_cast<const __nv_bfloat162*>(&sc));
-  const unsigned bits = *reinterpret_cast<const unsigned*>(&r);
-  return (unsigned short)((n & 1) ? bits >> 16 : bits & 0xFFFFu);
+  return __bfloat16_as_ushort((n & 1) ? __high2bfloat16(r) : __low2bfloat16(r));
 }
 """
 THREADS = 256  #: the consumer warpgroups (TileLang adds the producer's 128)
@@ -110,7 +109,8 @@ def k_order(n: int, device: torch.device) -> torch.Tensor:
     return _k_order(n, str(device))
 
 
-def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, stages: int) -> Any:
+def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, stages: int, occupancy: int
+             ) -> Any:
     """The ``T.prim_func`` of the up (``kind="up"``) or down GEMM; every other size is a dynamic dim."""
     import tilelang
     import tilelang.language as T
@@ -127,6 +127,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
              order: T.Tensor((slots,), "int32"), weights: T.Tensor((slots,), "float32"),
              blocks: T.Tensor((3, nb), "int32"), limit: T.float32):
         with T.Kernel(nb, N // cols, threads=THREADS) as (b, c):
+            T.annotate_min_blocks_per_sm(occupancy)
             w_s = T.alloc_shared((128, words), "uint32")
             x_s = T.alloc_shared((block_m, block_k), "bfloat16")
             w_f = T.alloc_fragment((128, block_k), "bfloat16")  # the wgmma's A operand, in registers
@@ -175,7 +176,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
 
 def _variant(config: Mxfp4TileLang, hidden: int, inter: int) -> dict[str, int]:
     return {"hidden": hidden, "inter": inter, "block_m": config.block_m, "block_k": config.block_k,
-            "stages": config.stages}
+            "stages": config.stages, "occupancy": config.occupancy}
 
 
 def _aot_variants(arch: CudaArch) -> list[TileLangVariant]:
