@@ -317,11 +317,12 @@ def mxfp4_tilelang_tier(slots_per_expert: int) -> str:
 
 
 #: The TileLang MXFP4 forms built into the kernel set (SM90 only): per :func:`mxfp4_tilelang_tier`, the candidates.
+#: None with ``occupancy`` 2 yet: the fastest in the sweep of 2026-12-06 (b16 908 µs, b64 2612 µs on the H100) but
+#: wrong beyond one plan block an expert (docs/performance/log/2026-12-06.md).
 MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
-    "decode": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 256, 4, 2), Mxfp4TileLang(16, 128, 8, 2),
-               Mxfp4TileLang(16, 256, 4)),
-    "batch": (Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 256, 4, 2), Mxfp4TileLang(16, 128, 4, 2)),
-    "prefill": (Mxfp4TileLang(64, 128, 3), Mxfp4TileLang(64, 128, 3, 2)),
+    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 128, 8)),
+    "batch": (Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 128, 4)),
+    "prefill": (Mxfp4TileLang(64, 128, 3),),
 }
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
 #: ``tools/sweep/mxfp4_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs Triton.

@@ -128,6 +128,8 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
              blocks: T.Tensor((3, nb), "int32"), limit: T.float32):
         with T.Kernel(nb, N // cols, threads=THREADS) as (b, c):
             T.annotate_min_blocks_per_sm(occupancy)
+            if occupancy > 1:  # TileLang's setmaxnreg split would ask for the whole register file: two deadlock
+                T.no_set_max_nreg()
             w_s = T.alloc_shared((128, words), "uint32")
             x_s = T.alloc_shared((block_m, block_k), "bfloat16")
             w_f = T.alloc_fragment((128, block_k), "bfloat16")  # the wgmma's A operand, in registers
