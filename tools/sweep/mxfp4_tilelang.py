@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-set", type=Path, default=None, help="kernel-set directory (default: the package's)")
     parser.add_argument("--tokens", default="1,16,64,1024")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--hang-s", type=float, default=10.0,
+                        help="a form's first call not done after this many seconds counts as hung: the sweep writes "
+                             "what it has and exits (a hung kernel cannot be stopped in-process)")
     args = parser.parse_args(argv)
 
     from deepinfer.ops.quant_gemm import moe_experts_mxfp4 as reference
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 if chain is None:
                     raise RuntimeError("not available (no cubin in the kernel set)")
                 out = chain.run(0).float()
-                torch.cuda.synchronize()
+                _finish_or_exit(args.hang_s, row, rows, args.json, bandwidth)
                 row["rel_err"] = ((out - ref).norm() / ref.norm()).item()
                 torch.cuda.set_sync_debug_mode("error")
                 try:
@@ -108,6 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=1))
     return 0
+
+
+def _finish_or_exit(hang_s: float, row: dict, rows: list[dict], out: Path | None, bandwidth: float) -> None:
+    """Wait for the stream, or after ``hang_s`` record ``row`` as hung, write the results so far and exit."""
+    done = torch.cuda.Event()
+    done.record()
+    start = time.monotonic()
+    while not done.query():
+        if time.monotonic() - start > hang_s:
+            row["error"] = f"hung: not done after {hang_s:.0f} s"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if out is not None:
+                out.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=1))
+            os._exit(3)
+        time.sleep(0.001)
 
 
 if __name__ == "__main__":
