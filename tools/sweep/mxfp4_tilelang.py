@@ -110,9 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         if timed:
             best = min(timed, key=lambda r: r["us"])
             print(f"fastest at {tokens} tokens: {best['form']} ({best['us']:.1f} us)")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=1))
+    _write(args.json, bandwidth, rows)
     return 0
+
+
+def _write(out: Path | None, bandwidth: float, rows: list[dict]) -> None:
+    if out is not None:
+        out.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=1))
 
 
 def _finish_or_exit(hang_s: float, row: dict, rows: list[dict], out: Path | None, bandwidth: float) -> None:
@@ -125,8 +129,7 @@ def _finish_or_exit(hang_s: float, row: dict, rows: list[dict], out: Path | None
             row["error"] = f"hung: not done after {hang_s:.0f} s"
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if out is not None:
-                out.write_text(json.dumps({"copy_bandwidth": bandwidth, "rows": rows}, indent=1))
+            _write(out, bandwidth, rows)
             os._exit(3)
         time.sleep(0.001)
 
