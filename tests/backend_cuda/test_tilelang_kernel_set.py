@@ -75,7 +75,7 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
                               "moe_experts_mxfp4_tl_up", "moe_experts_mxfp4_tl_down", "moe_experts_combine"]
         up = chain.steps[-3][1]
         assert chain.steps[-4][1].args["order"] is up.args["order"]  # gathered after the plan wrote it
-        assert torch.equal(chain.steps[-4][1].args["columns"], tl_form.k_order(256, layer[0].device))
+        assert chain.steps[-4][1].args["x"] is layer[0]  # x itself: the K order is a view the gather reads
         assert up.args["w"].dtype == torch.uint32 and up.args["w"].shape == (8 * 256, 256 // 8)
         assert up.args["constexprs"] == variant and up.args["wrows"] == 8 * 256 and up.grid == (up.args["nb"], 2)
         assert tl_form.prepare(*layer, arch=SM100A, config=CONFIG) is None  # Hopper only
@@ -104,15 +104,52 @@ def test_the_k_order_gives_each_fragment_thread_two_whole_words_of_one_scale_gro
     assert torch.allclose(x[:, order] @ w[:, order].T, x @ w.T)  # K is summed: only its order changed
 
 
+def test_the_tiers_split_calls_by_slots_an_expert():
+    from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, mxfp4_tilelang_tier
+
+    tiers = [mxfp4_tilelang_tier(tokens * 6, 384) for tokens in (1, 3, 4, 63, 64, 511, 512, 2047, 2048)]
+    assert tiers == ["few", "few", "decode", "decode", "batch", "batch", "chunk", "chunk", "prefill"]
+    assert set(MXFP4_TILELANG_CANDIDATES) == {"few", "decode", "batch", "chunk", "prefill"}
+
+
 def test_the_arch_table_keeps_triton_until_a_sweep_picks_tilelang():
     from deepinfer_cuda.arch import MXFP4_TILELANG, mxfp4_tilelang_config
 
     for (hidden, inter), tiers in MXFP4_TILELANG.items():
         for tier, config in tiers.items():
-            per_expert = {"decode": 0, "batch": 1, "prefill": 96}[tier]
-            assert mxfp4_tilelang_config(SM90A, per_expert, hidden, inter) == config
+            slots = {"few": 6, "decode": 96, "batch": 384, "chunk": 6144, "prefill": 96 * 384}[tier]  # 384 experts
+            assert mxfp4_tilelang_config(SM90A, slots, 384, hidden, inter) == config
             assert tl_form.UP_KERNEL.has_aot_variant(tl_form._variant(config, hidden, inter), SM90A)
-    assert mxfp4_tilelang_config(SM100A, 0, 5120, 2304) is None
+    assert mxfp4_tilelang_config(SM100A, 6, 384, 5120, 2304) is None
+
+
+_LOOP = """    for (int k_1 = 0; k_1 < n; ++k_1) {
+      mbarrier[(k_1 & 3)].wait(((k_1 & 7) >> 2));
+      w_f[0] = ((uint*)w_s)[k_1];
+      mbarrier[((k_1 & 3) + 12)].arrive();
+      mbarrier[((k_1 & 3) + 16)].arrive();
+      mbarrier[((k_1 & 3) + 8)].wait(((k_1 & 7) >> 2));
+      {
+        tl::warpgroup_arrive();
+        tl::warpgroup_commit_batch();
+        tl::warpgroup_wait<0>();
+      }
+      mbarrier[((k_1 & 3) + 20)].arrive();
+    }"""
+
+
+def test_the_weight_stage_is_released_after_the_wgmma_wait_not_after_its_loads():
+    fixed = tl_form.release_weights_after_mma(_LOOP).split("\n")
+    releases = [i for i, line in enumerate(fixed) if ".arrive();" in line]
+    assert [fixed[i].strip() for i in releases] == ["mbarrier[((k_1 & 3) + 12)].arrive();",
+                                                    "mbarrier[((k_1 & 3) + 16)].arrive();",
+                                                    "mbarrier[((k_1 & 3) + 20)].arrive();"]
+    assert releases[0] > next(i for i, line in enumerate(fixed) if "warpgroup_wait<0>" in line)
+    assert sorted(fixed) == sorted(_LOOP.split("\n"))  # moved, nothing else changed
+    with pytest.raises(RuntimeError, match="one pair"):
+        tl_form.release_weights_after_mma(_LOOP.replace("      mbarrier[((k_1 & 3) + 16)].arrive();\n", ""))
+    with pytest.raises(RuntimeError, match="no wgmma wait"):
+        tl_form.release_weights_after_mma(_LOOP.replace("tl::warpgroup_wait<0>();", ""))
 
 
 @pytest.mark.slow  # ~75 s on 2 cores; the fast siblings above check entries and planning without compiling
@@ -127,3 +164,11 @@ def test_one_variant_compiles_to_an_sm90a_cubin_with_its_launch_recipe():
     # u32 words [E * 2I, H / 8], 64 rows of 16 words a box, 64-byte swizzle (no bank conflicts for the decoders)
     assert w["dims"] == [640, "wrows"] and w["box"] == [16, 64] and w["dtype"] == 2 and w["swizzle"] == 2
     assert xs["dims"] == [5120, "slots"] and xs["box"][1] == 16 and xs["dtype"] == 9  # bf16 rows of a block
+
+
+def test_the_gather_puts_x_rows_in_slot_order_and_columns_in_k_order():
+    x = torch.randn(5, 256).bfloat16()
+    order = torch.tensor([7, 0, 13, 4, 9, 2], dtype=torch.int32)  # slots of top-3 routes: token = slot // 3
+    out = torch.empty(6, 256, dtype=torch.bfloat16)
+    tl_form.GATHER.launch((1,), None, dict(x=x, order=order, top_k=3, out=out), 0)
+    assert torch.equal(out, x[order.long() // 3][:, tl_form.k_order(256, x.device)])

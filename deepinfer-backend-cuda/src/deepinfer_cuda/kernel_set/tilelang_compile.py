@@ -81,7 +81,8 @@ def compile_tilelang(kernel: TileLangKernel, arch: CudaArch, variant: TileLangVa
     extent = device.attrs["thread_extent"]
     if int(extent.get("threadIdx.y", 1)) != 1 or int(extent.get("threadIdx.z", 1)) != 1:
         raise AotError(f"{where}: 2-D thread blocks are not supported by the cubin launcher")
-    cubin = nvcc_cubin(artifact.kernel_source, arch, where)
+    source = artifact.kernel_source if kernel.fix_source is None else kernel.fix_source(artifact.kernel_source)
+    cubin = nvcc_cubin(source, arch, where)
     key = kernel.key(arch.name, variant.constexprs)
     entry = KernelEntry(
         kernel=kernel.name, arch=arch.name, key=key, entry=str(device.attrs["global_symbol"]),

@@ -25,13 +25,17 @@ logger = logging.getLogger("deepinfer.cuda.kernel_set")
 
 class TileLangKernel:
     """``program(**constexprs)`` builds the ``T.prim_func`` (imports TileLang: build time only);
-    ``aot_variants(arch)`` lists the specializations the builder compiles."""
+    ``aot_variants(arch)`` lists the specializations the builder compiles; ``fix_source`` (optional) rewrites
+    TileLang's CUDA source before nvcc, for what the program cannot say in TileLang (it must fail loudly when the
+    source is not the shape it expects)."""
 
     def __init__(self, name: str, program: Callable[..., Any],
-                 aot_variants: Callable[[CudaArch], Iterable[TileLangVariant]]):
+                 aot_variants: Callable[[CudaArch], Iterable[TileLangVariant]],
+                 fix_source: Callable[[str], str] | None = None):
         self.name = name
         self.program = program
         self.aot_variants = aot_variants
+        self.fix_source = fix_source
         self.launch_counts: dict[str, int] = {"cubin": 0, "jit": 0}
         self._loaded: dict[tuple[str, int], CubinFunction | None] = {}
         _KERNELS.append(self)  # type: ignore[arg-type]  # reset with the Triton kernels when the set changes

@@ -33,6 +33,7 @@ covered (bf16 only, dims multiples of the tiles), and the op then runs the Trito
 
 import functools
 import math
+import re
 from typing import Any
 
 import torch
@@ -190,8 +191,34 @@ def _aot_variants(arch: CudaArch) -> list[TileLangVariant]:
     return [TileLangVariant(_variant(c, h, i)) for h, i in shapes for c in configs]
 
 
-UP_KERNEL = TileLangKernel("moe_experts_mxfp4_tl_up", lambda **c: _program("up", **c), _aot_variants)
-DOWN_KERNEL = TileLangKernel("moe_experts_mxfp4_tl_down", lambda **c: _program("down", **c), _aot_variants)
+_ARRIVE = re.compile(r"^\s*mbarrier\[[^\]]+\]\.arrive\(\);$")
+
+
+def release_weights_after_mma(source: str) -> str:
+    """Move the consumers' release of a weight stage (TileLang puts it right after their last read of ``w_s``,
+    before the step's wgmma) to after the wgmma wait, beside the activation stage's release.
+
+    TileLang releases a shared buffer after the statement that last reads it; here that read is a plain load into
+    registers that the wgmma consumes, and with two programs an SM the producer's next TMA into the stage raced
+    it (outputs differing run to run: docs/performance/log/2026-12-06.md).  Once the wgmma has waited, its A
+    registers -- and so the loads -- are done.  Raises if the source is not the expected shape."""
+    lines = source.split("\n")
+    early = [i for i in range(len(lines) - 1) if _ARRIVE.match(lines[i]) and _ARRIVE.match(lines[i + 1])]
+    if len(early) != 1:
+        raise RuntimeError(f"release_weights_after_mma: expected one pair of weight-stage releases, found {early}")
+    i = early[0]
+    wait = next((j for j in range(i + 2, len(lines)) if "warpgroup_wait<0>();" in lines[j]), None)
+    late = next((j for j in range(wait or len(lines), len(lines)) if _ARRIVE.match(lines[j])), None)
+    if wait is None or late is None:
+        raise RuntimeError("release_weights_after_mma: no wgmma wait and activation-stage release after the pair")
+    moved = lines[i:i + 2]
+    return "\n".join(lines[:i] + lines[i + 2:late] + moved + lines[late:])
+
+
+UP_KERNEL = TileLangKernel("moe_experts_mxfp4_tl_up", lambda **c: _program("up", **c), _aot_variants,
+                           release_weights_after_mma)
+DOWN_KERNEL = TileLangKernel("moe_experts_mxfp4_tl_down", lambda **c: _program("down", **c), _aot_variants,
+                             release_weights_after_mma)
 
 
 def covers(x: torch.Tensor, hidden: int, inter: int, config: Mxfp4TileLang) -> bool:
@@ -212,7 +239,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     inter = two_inter // 2
     slots = tokens * top_k
     if config is None:
-        config = mxfp4_tilelang_config(arch, slots // max(1, num_experts), hidden, inter)
+        config = mxfp4_tilelang_config(arch, slots, num_experts, hidden, inter)
     if config is None or slots == 0 or not covers(x, hidden, inter, config):
         return None
     variant = _variant(config, hidden, inter)
@@ -222,8 +249,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     order, blocks, plan_steps = plan(ids, num_experts, config.block_m, arch=arch)
     n_blocks = blocks.shape[1]
     xs = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
-    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=order, top_k=top_k,
-                                    columns=k_order(hidden, x.device), out=xs), xs)
+    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=order, top_k=top_k, out=xs), xs)
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
@@ -248,13 +274,19 @@ _CONFIG = Mxfp4TileLang.LAUNCH
 
 class _Gather:
     """x's rows in slot order and its columns in the GEMMs' K order for the up GEMM's TMA
-    (``xs[r] = x[order[r] // k][columns]``), as a chain step: it must run after the plan's kernels wrote ``order``."""
+    (``xs[r] = x[order[r] // k][k_order]``), as a chain step: it must run after the plan's kernels wrote ``order``.
+
+    One ``index_select`` of a strided view: per 64 columns the stored column 16q + 4s + 2h + b, viewed as
+    [q, s, h, b], runs at 16s + 8h + 2q + b once permuted to [s, h, q, b] (:func:`k_order`'s rule)."""
 
     name = "moe_experts_mxfp4_tl_gather"
 
     def launch(self, grid: tuple[int, ...], config: Any, args: dict[str, Any], device_index: int) -> None:
-        x = torch.index_select(args["x"], 1, args["columns"])
-        torch.index_select(x, 0, torch.div(args["order"], args["top_k"], rounding_mode="floor"), out=args["out"])
+        x, out = args["x"], args["out"]
+        tokens, hidden = x.shape
+        in_k_order = x.view(tokens, hidden // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5)
+        rows = torch.div(args["order"], args["top_k"], rounding_mode="floor")
+        torch.index_select(in_k_order, 0, rows, out=out.view(out.shape[0], hidden // 64, 4, 2, 4, 2))
 
 
 GATHER = _Gather()
