@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = reference(*op).float() if hit * 0.15 < 24 else triton_form.prepare(*op, arch=SM90A).run(0).float()
         bytes_ = hit * (INTER * H + INTER * H // 16 + H * INTER // 2 + H * INTER // 32) + 2 * tokens * H * 2
         floor_us = bytes_ / bandwidth * 1e6
-        tier = mxfp4_tilelang_tier(tokens * K // E)
+        tier = mxfp4_tilelang_tier(tokens * K, E)
         forms = {"triton": (None, lambda: triton_form.prepare(*op, arch=SM90A))}
         for c in MXFP4_TILELANG_CANDIDATES[tier]:
             forms[f"tilelang m{c.block_m} k{c.block_k} s{c.stages} o{c.occupancy}"] = (

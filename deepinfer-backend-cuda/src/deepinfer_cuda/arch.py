@@ -309,33 +309,43 @@ class Mxfp4TileLang:
 
 Mxfp4TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 
-def mxfp4_tilelang_tier(slots_per_expert: int) -> str:
-    """The MXFP4 tier of a call by its (whole) slots an expert: "decode" below one (fewer slots than experts: at
-    V4.1-Flash's 384 experts, top-6, below 64 tokens), "batch" below 32 (up to the 1024-token prefill chunk),
-    "prefill" from 32."""
-    return "decode" if slots_per_expert < 1 else "batch" if slots_per_expert < 32 else "prefill"
+def mxfp4_tilelang_tier(slots: int, experts: int) -> str:
+    """The MXFP4 tier of a call by its token slots (tokens x top-k) and experts (at V4.1-Flash's 384 experts,
+    top-6): "few" below one slot for every 16 experts (up to 3 tokens: a few experts, one slot each), "decode" below
+    one an expert (below 64 tokens), "batch" below 8 an expert (below 512 tokens), "chunk" below 32 (up to the
+    1024-token prefill chunk: an expert's slots fill one wider block), "prefill" from 32."""
+    if slots * 16 < experts:
+        return "few"
+    if slots < experts:
+        return "decode"
+    return "batch" if slots < 8 * experts else "chunk" if slots < 32 * experts else "prefill"
 
 
 #: The TileLang MXFP4 forms built into the kernel set (SM90 only): per :func:`mxfp4_tilelang_tier`, the candidates.
-#: None with ``occupancy`` 2 yet: the fastest in the sweep of 2026-12-06 (b16 908 µs, b64 2612 µs on the H100) but
-#: wrong beyond one plan block an expert (docs/performance/log/2026-12-06.md).
+#: ``occupancy`` 2 forms need the weight-stage release after the wgmma (``release_weights_after_mma``; without it
+#: they raced, docs/performance/log/2026-12-06.md).  Each has its one-program sibling, which the GPU test compares.
 MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
-    "decode": (Mxfp4TileLang(16, 128, 4), Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 128, 8)),
-    "batch": (Mxfp4TileLang(16, 256, 4), Mxfp4TileLang(16, 128, 4)),
+    "few": (Mxfp4TileLang(16, 128, 4, 2),),
+    "decode": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4)),
+    "batch": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 256, 4)),
+    "chunk": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(32, 128, 4, 2), Mxfp4TileLang(32, 128, 4),
+              Mxfp4TileLang(64, 128, 4)),
     "prefill": (Mxfp4TileLang(64, 128, 3),),
 }
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
 #: ``tools/sweep/mxfp4_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs Triton.
-MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {(5120, 2304): {"batch": Mxfp4TileLang(16, 256, 4)}}
+MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {
+    (5120, 2304): {"decode": Mxfp4TileLang(16, 128, 4, 2), "batch": Mxfp4TileLang(16, 128, 4, 2),
+                   "chunk": Mxfp4TileLang(16, 128, 4, 2)}}
 
 
-def mxfp4_tilelang_config(arch: CudaArch, slots_per_expert: int, hidden: int, inter: int,
+def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int, inter: int,
                           tuned: bool = True) -> Mxfp4TileLang | None:
     """The TileLang tiles for a call (None: the Triton form).  ``tuned=False`` gives the tier's first candidate
     whatever the table says (what the kernel set builds, with the other candidates, for the sweep)."""
     if arch.triton_arch != 90:
         return None
-    tier = mxfp4_tilelang_tier(slots_per_expert)
+    tier = mxfp4_tilelang_tier(slots, experts)
     if tuned:
         return MXFP4_TILELANG.get((hidden, inter), {}).get(tier)
     return MXFP4_TILELANG_CANDIDATES[tier][0]
