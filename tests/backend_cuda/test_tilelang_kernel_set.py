@@ -107,7 +107,7 @@ def test_the_k_order_gives_each_fragment_thread_two_whole_words_of_one_scale_gro
 def test_the_tiers_split_calls_by_slots_an_expert():
     from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, mxfp4_tilelang_tier
 
-    tiers = [mxfp4_tilelang_tier(tokens * 6, 384) for tokens in (1, 3, 4, 63, 64, 511, 512, 2047, 2048)]
+    tiers = [mxfp4_tilelang_tier(tokens * 6, 384) for tokens in (1, 3, 4, 63, 64, 767, 768, 2047, 2048)]
     assert tiers == ["few", "few", "decode", "decode", "batch", "batch", "chunk", "chunk", "prefill"]
     assert set(MXFP4_TILELANG_CANDIDATES) == {"few", "decode", "batch", "chunk", "prefill"}
 

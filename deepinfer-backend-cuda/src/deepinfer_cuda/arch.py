@@ -312,13 +312,13 @@ Mxfp4TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 def mxfp4_tilelang_tier(slots: int, experts: int) -> str:
     """The MXFP4 tier of a call by its token slots (tokens x top-k) and experts (at V4.1-Flash's 384 experts,
     top-6): "few" below one slot for every 16 experts (up to 3 tokens: a few experts, one slot each), "decode" below
-    one an expert (below 64 tokens), "batch" below 8 an expert (below 512 tokens), "chunk" below 32 (up to the
+    one an expert (below 64 tokens), "batch" below 12 an expert (below 768 tokens), "chunk" below 32 (up to the
     1024-token prefill chunk: an expert's slots fill one wider block), "prefill" from 32."""
     if slots * 16 < experts:
         return "few"
     if slots < experts:
         return "decode"
-    return "batch" if slots < 8 * experts else "chunk" if slots < 32 * experts else "prefill"
+    return "batch" if slots < 12 * experts else "chunk" if slots < 32 * experts else "prefill"
 
 
 #: The TileLang MXFP4 forms built into the kernel set (SM90 only): per :func:`mxfp4_tilelang_tier`, the candidates.
@@ -328,15 +328,14 @@ MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
     "few": (Mxfp4TileLang(16, 128, 4, 2),),
     "decode": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4)),
     "batch": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 256, 4)),
-    "chunk": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(32, 128, 4, 2), Mxfp4TileLang(32, 128, 4),
-              Mxfp4TileLang(64, 128, 4)),
+    "chunk": (Mxfp4TileLang(32, 128, 4, 2), Mxfp4TileLang(32, 128, 4), Mxfp4TileLang(16, 128, 4, 2)),
     "prefill": (Mxfp4TileLang(64, 128, 3),),
 }
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
 #: ``tools/sweep/mxfp4_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs Triton.
 MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {
     (5120, 2304): {"decode": Mxfp4TileLang(16, 128, 4, 2), "batch": Mxfp4TileLang(16, 128, 4, 2),
-                   "chunk": Mxfp4TileLang(16, 128, 4, 2)}}
+                   "chunk": Mxfp4TileLang(32, 128, 4, 2)}}
 
 
 def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int, inter: int,
