@@ -5,6 +5,7 @@ sm_90a.  The GPU side is ``test_moe_mxfp4_tilelang_gpu.py``."""
 from __future__ import annotations
 
 import ctypes
+import math
 
 import pytest
 import torch
@@ -87,8 +88,9 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
 
 def test_the_k_order_gives_each_fragment_thread_two_whole_words_of_one_scale_group():
     """The RS decode's contract: in a 64-column block, lane q of a wgmma A fragment holds columns 2q, 2q + 1,
-    2q + 8, 2q + 9 of each 16-column slice; the K order maps those 16 to stored columns 16q..16q + 15 (bytes
-    8q..8q + 7: two words, one scale group), in fragment order; the up GEMM's output positions invert it."""
+    2q + 8, 2q + 9 of each 16-column slice (a register a pair 2q + b, b = 0, 1); the K order maps those 16 to
+    stored columns 16q..16q + 15 (bytes 8q..8q + 7: two words, one scale group), each register's pair to codes n
+    and n + 4 of one word; the up GEMM's output positions invert it."""
     n = 256
     order = tl_form.k_order(n, torch.device("cpu"))
     columns = torch.arange(n)
@@ -98,10 +100,35 @@ def test_the_k_order_gives_each_fragment_thread_two_whole_words_of_one_scale_gro
     assert torch.equal(tl_form._group(columns), order // 32)
     for block in range(n // 64):
         for q in range(4):
-            fragment = [64 * block + 16 * s + 8 * h + 2 * q + b for s in range(4) for h in range(2) for b in range(2)]
-            assert order[fragment].tolist() == list(range(64 * block + 16 * q, 64 * block + 16 * q + 16))
+            fragment = [64 * block + 16 * s + 8 * h + 2 * q for s in range(4) for h in range(2)]
+            stored = order[fragment]
+            assert sorted(stored.tolist() + order[[c + 1 for c in fragment]].tolist()) == list(
+                range(64 * block + 16 * q, 64 * block + 16 * q + 16))
+            assert torch.equal(order[[c + 1 for c in fragment]], stored + 4) and (stored % 8 < 4).all()
     x, w = torch.randn(3, n, dtype=torch.float64), torch.randn(5, n, dtype=torch.float64)
     assert torch.allclose(x[:, order] @ w[:, order].T, x @ w.T)  # K is summed: only its order changed
+
+
+def _bf16_halves(bits: int) -> tuple[float, float]:
+    pair = torch.tensor([bits & 0xFFFF, bits >> 16], dtype=torch.int32).to(torch.int16)
+    return tuple(pair.view(torch.bfloat16).float().tolist())
+
+
+def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_126():
+    """``_DEQUANT``'s integer steps for every code pair (n, n + 4) of a word, emulated with its constants: the
+    masked, multiplied bits are the bf16 pair of the e2m1 values times 2^-126, which its first bf16x2 multiply
+    (by ``TWO_POW_126``) undoes exactly."""
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    assert _bf16_halves(tl_form.TWO_POW_126) == (2.0 ** 126, 2.0 ** 126)
+    gen = torch.Generator().manual_seed(0)
+    for word in [0x76543210, 0xFEDCBA98, *torch.randint(0, 2 ** 32, (64,), generator=gen).tolist()]:
+        for n in range(4):
+            y = word >> 8 if n & 2 else word
+            t = ((y & 0x00F000F0) * 0x104 if n & 1 else (y & 0x000F000F) * 0x1040) & 0xFFFFFFFF
+            lo, hi = _bf16_halves(t & tl_form.MAGNITUDE_AND_SIGN)
+            for half, code in ((lo, (word >> 4 * n) & 15), (hi, (word >> 4 * (n + 4)) & 15)):
+                expected = (-1.0 if code & 8 else 1.0) * e2m1[code & 7]
+                assert half * 2.0 ** 126 == expected and (math.copysign(1, half) < 0) == bool(code & 8), (word, n)
 
 
 def test_the_tiers_split_calls_by_slots_an_expert():

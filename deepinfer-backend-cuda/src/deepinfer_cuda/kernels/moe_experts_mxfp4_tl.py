@@ -11,16 +11,20 @@ consumer thread loads its own rows' e8m0 scale bytes for the next step into regi
 the words into its wgmma fragment (no bf16 tile in shared memory: each packed byte is read once).
 
 **The K order.**  A wgmma A fragment gives a thread, in each 16-column slice, columns 2q, 2q + 1, 2q + 8, 2q + 9
-(q = lane % 4).  So that a thread's 16 values of a 64-column block come from two whole words (bytes 8q..8q + 7 of
-the block, one 32-column scale group), the GEMM runs its K columns in the order :func:`k_order`: logical column
-16s + 8h + 2q + b reads stored column 16q + 4s + 2h + b.  K is summed, so only the activations need the same
-order: the up GEMM reads ``x``'s rows gathered in slot order *and* columns in that order (one gather), and the up
-GEMM writes ``act`` in it (:func:`k_position`) for the down GEMM; the down GEMM's output is in natural order.
+(q = lane % 4), a register holding each pair (2q + b, b = 0, 1).  So that a thread's 16 values of a 64-column
+block come from two whole words (bytes 8q..8q + 7 of the block, one 32-column scale group) and each register's
+pair from codes n and n + 4 of one word (bits 4n and 16 + 4n: one mask and one multiply place both), the GEMM runs
+its K columns in the order :func:`k_order`: logical column 16s + 8h + 2q + b reads stored column
+16q + 8h + 4b + s.  K is summed, so only the activations need the same order: the up GEMM reads ``x``'s rows
+gathered in slot order *and* columns in that order (one gather), and the up GEMM writes ``act`` in it
+(:func:`k_position`) for the down GEMM; the down GEMM's output is in natural order.
 
-**The decode** (``_DEQUANT``: a word's 8 codes, code n in bits 4n..4n + 3): the magnitudes index two byte tables
-(``prmt``: the high and low bytes of bf16 0, .5, 1, 1.5, 2, 3, 4, 6), two more ``prmt`` interleave them into bf16
-pairs, a ``prmt`` in sign-replicate mode spreads each code's sign bit, and one bf16x2 multiply by the group's scale
-(2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0) gives ``dequant_mxfp4``'s bf16 values, exact.
+**The decode** (``_DEQUANT``, per register: codes n and n + 4 of a word, code n in bits 4n..4n + 3): mask the two
+codes and multiply by 2^6 + 2^12 (one ``IMAD``: each code's magnitude lands in the low exponent bits and top
+mantissa bit of its bf16 half, its sign in the sign bit), mask again: the bf16 pair of the e2m1 values times
+2^-126 (the exponent bias; 0.5 is a subnormal).  Two bf16x2 multiplies, by 2^126 and by the group's scale
+(2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0), give ``dequant_mxfp4``'s bf16 values, exact: ~2.6
+instructions a value, no tables in registers.
 Epilogues as in the Triton kernels: the projections rounded to bf16, clamped SwiGLU (``limit`` = inf when the op
 has none), the slot's routing weight.
 
@@ -52,41 +56,36 @@ from deepinfer_cuda.kernels.moe_experts import AOT_SHAPES, COMBINE_KERNEL, _comb
 from deepinfer_cuda.kernels.moe_routing import plan
 
 #: Element n (0..7) of a word's e2m1 codes times 2^(e8m0 - 127) as bf16 bits.  Called once per fragment element;
-#: nvcc shares the word's table lookups between the 8 calls on the same word (the SASS has one bf16x2 multiply
-#: a pair).  ``prmt`` selector nibbles: bits 0-2 pick one of the 8 bytes {b, a}, bit 3 replicates its sign bit.
+#: nvcc shares the work of the register's pair (n, n + 4) between the two calls.  Codes n and n + 4 sit at bits 4n
+#: and 16 + 4n: for n = 1, 3 the mask takes them at bits 4..7 and 20..23 (multiplier 2^2 + 2^8), for n = 2, 3 the
+#: word is first shifted down a byte.
+MAGNITUDE_AND_SIGN = 0x81C081C0  #: bf16 pair bits: sign, the two low exponent bits, the top mantissa bit
+TWO_POW_126 = 0x7E807E80  #: bf16 pair 2^126, undoing the exponent bias the placed bits carry
 _DEQUANT = r"""
 #include <cuda_bf16.h>
-__device__ __forceinline__ unsigned di_prmt(unsigned a, unsigned b, unsigned s) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
-  return d;
-}
 __device__ __forceinline__ unsigned short di_e2m1_at(const unsigned q, const int n, const unsigned char e8m0) {
-  const unsigned m = (n < 4 ? q : q >> 16) & 0x7777u;  // 4 magnitudes as selectors, sign mode off
-  const unsigned hi = di_prmt(0x3F3F3F00u, 0x40404040u, m);
-  const unsigned lo = di_prmt(0xC0800000u, 0xC0804000u, m);
-  const int k = n >> 1;  // the byte holding codes 2k (low nibble) and 2k + 1
-  const unsigned pair = di_prmt(lo, hi, (k & 1) ? 0x7362u : 0x5140u);
-  // byte 1 <- sign of code 2k (bit 3 of byte k: bit 7 of q << 4), byte 3 <- sign of code 2k + 1 (bit 7 of byte k)
-  const unsigned sign = di_prmt(q, q << 4, ((0xCu + k) << 4) | ((0x8u + k) << 12));
-  const unsigned v = pair | (sign & 0x80008000u);
-  const unsigned sc = ((unsigned)e8m0 << 7) | ((unsigned)e8m0 << 23);
-  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+  const unsigned y = (n & 2) ? q >> 8 : q;
+  const unsigned t = (n & 1) ? (y & 0x00F000F0u) * 0x104u : (y & 0x000F000Fu) * 0x1040u;
+  const unsigned v = t & DI_MASKu;  // (code n, code n + 4) x 2^-126 as a bf16 pair
+  const unsigned c = DI_BIASu;
+  const unsigned sc = (unsigned)e8m0 * 0x00800080u;  // 2^(e8m0 - 127) a half
+  const __nv_bfloat162 r = __hmul2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                           *reinterpret_cast<const __nv_bfloat162*>(&c)),
                                    *reinterpret_cast<const __nv_bfloat162*>(&sc));
-  return __bfloat16_as_ushort((n & 1) ? __high2bfloat16(r) : __low2bfloat16(r));
+  return __bfloat16_as_ushort((n & 4) ? __high2bfloat16(r) : __low2bfloat16(r));
 }
-"""
+""".replace("DI_MASK", f"{MAGNITUDE_AND_SIGN:#x}").replace("DI_BIAS", f"{TWO_POW_126:#x}")
 THREADS = 256  #: the consumer warpgroups (TileLang adds the producer's 128)
 
 
 def _word(j: Any) -> Any:
     """The 32-bit word (of a row's words) holding logical K column ``j`` (ints, TIR expressions or tensors)."""
-    return (j // 64) * 8 + ((j // 2) % 4) * 2 + (j // 32) % 2
+    return (j // 64) * 8 + ((j // 2) % 4) * 2 + (j // 8) % 2
 
 
 def _nibble(j: Any) -> Any:
     """Which of its word's 8 codes logical column ``j`` is."""
-    return ((j // 16) % 2) * 4 + ((j // 8) % 2) * 2 + j % 2
+    return (j // 16) % 4 + (j % 2) * 4
 
 
 def _group(j: Any) -> Any:
@@ -96,7 +95,7 @@ def _group(j: Any) -> Any:
 
 def k_position(p: Any) -> Any:
     """Where stored column ``p`` runs in the GEMMs' K order (the inverse of :func:`k_order`)."""
-    return (p // 64) * 64 + ((p // 4) % 4) * 16 + ((p // 2) % 2) * 8 + ((p // 16) % 4) * 2 + p % 2
+    return (p // 64) * 64 + (p % 4) * 16 + ((p // 8) % 2) * 8 + ((p // 16) % 4) * 2 + (p // 4) % 2
 
 
 @functools.cache
@@ -276,15 +275,15 @@ class _Gather:
     """x's rows in slot order and its columns in the GEMMs' K order for the up GEMM's TMA
     (``xs[r] = x[order[r] // k][k_order]``), as a chain step: it must run after the plan's kernels wrote ``order``.
 
-    One ``index_select`` of a strided view: per 64 columns the stored column 16q + 4s + 2h + b, viewed as
-    [q, s, h, b], runs at 16s + 8h + 2q + b once permuted to [s, h, q, b] (:func:`k_order`'s rule)."""
+    One ``index_select`` of a strided view: per 64 columns the stored column 16q + 8h + 4b + s, viewed as
+    [q, h, b, s], runs at 16s + 8h + 2q + b once permuted to [s, h, q, b] (:func:`k_order`'s rule)."""
 
     name = "moe_experts_mxfp4_tl_gather"
 
     def launch(self, grid: tuple[int, ...], config: Any, args: dict[str, Any], device_index: int) -> None:
         x, out = args["x"], args["out"]
         tokens, hidden = x.shape
-        in_k_order = x.view(tokens, hidden // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5)
+        in_k_order = x.view(tokens, hidden // 64, 4, 2, 2, 4).permute(0, 1, 5, 3, 2, 4)
         rows = torch.div(args["order"], args["top_k"], rounding_mode="floor")
         torch.index_select(in_k_order, 0, rows, out=out.view(out.shape[0], hidden // 64, 4, 2, 4, 2))
 
