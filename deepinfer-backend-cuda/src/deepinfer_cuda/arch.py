@@ -334,7 +334,8 @@ MXFP4_TILELANG_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
 #: Where the TileLang form replaces the Triton one, (hidden, inter) -> {tier: tiles}: the winners of
 #: ``tools/sweep/mxfp4_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs Triton.
 MXFP4_TILELANG: dict[tuple[int, int], dict[str, Mxfp4TileLang]] = {
-    (5120, 2304): {"decode": Mxfp4TileLang(16, 128, 4, 2), "batch": Mxfp4TileLang(16, 128, 4, 2),
+    (5120, 2304): {"few": Mxfp4TileLang(16, 128, 4, 2), "decode": Mxfp4TileLang(16, 128, 4, 2),
+                   "batch": Mxfp4TileLang(16, 128, 4, 2),
                    "chunk": Mxfp4TileLang(32, 128, 4, 2)}}
 
 

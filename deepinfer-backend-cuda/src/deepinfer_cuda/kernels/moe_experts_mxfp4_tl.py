@@ -275,17 +275,18 @@ class _Gather:
     """x's rows in slot order and its columns in the GEMMs' K order for the up GEMM's TMA
     (``xs[r] = x[order[r] // k][k_order]``), as a chain step: it must run after the plan's kernels wrote ``order``.
 
-    One ``index_select`` of a strided view: per 64 columns the stored column 16q + 8h + 4b + s, viewed as
-    [q, h, b, s], runs at 16s + 8h + 2q + b once permuted to [s, h, q, b] (:func:`k_order`'s rule)."""
+    x's columns are put in the K order by one strided copy (per 64 columns the stored column 16q + 8h + 4b + s,
+    viewed as [q, h, b, s], runs at 16s + 8h + 2q + b once permuted to [s, h, q, b]: :func:`k_order`'s rule), then
+    its rows gathered by one ``index_select`` of contiguous rows (an ``index_select`` of the strided view itself
+    runs torch's generic gather, ~2x slower at 64 tokens and up)."""
 
     name = "moe_experts_mxfp4_tl_gather"
 
     def launch(self, grid: tuple[int, ...], config: Any, args: dict[str, Any], device_index: int) -> None:
         x, out = args["x"], args["out"]
         tokens, hidden = x.shape
-        in_k_order = x.view(tokens, hidden // 64, 4, 2, 2, 4).permute(0, 1, 5, 3, 2, 4)
-        rows = torch.div(args["order"], args["top_k"], rounding_mode="floor")
-        torch.index_select(in_k_order, 0, rows, out=out.view(out.shape[0], hidden // 64, 4, 2, 4, 2))
+        in_k_order = x.view(tokens, hidden // 64, 4, 2, 2, 4).permute(0, 1, 5, 3, 2, 4).reshape(tokens, hidden)
+        torch.index_select(in_k_order, 0, torch.div(args["order"], args["top_k"], rounding_mode="floor"), out=out)
 
 
 GATHER = _Gather()
