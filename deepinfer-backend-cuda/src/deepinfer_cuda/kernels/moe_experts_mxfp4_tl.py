@@ -23,8 +23,8 @@ gathered in slot order *and* columns in that order (one gather), and the up GEMM
 codes and multiply by 2^6 + 2^12 (one ``IMAD``: each code's magnitude lands in the low exponent bits and top
 mantissa bit of its bf16 half, its sign in the sign bit), mask again: the bf16 pair of the e2m1 values times
 2^-126 (the exponent bias; 0.5 is a subnormal).  Two bf16x2 multiplies, by 2^126 and by the group's scale
-(2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0), give ``dequant_mxfp4``'s bf16 values, exact: ~2.6
-instructions a value, no tables in registers.
+(2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0), give ``dequant_mxfp4``'s bf16 values, exact, with
+no tables kept in registers (instruction counts: docs/cuda_backend.md).
 Epilogues as in the Triton kernels: the projections rounded to bf16, clamped SwiGLU (``limit`` = inf when the op
 has none), the slot's routing weight.
 
@@ -278,7 +278,7 @@ class _Gather:
     x's columns are put in the K order by one strided copy (per 64 columns the stored column 16q + 8h + 4b + s,
     viewed as [q, h, b, s], runs at 16s + 8h + 2q + b once permuted to [s, h, q, b]: :func:`k_order`'s rule), then
     its rows gathered by one ``index_select`` of contiguous rows (an ``index_select`` of the strided view itself
-    runs torch's generic gather, ~2x slower at 64 tokens and up)."""
+    runs torch's generic gather over every slot: docs/performance/log/2026-12-06.md)."""
 
     name = "moe_experts_mxfp4_tl_gather"
 
