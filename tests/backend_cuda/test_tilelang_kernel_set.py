@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from deepinfer.quant.formats import E2M1_VALUES  # noqa: E402
 from deepinfer_cuda.arch import SM90A, SM100A, Mxfp4TileLang  # noqa: E402
 from deepinfer_cuda.kernel_set.cubin import TENSORMAP, param_storage  # noqa: E402
 from deepinfer_cuda.kernel_set.dispatch import use_kernel_set  # noqa: E402
@@ -118,7 +119,6 @@ def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_
     """``_DEQUANT``'s integer steps for every code pair (n, n + 4) of a word, emulated with its constants: the
     masked, multiplied bits are the bf16 pair of the e2m1 values times 2^-126, which its first bf16x2 multiply
     (by ``TWO_POW_126``) undoes exactly."""
-    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     assert _bf16_halves(tl_form.TWO_POW_126) == (2.0 ** 126, 2.0 ** 126)
     gen = torch.Generator().manual_seed(0)
     for word in [0x76543210, 0xFEDCBA98, *torch.randint(0, 2 ** 32, (64,), generator=gen).tolist()]:
@@ -127,8 +127,9 @@ def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_
             t = ((y & 0x00F000F0) * 0x104 if n & 1 else (y & 0x000F000F) * 0x1040) & 0xFFFFFFFF
             lo, hi = _bf16_halves(t & tl_form.MAGNITUDE_AND_SIGN)
             for half, code in ((lo, (word >> 4 * n) & 15), (hi, (word >> 4 * (n + 4)) & 15)):
-                expected = (-1.0 if code & 8 else 1.0) * e2m1[code & 7]
-                assert half * 2.0 ** 126 == expected and (math.copysign(1, half) < 0) == bool(code & 8), (word, n)
+                expected = E2M1_VALUES[code]
+                assert half * 2.0 ** 126 == expected, (word, n)
+                assert math.copysign(1, half) == math.copysign(1, expected), (word, n)  # -0.0 included
 
 
 def test_the_tiers_split_calls_by_slots_an_expert():
