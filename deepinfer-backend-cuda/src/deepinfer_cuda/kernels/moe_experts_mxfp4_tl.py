@@ -206,12 +206,11 @@ def release_weights_after_mma(source: str) -> str:
     if len(early) != 1:
         raise RuntimeError(f"release_weights_after_mma: expected one pair of weight-stage releases, found {early}")
     i = early[0]
-    wait = next((j for j in range(i + 2, len(lines)) if "warpgroup_wait<0>();" in lines[j]), None)
-    late = next((j for j in range(wait or len(lines), len(lines)) if _ARRIVE.match(lines[j])), None)
-    if wait is None or late is None:
+    wait = next((j for j in range(i + 2, len(lines)) if "warpgroup_wait<0>();" in lines[j]), len(lines))
+    late = next((j for j in range(wait, len(lines)) if _ARRIVE.match(lines[j])), None)
+    if late is None:
         raise RuntimeError("release_weights_after_mma: no wgmma wait and activation-stage release after the pair")
-    moved = lines[i:i + 2]
-    return "\n".join(lines[:i] + lines[i + 2:late] + moved + lines[late:])
+    return "\n".join(lines[:i] + lines[i + 2:late] + lines[i:i + 2] + lines[late:])
 
 
 UP_KERNEL = TileLangKernel("moe_experts_mxfp4_tl_up", lambda **c: _program("up", **c), _aot_variants,
