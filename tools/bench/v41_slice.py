@@ -23,7 +23,7 @@ bound by the bytes, the 1024-token prefill too (222 GB against 6.6 TFLOP): its M
 roofline is the number to compare.  Prints a markdown table and JSON.
 
 ``--released`` also runs the slice in V4.1-Flash's released formats, kept as stored (``DEEPINFER_QUANTIZED_WEIGHTS
-=native``, ``DEEPINFER_QUANTIZED_KV=1``): dense projections FP8 e4m3 with ue8m0 128x128 block scales, routed
+=native``, ``DEEPINFER_QUANTIZED_KV=1``): dense projections FP8 e4m3 with ue8m0 32x32 block scales, routed
 experts MXFP4 (e2m1 + e8m0 per 32), the shared expert FP8 (its own, per layer), the Engram table FP8 (ue8m0 per 32
 columns), the state packed (SWA 528 B, latent 288 B, indexer key 68 B a row); the bf16 slice runs first in the same
 process.  Its roofline counts the bytes actually stored, and its FLOPs at the FP8 matmul rate (measured now,
@@ -87,10 +87,10 @@ class Shape:
 
 
 FULL = Shape(SLICE, 384, 1024, 2048, 64, "cuda")
-#: The released format's FP8 projections (V4.1-Flash: 128x128 blocks, ue8m0 scales); "experts." holds the shared
-#: expert's too, which the slice gives each layer apart.
+#: The released format's FP8 projections (V4.1-Flash: 32x32 blocks, ue8m0 scales; V4 used 128x128); "experts."
+#: holds the shared expert's too, which the slice gives each layer apart.
 FP8_DENSE = (".attn.wq_a.", ".attn.wq_b.", ".attn.wkv.", ".attn.wo_a.", ".attn.wo_b.")
-FP8_BLOCK = (128, 128)
+FP8_BLOCK = (32, 32)
 MXFP4_SCALE = 127 - 8  # e8m0 exponent of the random MXFP4 experts' scales (|w| <= 6 * 2^-8)
 SMALL = Shape(TINY, 16, 64, 80, 64, "cpu")
 
@@ -296,7 +296,7 @@ class Bytes:
 
 
 def _fp8_bytes(rows: int, cols: int) -> int:
-    """An FP8 weight with one ue8m0 byte per 128x128 block."""
+    """An FP8 weight with one ue8m0 byte per block (``FP8_BLOCK``)."""
     return rows * cols + -(-rows // FP8_BLOCK[0]) * -(-cols // FP8_BLOCK[1])
 
 

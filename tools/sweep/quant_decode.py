@@ -5,12 +5,12 @@
     python -m tools.sweep.quant_decode --forms tma      # the FP8 config's tiles against TMA weight tiles only
     TRITON_INTERPRET=1 python -m tools.sweep.quant_decode --tiny                     # CPU: tiny shapes (the test's)
 
-FP8 (``fp8_block_linear`` / ``_grouped``, 128x128 ue8m0 blocks): for each (N, K, groups) of
-``fp8_block_linear.AOT_SHAPES`` (default: V4.1-Flash's) and each row tier (1 row; 16 rows for the 63-row tier),
-every candidate ``arch.Fp8DecodeTile`` (row loop or 16-row tl.dot tiles, column tile, reduction step, split-K,
-warps, stages, pointer or TMA weight loads; ``arch.fp8_linear_config``'s own first, then the TMA tiles) runs the
-whole op (and the split-K sum) from a CUDA graph over enough copies of the weight that L2 holds none of them (each
-layer's weights are cold in a real step).
+FP8 (``fp8_block_linear`` / ``_grouped``, square ue8m0 scale blocks of ``--block``: 32 as V4.1-Flash, 128 as V4):
+for each (N, K, groups) of ``fp8_block_linear.AOT_SHAPES`` (default: V4.1-Flash's) and each row tier (1 row; 16 rows
+for the 63-row tier), every candidate ``arch.Fp8DecodeTile`` (row loop or 16-row tl.dot tiles, column tile,
+reduction step, split-K, warps, stages, pointer or TMA weight loads; ``arch.fp8_linear_config``'s own first, then
+the TMA tiles) runs the whole op (and the split-K sum) from a CUDA graph over enough copies of the weight that L2
+holds none of them (each layer's weights are cold in a real step).
 MXFP4 experts (top-6 of 384, hidden 5120, intermediate 2304) at 1 and 16 tokens: each candidate of the up and of
 the down kernel is timed alone, over several routings.  Every row: µs per call, the bytes it must read (weights,
 scales, activations) and their share of the measured copy bandwidth; ``err``: max |ours - reference| / max
@@ -54,6 +54,7 @@ class Fp8Case:
     k: int
     groups: int
     rows: int
+    block: int = 32  #: the square scale block (V4.1-Flash: 32; V4: 128)
 
     @property
     def tier(self) -> int:
@@ -62,7 +63,7 @@ class Fp8Case:
         return next(t for t in FP8_DECODE_ROW_TIERS if self.rows <= t)
 
     def label(self) -> str:
-        return f"fp8 {self.n}x{self.k}{f'x{self.groups}g' if self.groups > 1 else ''} m{self.rows}"
+        return f"fp8 {self.n}x{self.k}{f'x{self.groups}g' if self.groups > 1 else ''} m{self.rows} b{self.block}"
 
 
 def fp8_candidates(case: Fp8Case, tiny: bool, forms: str = "all") -> list:
@@ -71,7 +72,7 @@ def fp8_candidates(case: Fp8Case, tiny: bool, forms: str = "all") -> list:
     pruned to sane program counts.  ``forms``: "tma" or "pointer" keeps the config's tile and that form's only."""
     from deepinfer_cuda.arch import SM90A, Fp8DecodeTile, fp8_linear_config
 
-    base = fp8_linear_config(SM90A, case.rows, case.n, case.k, case.groups, 128, 2)
+    base = fp8_linear_config(SM90A, case.rows, case.n, case.k, case.groups, case.block, 2)
     out = [Fp8DecodeTile(base.row_loop, base.block_n, base.block_k, base.split_k, base.config.num_warps,
                          base.config.num_stages, base.tma)]
     as_tma = [(base.row_loop, base.block_n, base.block_k, base.split_k, base.config.num_warps, st, True)
@@ -165,7 +166,7 @@ def moe_tiles(c: MoeCandidate, tiny: bool):
 
 # --- problems ---------------------------------------------------------------------------------------------------
 def fp8_problem(case: Fp8Case, device: str, copies: int = 1, seed: int = 0):
-    """(x, [(weight, scale)] * copies) in the released format (e4m3 codes, ue8m0 128x128 scales)."""
+    """(x, [(weight, scale)] * copies) in the released format (e4m3 codes, ue8m0 scales per square block)."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -173,14 +174,14 @@ def fp8_problem(case: Fp8Case, device: str, copies: int = 1, seed: int = 0):
     x = torch.randn(*shape, generator=gen, device=device).bfloat16()
     n = case.n * case.groups
     data = (torch.randn(n, case.k, generator=gen, device=device) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    exps = torch.randint(-16, -12, (-(-n // 128), -(-case.k // 128)), generator=gen, device=device)
+    exps = torch.randint(-16, -12, (-(-n // case.block), -(-case.k // case.block)), generator=gen, device=device)
     scale = (exps + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
     return x, [(data.clone(), scale.clone()) for _ in range(copies)]
 
 
 def fp8_bytes(case: Fp8Case) -> int:
     n = case.n * case.groups
-    return n * case.k + -(-n // 128) * -(-case.k // 128) + case.rows * case.groups * (case.k + case.n) * 2
+    return n * case.k + -(-n // case.block) * -(-case.k // case.block) + case.rows * case.groups * (case.k + case.n) * 2
 
 
 def moe_problem(tokens: int, tiny: bool, device: str, routings: int, experts: int | None = None):
@@ -224,7 +225,8 @@ def _fp8_plan(case: Fp8Case, x, w, s, tile, tiny: bool):
     from deepinfer_cuda.arch import SM90A, fp8_decode_tiles
     from deepinfer_cuda.kernels import fp8_block_linear as m
 
-    return m.plan_gemm(x, w, s, 128, 128, case.groups, arch=SM90A, interpreted=tiny, tiles=fp8_decode_tiles(tile, 2))
+    return m.plan_gemm(x, w, s, case.block, case.block, case.groups, arch=SM90A, interpreted=tiny,
+                       tiles=fp8_decode_tiles(tile, 2))
 
 
 def _moe_plan(x, ids, rw, w, tiles):
@@ -280,7 +282,7 @@ def sweep_fp8(cases: list[Fp8Case], cands: dict, failed: set, tiny: bool, deadli
         copies = 1 if tiny else max(1, math.ceil(3 * L2_BYTES / nbytes))
         x, weights = fp8_problem(case, device, copies)
         ref = fp8_block_grouped_linear if case.groups > 1 else fp8_block_linear
-        want = ref(x, *weights[0], 128, 128)
+        want = ref(x, *weights[0], case.block, case.block)
         print(f"{case.label()}: {nbytes / 1e6:.1f} MB a call, {copies} weight copies", flush=True)
         for c_idx, cand in enumerate(cands[case]):
             if (case, cand) in failed:
@@ -406,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", choices=("flash41", "all"), default="flash41")
     parser.add_argument("--rows", default="1,16", help="FP8 row counts")
     parser.add_argument("--tokens", default="1,16", help="MXFP4 token counts")
+    parser.add_argument("--block", type=int, default=32, help="FP8 scale block (V4.1-Flash 32, V4 128)")
     parser.add_argument("--skip", choices=("fp8", "mxfp4"), help="leave one op out")
     parser.add_argument("--forms", choices=("all", "tma", "pointer"), default="all",
                         help="weight loads of the candidates besides the config's own: TMA tiles, pointer loads, both")
@@ -425,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         moe_experts_mxfp4.INTERPRETED = True  # (the FP8 plans take ``interpreted`` as an argument)
     shapes = TINY_FP8 if args.tiny else FLASH41 if args.shapes == "flash41" else fp8_block_linear.AOT_SHAPES
     rows_list = [1, 3] if args.tiny else [int(r) for r in args.rows.split(",")]
-    fp8_cases = [] if args.skip == "fp8" else [Fp8Case(n, k, g, r) for n, k, g in shapes for r in rows_list]
+    fp8_cases = [] if args.skip == "fp8" else [Fp8Case(n, k, g, r, args.block) for n, k, g in shapes
+                                                  for r in rows_list]
     fp8_cands = {case: fp8_candidates(case, args.tiny, args.forms) for case in fp8_cases}
     tokens = [] if args.skip == "mxfp4" else ([1, 4] if args.tiny else [int(t) for t in args.tokens.split(",")])
     moe_cands = moe_candidates(args.tiny, args.forms) if tokens else []

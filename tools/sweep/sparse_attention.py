@@ -15,6 +15,11 @@ spread over the batch, run alone in the split regime, give the same bits as in t
 rests on).  The default is also checked against core's reference.  A candidate that fails to compile prints its
 error; the sweep goes on.  ``--only 0,9`` times some candidates (their numbers as printed).
 To adopt a winner, write its fields into ``arch.sparse_attention_config``.
+
+``--packed`` times V4.1's packed-KV kernel (``sparse_attention_packed_inverse_rope``) instead, at decode b1 / b16 /
+b64: each query's 640 columns are 128 FP8 ring rows (528 B) then 512 FP4 entry rows (288 B, e4m3 per 16).  Each
+case first times the plain kernel over the same rows unpacked to bf16 (``bf16 rows``: what the packed kernel is
+held against, issue 31), and ``bits=`` compares each candidate with it (the packed rows decode to the same values).
 """
 
 from __future__ import annotations
@@ -66,6 +71,82 @@ def make_case(name: str, gen):
     return [t.cuda() for t in (q, kv, idx, sinks)]
 
 
+def make_packed_case(name: str, gen):
+    """Decode bN over a packed pool: (q, rings, entries, entry_base, indices, sinks, positions, inv_freq)."""
+    import torch
+
+    from deepinfer.ops.kv_quant import fp4_e2m1_pack, fp8_e4m3_pack
+
+    tokens, pool = int(name[1:]), 8192
+    spread = torch.exp2(torch.randint(-10, 1, (2 * pool, 1), generator=gen))
+    values = torch.randn(2 * pool, DIM, generator=gen) * spread
+    rings, entries = fp8_e4m3_pack(values[:pool], 32), fp4_e2m1_pack(values[pool:], 16, "e4m3")
+    idx = torch.cat([torch.randint(0, pool, (tokens, WINDOW), generator=gen),
+                     pool + torch.randint(0, pool, (tokens, 512), generator=gen)], dim=1)
+    q = torch.randn(tokens, HEADS, DIM, generator=gen).bfloat16()
+    sinks = torch.randn(HEADS, generator=gen)
+    positions = torch.randint(0, 1 << 16, (tokens,), generator=gen)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    q, rings, entries, idx, sinks, positions, inv_freq = (t.cuda() for t in (q, rings, entries, idx, sinks, positions,
+                                                                             inv_freq))
+    return q, rings, entries, pool, idx, sinks, positions, inv_freq
+
+
+def packed_main(args, bandwidth: float) -> list[dict[str, object]]:
+    """The ``--packed`` sweep: the bf16-row kernel, then every candidate of the packed kernel."""
+    import torch
+
+    from deepinfer.ops.packed_attention import unpacked_rows
+    from deepinfer_cuda.arch import sparse_attention_config
+    from deepinfer_cuda.kernel_set.dispatch import cuda_target
+    from deepinfer_cuda.kernels import sparse_attention as plain
+    from deepinfer_cuda.kernels import sparse_attention_packed as module
+
+    gen = torch.Generator().manual_seed(0)
+    scale = DIM**-0.5
+    rows = []
+    for name in args.cases.split(","):
+        q, rings, entries, base, idx, sinks, positions, inv_freq = make_packed_case(name, gen)
+        index, arch = cuda_target(q)
+        tiles0 = sparse_attention_config(arch, HEADS, DIM, 2)
+        pool, ids = unpacked_rows(rings, entries, base, idx, 32, 16, "e4m3", q.dtype)
+        flops = 4 * HEADS * DIM * idx.numel()
+        moved = idx.shape[0] * (WINDOW * 528 + 512 * 288) + 2 * q.numel() * 2 + idx.numel() * 8
+        floor_us = max(flops / (args.tflops * 1e12), moved / bandwidth) * 1e6
+
+        def bf16_rows():
+            return plain.prepare(q, pool, ids, sinks, scale, positions, inv_freq, 1.0, arch=arch).run(index)
+
+        want = bf16_rows()
+        bf16_us = graph_time(bf16_rows, 10) * 1e6
+        print(f"{name} packed: T={q.shape[0]} W={idx.shape[1]} (floor {floor_us:.1f} us); bf16 rows {bf16_us:.1f} us",
+              flush=True)
+        rows.append({"case": name, "tiles": "bf16 rows (plain kernel, default tiles)", "default": False,
+                     "us": bf16_us, "roof_pct": 100 * floor_us / bf16_us})
+        for number, tiles in enumerate(candidates(tiles0)):
+            if args.only and str(number) not in args.only.split(","):
+                continue
+            try:
+                def call(t=tiles):
+                    return module.prepare(q, rings, entries, base, idx, sinks, scale, positions, inv_freq, 1.0, 32, 16,
+                                          "e4m3", arch=arch, tiles=t).run(index)
+
+                out = call()
+                us = graph_time(call, 10) * 1e6
+            except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is reported, not fatal
+                error = str(exc).splitlines()[0][:160] if str(exc) else ""
+                print(f"  {number:2d}  {describe(tiles)}: FAILED {type(exc).__name__}: {error}", flush=True)
+                continue
+            row = {"case": name, "tiles": describe(tiles), "default": tiles == tiles0, "us": us,
+                   "roof_pct": 100 * floor_us / us, "vs_bf16_rows": bf16_us / us,
+                   "bits_equal_bf16_rows": bool(torch.equal(out, want)) if tiles == tiles0 else None}
+            rows.append(row)
+            same = {True: " bits=", False: " bits=x", None: ""}[row["bits_equal_bf16_rows"]]
+            print(f"  {number:2d}{'*' if row['default'] else ' '} {row['tiles']:<36s} {us:8.1f} us "
+                  f"{row['roof_pct']:5.1f}% of floor  {row['vs_bf16_rows']:.2f}x bf16 rows{same}", flush=True)
+    return rows
+
+
 def candidates(base):
     """The default first, then single changes around it (each is a compiled variant of the same kernel)."""
     from deepinfer_cuda.arch import LaunchConfig
@@ -111,9 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated candidate numbers (0 = the default) to time")
     parser.add_argument("--tflops", type=float, default=695.0, help="the matmul rate the floor assumes")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--packed", action="store_true", help="the packed-KV kernel at decode (cases b1,b16,b64)")
     args = parser.parse_args(argv)
     start = time.time()
     bandwidth = copy_bandwidth()
+    if args.packed:
+        if args.cases == parser.get_default("cases"):
+            args.cases = "b1,b16,b64"
+        rows = packed_main(args, bandwidth)
+        print(f"sweep took {time.time() - start:.0f} s")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bandwidth": bandwidth, "rows": rows}, f, indent=1)
+        return 0
     gen = torch.Generator().manual_seed(0)
     scale = DIM**-0.5
     rows = []
