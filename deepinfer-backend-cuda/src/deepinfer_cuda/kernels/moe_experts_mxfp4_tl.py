@@ -200,17 +200,23 @@ def release_weights_after_mma(source: str) -> str:
     TileLang releases a shared buffer after the statement that last reads it; here that read is a plain load into
     registers that the wgmma consumes, and with two programs an SM the producer's next TMA into the stage raced
     it (outputs differing run to run: docs/performance/log/2026-12-06.md).  Once the wgmma has waited, its A
-    registers -- and so the loads -- are done.  Raises if the source is not the expected shape."""
+    registers -- and so the loads -- are done.  The weight stage's releases are the one run of ``arrive()`` lines
+    (one per weight copy: two here, one in ``fp8_block_linear_tl``) before the first wgmma wait; raises if the
+    source is not that shape."""
     lines = source.split("\n")
-    early = [i for i in range(len(lines) - 1) if _ARRIVE.match(lines[i]) and _ARRIVE.match(lines[i + 1])]
-    if len(early) != 1:
-        raise RuntimeError(f"release_weights_after_mma: expected one pair of weight-stage releases, found {early}")
-    i = early[0]
-    wait = next((j for j in range(i + 2, len(lines)) if "warpgroup_wait<0>();" in lines[j]), len(lines))
+    wait = next((j for j, line in enumerate(lines) if "warpgroup_wait<0>();" in line), None)
+    if wait is None:
+        raise RuntimeError("release_weights_after_mma: no wgmma wait in the source")
+    starts = [i for i in range(wait) if _ARRIVE.match(lines[i]) and not _ARRIVE.match(lines[i - 1])]
+    if len(starts) != 1:
+        raise RuntimeError(f"release_weights_after_mma: expected one run of weight-stage releases, found {starts}")
+    i = end = starts[0]
+    while _ARRIVE.match(lines[end]):
+        end += 1
     late = next((j for j in range(wait, len(lines)) if _ARRIVE.match(lines[j])), None)
     if late is None:
-        raise RuntimeError("release_weights_after_mma: no wgmma wait and activation-stage release after the pair")
-    return "\n".join(lines[:i] + lines[i + 2:late] + lines[i:i + 2] + lines[late:])
+        raise RuntimeError("release_weights_after_mma: no activation-stage release after the wgmma wait")
+    return "\n".join(lines[:i] + lines[end:late] + lines[i:end] + lines[late:])
 
 
 UP_KERNEL = TileLangKernel("moe_experts_mxfp4_tl_up", lambda **c: _program("up", **c), _aot_variants,
