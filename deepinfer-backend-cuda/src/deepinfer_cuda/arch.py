@@ -351,6 +351,55 @@ def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int,
     return MXFP4_TILELANG_CANDIDATES[tier][0]
 
 
+@dataclass(slots=True, frozen=True)
+class Fp8TileLang:
+    """Tiles of the TileLang FP8 GEMM (``kernels/fp8_block_linear_tl.py``): ``block_m`` rows of x a program (the
+    wgmma's N), ``block_k`` columns a pipeline stage, ``stages`` TMA stages in flight, ``split`` K ranges (one
+    program each, fp32 partials summed in order), ``occupancy`` programs an SM."""
+
+    block_m: int
+    block_k: int
+    stages: int
+    split: int = 1
+    occupancy: int = 1
+    LAUNCH: ClassVar[LaunchConfig]
+
+
+Fp8TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
+
+
+def fp8_tilelang_tier(rows: int) -> str | None:
+    """The FP8 TileLang tier of a call: "decode" up to 16 rows, "batch" up to 64 (None above: FP8 tensor cores)."""
+    return "decode" if rows <= 16 else "batch" if rows < FP8_ACT_MIN_ROWS + 1 else None
+
+
+def _fp8_tilelang_forms(splits: tuple[int, ...]) -> dict[str, tuple[Fp8TileLang, ...]]:
+    return {"decode": tuple(Fp8TileLang(16, 128, 4, s, 2) for s in splits),
+            "batch": tuple(Fp8TileLang(64, 128, 3, s, 1) for s in splits)}
+
+
+#: The TileLang FP8 forms built into the kernel set (SM90 only), (N per group, K, groups, square scale block) ->
+#: {tier: candidates}: V4.1-Flash's projections (wq_a | wkv, wq_b, wo_a, wo_b, shared w1 | w3, shared w2), each
+#: with the K splits that give its 128-row tiles about one or two programs an SM.
+FP8_TILELANG_CANDIDATES: dict[tuple[int, int, int, int], dict[str, tuple[Fp8TileLang, ...]]] = {
+    (1792, 5120, 1, 32): _fp8_tilelang_forms((10, 20)), (32768, 1280, 1, 32): _fp8_tilelang_forms((1, 2)),
+    (1024, 4096, 8, 32): _fp8_tilelang_forms((2, 4)), (5120, 8192, 1, 32): _fp8_tilelang_forms((4, 8)),
+    (4608, 5120, 1, 32): _fp8_tilelang_forms((4, 8)), (5120, 2304, 1, 32): _fp8_tilelang_forms((3, 6)),
+}
+#: Where the TileLang form replaces the Triton weight-only tiles, (N, K, groups, block) -> {tier: tiles}: the
+#: winners of ``tools/sweep/fp8_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs
+#: Triton.
+FP8_TILELANG: dict[tuple[int, int, int, int], dict[str, Fp8TileLang]] = {}
+
+
+def fp8_tilelang_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, block: int) -> Fp8TileLang | None:
+    """The TileLang tiles of an FP8 GEMM call (None: the Triton form)."""
+    tier = fp8_tilelang_tier(rows)
+    if arch.triton_arch != 90 or tier is None:
+        return None
+    return FP8_TILELANG.get((n, k, groups, block), {}).get(tier)
+
+
 def moe_mxfp4_batch_invariant_config(arch: CudaArch, hidden: int, inter: int, element_bytes: int = 2) -> Mxfp4Tiles:
     """One set of tiles whatever the batch: ``moe_batch_invariant_config``'s 16-row tl.dot tier (a slot's sums do
     not depend on the batch; the row loop's would not either, but it re-reads weights per slot at larger batches)."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -53,7 +54,7 @@ from deepinfer_cuda.arch import (
 )
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
-from deepinfer_cuda.kernels import fp8_block_linear_mx, split_k_sum
+from deepinfer_cuda.kernels import fp8_block_linear_mx, fp8_block_linear_tl, split_k_sum
 from deepinfer_cuda.kernels.fake_quant import _round_to_grid
 from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_code as _e4m3_code
 from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_value as _e4m3_value
@@ -318,7 +319,8 @@ def _weight_block(const: dict[str, object]) -> list[int]:
 
 def _split_sum_variants(arch: CudaArch) -> list[Variant]:
     """One split-K sum per split count of the AOT decode tiles."""
-    return split_k_sum.variants(arch, {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)})
+    splits = {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)}
+    return split_k_sum.variants(arch, splits | (fp8_block_linear_tl.splits() if arch.triton_arch == 90 else set()))
 
 
 def _gemm_variants(arch: CudaArch) -> list[Variant]:
@@ -363,7 +365,7 @@ MX_KERNEL = TritonKernel("fp8_block_linear_mx", fp8_block_linear_mx.mx_linear_ke
 ACT_QUANT_KERNEL = TritonKernel("fp8_act_quant", _act_quant_kernel, _act_quant_variants)
 SPLIT_K_SUM_KERNEL = TritonKernel("split_k_sum", split_k_sum.split_k_sum_kernel, _split_sum_variants)
 #: Every kernel a GEMM of this module (or the grouped one) launches.
-KERNELS = (KERNEL, MX_KERNEL, ACT_QUANT_KERNEL, SPLIT_K_SUM_KERNEL)
+KERNELS = (KERNEL, MX_KERNEL, ACT_QUANT_KERNEL, SPLIT_K_SUM_KERNEL, fp8_block_linear_tl.KERNEL)
 
 
 def _scale_bytes(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -393,6 +395,14 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_
     y = torch.empty(m, groups * n, dtype=x.dtype, device=x.device)
     result = y.view(*lead, groups, n) if groups > 1 else y.view(*lead, n)
     ws, e8m0 = _scale_bytes(scale)
+    if tiles is None and not fixed and not interpreted:  # the TileLang form where the arch table names one
+        planned = fp8_block_linear_tl.plan(x2, weight, scale, y, n, k, groups, block_n, block_k, arch=arch)
+        if planned is not None:
+            tl_gemm, part = planned
+            chain: list[tuple[Any, Launch]] = [(fp8_block_linear_tl.KERNEL, tl_gemm)]
+            if part is not y:
+                chain.append((SPLIT_K_SUM_KERNEL, split_k_sum.plan(part, y, arch=arch, interpreted=False)))
+            return LaunchChain(chain, lambda: result)
     if tiles is None:
         tiles = fp8_linear_config(arch, m, n, k, groups, block_k, x.element_size(), batch_invariant=fixed,
                                   scale_e8m0=e8m0)
