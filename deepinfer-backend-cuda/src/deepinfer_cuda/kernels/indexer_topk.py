@@ -66,7 +66,7 @@ def index_scores_kernel(q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, limit_ptr, sc
     if PACKED:  # C = BLOCK_C
         causal = col_ok & (cols < limit)
         rows = tl.load(rows_ptr + seq * entries + cols, mask=causal, other=0)
-        k = fp4_row_values(keys_ptr, rows, causal & (rows >= 0), dims, C, KEY_BLOCK, KEY_E4M3, SOFT_FP8,
+        k = fp4_row_values(keys_ptr, rows, causal & (rows >= 0), C, KEY_BLOCK, KEY_E4M3, SOFT_FP8,
                            q_ptr.dtype.element_ty)
     else:
         k = tl.load(keys_ptr + (seq * entries + cols.to(tl.int64))[:, None] * C + dims[None, :],

@@ -7,8 +7,9 @@ The rows a chunk of indices names live in two tensors (core's ``deepinfer/ops/pa
 per ``ENTRY_BLOCK``.  A row is loaded from the one tensor that holds it (masked loads: the other costs no memory
 traffic) and decoded to ``code * scale`` in fp32, then the queries' dtype: every code and scale value is exact in
 fp32 and the product has at most 6 significant bits, so the values are bit for bit the unpack kernels' (core's
-``fp8_e4m3_unpack`` / ``fp4_e2m1_unpack``) however they are computed.  Each byte is loaded where its channel is
-(a scale byte by all of its block's channels: L1 hits), so no tile changes layout.
+``fp8_e4m3_unpack`` / ``fp4_e2m1_unpack``) however they are computed.  Codes and scales are loaded as the row
+stores them (contiguous vector loads, each byte once) and spread over their channels in registers: a per-channel
+byte gather (a load instruction a value) made the decode issue-bound.
 """
 
 from __future__ import annotations
@@ -20,33 +21,52 @@ from deepinfer_cuda.kernels.fp8_block_linear import _code_values
 
 
 @triton.jit
-def fp8_row_values(rings_ptr, idx, ring, dims, D: tl.constexpr, RING_BLOCK: tl.constexpr, SOFT_FP8: tl.constexpr,
-                 OUT: tl.constexpr):
-    """Values [N, D] of packed FP8 rows ``idx`` [N] (0 where not ``ring``), in OUT: ``code * 2^(e - 127)``, exact."""
-    row = rings_ptr + tl.where(ring, idx, 0).to(tl.int64) * (D + D // RING_BLOCK)
-    codes = tl.load(row[:, None] + dims[None, :], mask=ring[:, None], other=0)
-    e = tl.load(row[:, None] + D + dims[None, :] // RING_BLOCK, mask=ring[:, None], other=127).to(tl.int32)
-    return (_code_values(codes, SOFT_FP8) * (e << 23).to(tl.float32, bitcast=True)).to(OUT)
+def _scaled(values, scales, N: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """values [N, D] times scales [N, D // BLOCK], each scale over its BLOCK channels (no per-channel load)."""
+    scaled = tl.reshape(values, (N, D // BLOCK, BLOCK)) * scales[:, :, None]
+    return tl.reshape(scaled, (N, D))
 
 
 @triton.jit
-def fp4_row_values(entries_ptr, rel, entry, dims, D: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
-                  ENTRY_E4M3: tl.constexpr, SOFT_FP8: tl.constexpr, OUT: tl.constexpr):
-    """Values [N, D] of packed FP4 rows ``rel`` [N] (0 where not ``entry``), in OUT: ``e2m1 * scale``, exact (also
-    the indexer's keys: ``indexer_topk.py``).  An e2m1 code
-    ``s e1 e0 m`` is built as fp32 bits: ``(e + 126, m)`` when e > 0, 0.5 or 0 when e = 0, signed (``-0`` kept)."""
-    row = entries_ptr + tl.where(entry, rel, 0).to(tl.int64) * (D // 2 + D // ENTRY_BLOCK)
-    b = tl.load(row[:, None] + dims[None, :] // 2, mask=entry[:, None], other=0).to(tl.int32)
-    sb = tl.load(row[:, None] + D // 2 + dims[None, :] // ENTRY_BLOCK, mask=entry[:, None], other=0)
-    if ENTRY_E4M3:
-        scale = _code_values(sb, SOFT_FP8)
-    else:
-        scale = (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    c = (b >> ((dims[None, :] & 1) * 4)) & 15
+def fp8_row_values(rings_ptr, idx, ring, D: tl.constexpr, RING_BLOCK: tl.constexpr, SOFT_FP8: tl.constexpr,
+                   OUT: tl.constexpr):
+    """Values [N, D] of packed FP8 rows ``idx`` [N] (0 where not ``ring``), in OUT: ``code * 2^(e - 127)``, exact.
+    Codes and exponents are loaded as the row stores them (contiguous: vector loads)."""
+    N: tl.constexpr = idx.shape[0]
+    row = rings_ptr + tl.where(ring, idx, 0).to(tl.int64) * (D + D // RING_BLOCK)
+    codes = tl.load(row[:, None] + tl.arange(0, D)[None, :], mask=ring[:, None], other=0)
+    e = tl.load(row[:, None] + D + tl.arange(0, D // RING_BLOCK)[None, :], mask=ring[:, None], other=127)
+    scales = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return _scaled(_code_values(codes, SOFT_FP8), scales, N, D, RING_BLOCK).to(OUT)
+
+
+@triton.jit
+def _e2m1_values(c):
+    """fp32 values of e2m1 codes ``s e1 e0 m`` (int32 0..15), built as bits: ``(e + 126, m)`` when e > 0, 0.5 or
+    0 when e = 0, signed (``-0`` kept)."""
     e = (c >> 1) & 3
     m = c & 1
     bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((c & 8) << 28)
-    return (bits.to(tl.float32, bitcast=True) * scale).to(OUT)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp4_row_values(entries_ptr, rel, entry, D: tl.constexpr, ENTRY_BLOCK: tl.constexpr, ENTRY_E4M3: tl.constexpr,
+                   SOFT_FP8: tl.constexpr, OUT: tl.constexpr):
+    """Values [N, D] of packed FP4 rows ``rel`` [N] (0 where not ``entry``), in OUT: ``e2m1 * scale``, exact (also
+    the indexer's keys: ``indexer_topk.py``).  Each byte is loaded once (vector loads) and split into its two
+    nibbles, low = even channel, which are interleaved back into channel order."""
+    N: tl.constexpr = rel.shape[0]
+    row = entries_ptr + tl.where(entry, rel, 0).to(tl.int64) * (D // 2 + D // ENTRY_BLOCK)
+    b = tl.load(row[:, None] + tl.arange(0, D // 2)[None, :], mask=entry[:, None], other=0).to(tl.int32)
+    sb = tl.load(row[:, None] + D // 2 + tl.arange(0, D // ENTRY_BLOCK)[None, :], mask=entry[:, None], other=0)
+    if ENTRY_E4M3:
+        scales = _code_values(sb, SOFT_FP8)
+    else:
+        scales = (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    pairs = tl.join(_scaled(_e2m1_values(b & 15), scales, N, D // 2, ENTRY_BLOCK // 2),
+                    _scaled(_e2m1_values(b >> 4), scales, N, D // 2, ENTRY_BLOCK // 2))
+    return tl.reshape(pairs, (N, D)).to(OUT)
 
 
 @triton.jit
@@ -57,15 +77,14 @@ def load_packed_rows(rings_ptr, entries_ptr, entry_base, idx, valid, D: tl.const
     of one kind of rows (a decode step's window columns, its entry columns) decodes that kind only.  ``SOFT_FP8``:
     e4m3 codes decoded by arithmetic in fp32 (Triton's interpreter has no fp8 type), not by the hardware; the same
     values either way (every product is exact in bf16)."""
-    dims = tl.arange(0, D)
     ring = valid & (idx < entry_base)
     entry = valid & (idx >= entry_base)
     if tl.max(entry.to(tl.int32), axis=0) == 0:
-        k = fp8_row_values(rings_ptr, idx, ring, dims, D, RING_BLOCK, SOFT_FP8, OUT)
+        k = fp8_row_values(rings_ptr, idx, ring, D, RING_BLOCK, SOFT_FP8, OUT)
     elif tl.max(ring.to(tl.int32), axis=0) == 0:
-        k = fp4_row_values(entries_ptr, idx - entry_base, entry, dims, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8, OUT)
+        k = fp4_row_values(entries_ptr, idx - entry_base, entry, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8, OUT)
     else:
-        k = tl.where(ring[:, None], fp8_row_values(rings_ptr, idx, ring, dims, D, RING_BLOCK, SOFT_FP8, OUT),
-                     fp4_row_values(entries_ptr, idx - entry_base, entry, dims, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8,
+        k = tl.where(ring[:, None], fp8_row_values(rings_ptr, idx, ring, D, RING_BLOCK, SOFT_FP8, OUT),
+                     fp4_row_values(entries_ptr, idx - entry_base, entry, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8,
                                    OUT))
     return k
