@@ -54,8 +54,8 @@ def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_
 
 
 def test_every_candidate_fits_its_shape_and_the_tiers_split_by_rows():
-    assert [fp8_tilelang_tier(r) for r in (1, 16, 17, 63, 64, 65)] == ["decode", "decode", "batch", "batch",
-                                                                        "batch", None]
+    assert [fp8_tilelang_tier(r) for r in (1, 2, 16, 17, 63, 64, 65)] == [None, "decode", "decode", "batch",
+                                                                           "batch", "batch", None]
     for (n, k, groups, block), tiers in arch.FP8_TILELANG_CANDIDATES.items():
         assert (n, k, groups) in fp8_block_linear.AOT_SHAPES and block == 32
         for tier in tiers.values():

@@ -369,8 +369,11 @@ Fp8TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 
 
 def fp8_tilelang_tier(rows: int) -> str | None:
-    """The FP8 TileLang tier of a call: "decode" up to 16 rows, "batch" up to 64 (None above: FP8 tensor cores)."""
-    return "decode" if rows <= 16 else "batch" if rows < FP8_ACT_MIN_ROWS + 1 else None
+    """The FP8 TileLang tier of a call: "decode" from 2 to 16 rows, "batch" up to 64; None for one row (Triton's
+    one-row FMA loop wins at every V4.1-Flash shape) and above 64 (FP8 tensor cores)."""
+    if rows == 1 or rows > FP8_ACT_MIN_ROWS:
+        return None
+    return "decode" if rows <= 16 else "batch"
 
 
 def _fp8_tilelang_forms(splits: tuple[int, ...]) -> dict[str, tuple[Fp8TileLang, ...]]:
@@ -386,10 +389,16 @@ FP8_TILELANG_CANDIDATES: dict[tuple[int, int, int, int], dict[str, tuple[Fp8Tile
     (1024, 4096, 8, 32): _fp8_tilelang_forms((2, 4)), (5120, 8192, 1, 32): _fp8_tilelang_forms((4, 8)),
     (4608, 5120, 1, 32): _fp8_tilelang_forms((4, 8)), (5120, 2304, 1, 32): _fp8_tilelang_forms((3, 6)),
 }
-#: Where the TileLang form replaces the Triton weight-only tiles, (N, K, groups, block) -> {tier: tiles}: the
-#: winners of ``tools/sweep/fp8_tilelang.py`` (docs/performance.md).  A shape or tier not listed runs
-#: Triton.
-FP8_TILELANG: dict[tuple[int, int, int, int], dict[str, Fp8TileLang]] = {}
+#: Where the TileLang form replaces the Triton one, (N, K, groups, block) -> {tier: tiles}: the winners of
+#: ``tools/sweep/fp8_tilelang.py`` (docs/performance/log/2026-12-06.md).  A shape or tier not listed runs Triton.
+FP8_TILELANG: dict[tuple[int, int, int, int], dict[str, Fp8TileLang]] = {
+    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1)},
+    (32768, 1280, 1, 32): {"decode": Fp8TileLang(16, 128, 4, 1, 2), "batch": Fp8TileLang(64, 128, 3, 1, 1)},
+    (1024, 4096, 8, 32): {"decode": Fp8TileLang(16, 128, 4, 4, 2), "batch": Fp8TileLang(64, 128, 3, 2, 1)},
+    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1)},
+    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1)},
+    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1)},
+}
 
 
 def fp8_tilelang_config(arch: CudaArch, rows: int, n: int, k: int, groups: int, block: int) -> Fp8TileLang | None:
