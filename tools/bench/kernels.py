@@ -2,7 +2,7 @@
 
     python -m tools.bench.kernels            # prints a table; --json PATH also writes the numbers
     python -m tools.bench.kernels --ops moe  # only some groups (rms_norm, rope_hc, moe, attention, compress_sample,
-                                             # fused, packed_kv)
+                                             # fused, packed_kv, released)
 
 The roofline is the measured device-to-device copy bandwidth (bytes read + written per second); each
 kernel's time is compared with the bytes it must move once.  Medians of CUDA-event timings (do_bench).
@@ -272,6 +272,74 @@ def _packed_row(op: str, case: str, nbytes: int, flops: int, peak: float, packed
             "path": "cubin" if kernel.launch_counts["cubin"] else "jit"}
 
 
+def released_rows() -> list[dict[str, object]]:
+    """The released formats' GEMMs at V4.1-Flash shapes, each adopted TileLang form beside the Triton form it
+    replaces (``path``): the FP8 32x32 block projections ``arch.FP8_TILELANG`` names, at 16 and 64 rows, over
+    weight copies that L2 cannot hold (``tools/sweep/fp8_tilelang.py``'s problem), and one MXFP4 expert layer
+    (``tools/sweep/mxfp4_tilelang.py``'s) at 1 / 16 / 64 tokens.  *ref*: core's reference op, eager.  The Triton
+    form is timed with the arch table cleared; the sweeps time every candidate."""
+    import math
+
+    import torch
+
+    from deepinfer.ops.quant_gemm import fp8_block_grouped_linear, fp8_block_linear, moe_experts_mxfp4
+    from deepinfer_cuda import arch
+    from deepinfer_cuda.kernels import fp8_block_linear as fp8_op
+    from deepinfer_cuda.kernels import fp8_block_linear_tl, moe_experts_mxfp4_tl
+    from deepinfer_cuda.kernels import moe_experts_mxfp4 as mxfp4_op
+    from tools.sweep import fp8_tilelang, mxfp4_tilelang
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out: list[dict[str, object]] = []
+
+    def both(op: str, case: str, nbytes: float, table: dict, call: Callable[[], object], calls: int,
+             reference: Callable[[], object], kernel: Any) -> None:
+        saved = dict(table)
+        ref_s = device_time(reference)
+        for path in ("triton", "tilelang"):
+            if path == "triton":
+                table.clear()
+            try:
+                before = kernel.launch_counts["cubin"]
+                out.append({"op": op, "case": case, "bytes": nbytes, "ours_s": device_time(call),
+                            "ours_graph_s": graph_time(call, calls), "reference_s": ref_s,
+                            "reference_graph_s": float("nan"),
+                            "path": path if path == "triton" or kernel.launch_counts["cubin"] > before else "no cubin"})
+            finally:
+                table.clear()
+                table.update(saved)
+
+    for (n, k, groups, block) in arch.FP8_TILELANG:
+        for rows in (16, 64):
+            nbytes = groups * n * k * (1 + 1 / block**2) + rows * groups * (k + n) * 2
+            copies = max(1, math.ceil(3 * fp8_tilelang.L2_BYTES / nbytes))
+            x, weights = fp8_tilelang.problem(n, k, groups, rows, copies, gen)
+            turn = [0]
+
+            def call(x=x, weights=weights, groups=groups, block=block, turn=turn):
+                w, s = weights[turn[0] % len(weights)]
+                turn[0] += 1
+                return fp8_op.plan_gemm(x, w, s, block, block, groups, arch=arch.SM90A, interpreted=False).run(0)
+
+            ref = fp8_block_grouped_linear if groups > 1 else fp8_block_linear
+            both("fp8_block_linear", f"{n}x{k}x{groups} rows={rows} block {block}", nbytes, arch.FP8_TILELANG, call,
+                 copies, lambda x=x, w=weights[0], ref=ref, block=block: ref(x, *w, block, block),
+                 fp8_block_linear_tl.KERNEL)
+    w13, s13, w2, s2 = mxfp4_tilelang.layer(gen)
+    e, h, inter, top_k = mxfp4_tilelang.E, mxfp4_tilelang.H, mxfp4_tilelang.INTER, mxfp4_tilelang.K
+    for tokens in (1, 16, 64):
+        x = torch.randn(tokens, h, device="cuda", generator=gen).bfloat16()
+        ids = torch.stack([torch.randperm(e, device="cuda", generator=gen)[:top_k] for _ in range(tokens)])
+        weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+        op = (x, ids, weights, w13, s13, w2, s2, 10.0)
+        hit = ids.unique().numel()
+        nbytes = hit * (inter * h + inter * h // 16 + h * inter // 2 + h * inter // 32) + 2 * tokens * h * 2
+        both("moe_experts_mxfp4", f"V4.1 layer T={tokens} ({hit} experts hit)", nbytes, arch.MXFP4_TILELANG,
+             lambda op=op: mxfp4_op.moe_experts_mxfp4(*op), 20, lambda op=op: moe_experts_mxfp4(*op),
+             moe_experts_mxfp4_tl.UP_KERNEL)
+    return out
+
+
 def compress_and_sample_rows() -> list[dict[str, object]]:
     """Gated pooling at V4-Flash shapes (CSA: 2 x 4 slots, HCA: 128 slots, head_dim 512, bf16) and token sampling
     over V4's 129280-token vocabulary (fp32 logits, seeded rows).  Memory floor: inputs read once, output written."""
@@ -392,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--ops", default="rms_norm,rope_hc,moe",
-                        help="groups: rms_norm, rope_hc, moe, attention, compress_sample, fused, packed_kv")
+                        help="groups: rms_norm, rope_hc, moe, attention, compress_sample, fused, packed_kv, released")
     args = parser.parse_args(argv)
     groups = args.ops.split(",")
     bw = _BW[0] = copy_bandwidth()
@@ -408,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += compress_and_sample_rows()
     if "fused" in groups:
         rows += fused_rows()
+    if "released" in groups:
+        rows += released_rows()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"roofline: device copy {bw / 1e12:.2f} TB/s (read + write)")
     print("eager = one call timed end to end (host launch cost included); graph = device time per call")
