@@ -20,7 +20,7 @@ multiplies, by 2^120 and by the block's scale (2^(e8m0 - 127), a bf16 whose expo
 ``dequant_fp8_block``'s bf16 values, exact.
 
 (No ``from __future__ import annotations`` here: TileLang evaluates the program's annotations.)  Built ahead of
-time into the kernel set only where TileLang and nvcc are installed; :func:`prepare` returns None when the active
+time into the kernel set only where TileLang and nvcc are installed; :func:`plan` returns None when the active
 set lacks the variant or the call is not covered (bf16 x, ue8m0 square blocks of 32 or 128, dims multiples of the
 tiles), and the op then plans its Triton form.
 """

@@ -8,8 +8,8 @@ per ``ENTRY_BLOCK``.  A row is loaded from the one tensor that holds it (masked 
 traffic) and decoded to ``code * scale`` in fp32, then the queries' dtype: every code and scale value is exact in
 fp32 and the product has at most 6 significant bits, so the values are bit for bit the unpack kernels' (core's
 ``fp8_e4m3_unpack`` / ``fp4_e2m1_unpack``) however they are computed.  Codes and scales are loaded as the row
-stores them (contiguous vector loads, each byte once) and spread over their channels in registers: a per-channel
-byte gather (a load instruction a value) made the decode issue-bound.
+stores them (contiguous vector loads, each byte once) and spread over their channels in registers, rather than a
+byte load per channel (a quarter of the load instructions; timings: docs/performance/log/2026-12-06.md).
 """
 
 from __future__ import annotations
