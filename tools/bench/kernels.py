@@ -277,8 +277,8 @@ def released_rows() -> list[dict[str, object]]:
     replaces (``path``): the FP8 32x32 block projections ``arch.FP8_TILELANG`` names, at 16 and 64 rows, over
     weight copies that L2 cannot hold (``tools/sweep/fp8_tilelang.py``'s problem), and one MXFP4 expert layer
     (``tools/sweep/mxfp4_tilelang.py``'s) at 1 / 16 / 64 tokens.  *ref*: core's reference op, eager (none for the
-    experts: it dequantizes all 384 to bf16, more than a GPU holds).  The Triton
-    form is timed with the arch table cleared; the sweeps time every candidate."""
+    experts: it dequantizes all 384 to bf16, more than a GPU holds).  The Triton form is timed with the arch table
+    cleared; the sweeps time every candidate."""
     import math
 
     import torch
