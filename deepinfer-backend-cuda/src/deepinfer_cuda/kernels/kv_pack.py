@@ -38,11 +38,12 @@ def _e2m1_code(q):
 
 @triton.jit
 def _e2m1_value(c):
+    """fp32 values of e2m1 codes ``s e1 e0 m`` (int32 0..15), built as bits: ``(e + 126, m)`` when e > 0, 0.5 or
+    0 when e = 0, signed (``-0`` kept).  Also the packed-KV decode's (``packed_rows.py``)."""
     e = (c >> 1) & 3
     m = c & 1
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.5,
-                   (2 + m).to(tl.float32) * (((e - 2 + 127) << 23).to(tl.float32, bitcast=True)))
-    return tl.where((c & 8) != 0, -mag, mag)
+    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((c & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit(do_not_specialize=["n_blocks"])

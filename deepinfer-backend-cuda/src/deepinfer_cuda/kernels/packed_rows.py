@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda.kernels.fp8_block_linear import _code_values
+from deepinfer_cuda.kernels.kv_pack import _e2m1_value
 
 
 @triton.jit
@@ -41,16 +42,6 @@ def fp8_row_values(rings_ptr, idx, ring, D: tl.constexpr, RING_BLOCK: tl.constex
 
 
 @triton.jit
-def _e2m1_values(c):
-    """fp32 values of e2m1 codes ``s e1 e0 m`` (int32 0..15), built as bits: ``(e + 126, m)`` when e > 0, 0.5 or
-    0 when e = 0, signed (``-0`` kept)."""
-    e = (c >> 1) & 3
-    m = c & 1
-    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((c & 8) << 28)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def fp4_row_values(entries_ptr, rel, entry, D: tl.constexpr, ENTRY_BLOCK: tl.constexpr, ENTRY_E4M3: tl.constexpr,
                    SOFT_FP8: tl.constexpr, OUT: tl.constexpr):
     """Values [N, D] of packed FP4 rows ``rel`` [N] (0 where not ``entry``), in OUT: ``e2m1 * scale``, exact (also
@@ -64,8 +55,8 @@ def fp4_row_values(entries_ptr, rel, entry, D: tl.constexpr, ENTRY_BLOCK: tl.con
         scales = _code_values(sb, SOFT_FP8)
     else:
         scales = (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    pairs = tl.join(_scaled(_e2m1_values(b & 15), scales, N, D // 2, ENTRY_BLOCK // 2),
-                    _scaled(_e2m1_values(b >> 4), scales, N, D // 2, ENTRY_BLOCK // 2))
+    pairs = tl.join(_scaled(_e2m1_value(b & 15), scales, N, D // 2, ENTRY_BLOCK // 2),
+                    _scaled(_e2m1_value(b >> 4), scales, N, D // 2, ENTRY_BLOCK // 2))
     return tl.reshape(pairs, (N, D)).to(OUT)
 
 
