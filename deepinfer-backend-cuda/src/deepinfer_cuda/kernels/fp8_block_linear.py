@@ -320,7 +320,7 @@ def _weight_block(const: dict[str, object]) -> list[int]:
 def _split_sum_variants(arch: CudaArch) -> list[Variant]:
     """One split-K sum per split count of the AOT decode tiles."""
     splits = {_constexprs(shape, tiles, False)[1] for shape, tiles in _aot_tiles(arch)}
-    return split_k_sum.variants(arch, splits | (fp8_block_linear_tl.splits() if arch.triton_arch == 90 else set()))
+    return split_k_sum.variants(arch, splits | fp8_block_linear_tl.splits(arch))
 
 
 def _gemm_variants(arch: CudaArch) -> list[Variant]:

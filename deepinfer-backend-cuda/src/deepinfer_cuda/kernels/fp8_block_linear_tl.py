@@ -135,9 +135,9 @@ def covers(x: torch.Tensor, scale: torch.Tensor, n: int, k: int, block_n: int, b
             and tiles.block_k % min(block_k, tiles.block_k) == 0)
 
 
-def splits() -> set[int]:
-    """The split counts of the built variants (``fp8_block_linear``'s split-K sum compiles one variant each)."""
-    return {t.split for tiers in FP8_TILELANG_CANDIDATES.values() for tier in tiers.values() for t in tier}
+def splits(arch: CudaArch) -> set[int]:
+    """The split counts of ``arch``'s built variants (``fp8_block_linear``'s split-K sum compiles one variant each)."""
+    return {v.constexprs["split"] for v in _aot_variants(arch)}
 
 
 def plan(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, y: torch.Tensor, n: int, k: int,
