@@ -279,13 +279,10 @@ def released_rows() -> list[dict[str, object]]:
     (``tools/sweep/mxfp4_tilelang.py``'s) at 1 / 16 / 64 tokens.  *ref*: core's reference op, eager (none for the
     experts: it dequantizes all 384 to bf16, more than a GPU holds).  The Triton form is timed with the arch table
     cleared; the sweeps time every candidate."""
-    import math
-
     import torch
 
     from deepinfer.ops.quant_gemm import fp8_block_grouped_linear, fp8_block_linear
     from deepinfer_cuda import arch
-    from deepinfer_cuda.kernels import fp8_block_linear as fp8_op
     from deepinfer_cuda.kernels import fp8_block_linear_tl, moe_experts_mxfp4_tl
     from deepinfer_cuda.kernels import moe_experts_mxfp4 as mxfp4_op
     from tools.sweep import fp8_tilelang, mxfp4_tilelang
@@ -313,31 +310,19 @@ def released_rows() -> list[dict[str, object]]:
 
     for (n, k, groups, block) in arch.FP8_TILELANG:
         for rows in (16, 64):
-            nbytes = groups * n * k * (1 + 1 / block**2) + rows * groups * (k + n) * 2
-            copies = max(1, math.ceil(3 * fp8_tilelang.L2_BYTES / nbytes))
-            x, weights = fp8_tilelang.problem(n, k, groups, rows, copies, gen)
-            turn = [0]
-
-            def call(x=x, weights=weights, groups=groups, block=block, turn=turn):
-                w, s = weights[turn[0] % len(weights)]
-                turn[0] += 1
-                return fp8_op.plan_gemm(x, w, s, block, block, groups, arch=arch.SM90A, interpreted=False).run(0)
-
+            x, weights, nbytes = fp8_tilelang.problem(n, k, groups, rows, block, gen)
             ref = fp8_block_grouped_linear if groups > 1 else fp8_block_linear
-            both("fp8_block_linear", f"{n}x{k}x{groups} rows={rows} block {block}", nbytes, arch.FP8_TILELANG, call,
-                 copies, lambda x=x, w=weights[0], ref=ref, block=block: ref(x, *w, block, block),
-                 fp8_block_linear_tl.KERNEL)
+            both("fp8_block_linear", f"{n}x{k}x{groups} rows={rows} block {block}", nbytes, arch.FP8_TILELANG,
+                 fp8_tilelang.cold_call(x, weights, groups, block), len(weights),
+                 lambda x=x, w=weights[0], ref=ref, block=block: ref(x, *w, block, block), fp8_block_linear_tl.KERNEL)
     w13, s13, w2, s2 = mxfp4_tilelang.layer(gen)
-    e, h, inter, top_k = mxfp4_tilelang.E, mxfp4_tilelang.H, mxfp4_tilelang.INTER, mxfp4_tilelang.K
     for tokens in (1, 16, 64):
-        x = torch.randn(tokens, h, device="cuda", generator=gen).bfloat16()
-        ids = torch.stack([torch.randperm(e, device="cuda", generator=gen)[:top_k] for _ in range(tokens)])
-        weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+        x, ids, weights = mxfp4_tilelang.routed(tokens, gen)
         op = (x, ids, weights, w13, s13, w2, s2, 10.0)
         hit = ids.unique().numel()
-        nbytes = hit * (inter * h + inter * h // 16 + h * inter // 2 + h * inter // 32) + 2 * tokens * h * 2
-        both("moe_experts_mxfp4", f"V4.1 layer T={tokens} ({hit} experts hit)", nbytes, arch.MXFP4_TILELANG,
-             lambda op=op: mxfp4_op.moe_experts_mxfp4(*op), 20, None, moe_experts_mxfp4_tl.UP_KERNEL)
+        both("moe_experts_mxfp4", f"V4.1 layer T={tokens} ({hit} experts hit)", mxfp4_tilelang.bytes_read(hit, tokens),
+             arch.MXFP4_TILELANG, lambda op=op: mxfp4_op.moe_experts_mxfp4(*op), 20, None,
+             moe_experts_mxfp4_tl.UP_KERNEL)
     return out
 
 

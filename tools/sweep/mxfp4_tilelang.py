@@ -38,6 +38,18 @@ def layer(gen: torch.Generator):
     return w13, s13, w2, s2
 
 
+def routed(tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, random routes (top-K distinct experts a token) and their weights for ``tokens`` tokens."""
+    x = (torch.randn(tokens, H, device="cuda", generator=gen)).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(tokens)])
+    return x, ids, torch.rand(tokens, K, device="cuda", generator=gen)
+
+
+def bytes_read(hit: int, tokens: int) -> int:
+    """What the op must read: the hit experts' packed weights and scales, x, out."""
+    return hit * (INTER * H + INTER * H // 16 + H * INTER // 2 + H * INTER // 32) + 2 * tokens * H * 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel-set", type=Path, default=None, help="kernel-set directory (default: the package's)")
@@ -62,15 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     w13, s13, w2, s2 = layer(gen)
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
-        x = (torch.randn(tokens, H, device="cuda", generator=gen)).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(tokens)])
-        weights = torch.rand(tokens, K, device="cuda", generator=gen)
+        x, ids, weights = routed(tokens, gen)
         op = (x, ids, weights, w13, s13, w2, s2, 10.0)
         hit = ids.unique().numel()
         # core's reference dequantizes every hit expert to bf16 (~0.15 GB each): past ~24 GB compare with Triton
         ref = reference(*op).float() if hit * 0.15 < 24 else triton_form.prepare(*op, arch=SM90A).run(0).float()
-        bytes_ = hit * (INTER * H + INTER * H // 16 + H * INTER // 2 + H * INTER // 32) + 2 * tokens * H * 2
-        floor_us = bytes_ / bandwidth * 1e6
+        floor_us = bytes_read(hit, tokens) / bandwidth * 1e6
         tier = mxfp4_tilelang_tier(tokens * K, E)
         forms = {"triton": (None, lambda: triton_form.prepare(*op, arch=SM90A))}
         for c in MXFP4_TILELANG_CANDIDATES[tier]:
