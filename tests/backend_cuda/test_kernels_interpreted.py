@@ -2,7 +2,8 @@
 conformance samples, against the reference op.  CI has no GPU; this is what proves the kernels there.
 
 Runs in subprocesses because ``TRITON_INTERPRET=1`` must be set before Triton decorates the kernels: one a core
-this process may use (at most 4), each checking every n-th op (the interpreter is single-threaded).
+this process may use (at most 4), each taking the next unclaimed op, the largest samples first (the interpreter is
+single-threaded).
 libdevice calls have no interpreter implementation, so the script swaps them for ``tl`` equivalents, and kernels
 with an ``INTERPRETED`` switch multiply in fp32 and round to bf16 by hand (the interpreter computes bf16 ``tl.dot``
 wrongly and truncates fp32 -> bf16; bf16 products are exact in fp32, so the function checked is the same).
@@ -22,7 +23,7 @@ pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(
     """
-    import importlib, sys, types
+    import importlib, os, sys, types
     import torch
     import triton.language as tl
     from deepinfer.ops import op_defs
@@ -41,8 +42,17 @@ SCRIPT = textwrap.dedent(
             if hasattr(m, "libdevice"):
                 m.libdevice = types.SimpleNamespace(cos=lambda x: tl.cos(x), sin=lambda x: tl.sin(x),
                                                     log=lambda x: tl.log(x), exp=lambda x: tl.exp(x))
-    shard, shards = int(sys.argv[1]), int(sys.argv[2])
-    for name in sorted(OVERRIDES)[shard::shards]:
+    def sample_size(name):  # elements in the op's samples: a rough cost under the interpreter
+        op = defs[name]
+        return sum(t.numel() for dtype in op.dtypes for case in samples(op, dtype, seed=1)
+                   for t in case.args if isinstance(t, torch.Tensor))
+
+    claims = sys.argv[1]
+    for name in sorted(OVERRIDES, key=sample_size, reverse=True):
+        try:  # the first process to create the op's file checks it: no process idles while another has a queue
+            os.close(os.open(os.path.join(claims, name), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
         module = importlib.import_module(OVERRIDES[name].__module__)
         if hasattr(module, "INTERPRETED"):  # kernels that work around the interpreter's bf16 dot and casts
             module.INTERPRETED = True
@@ -72,13 +82,13 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="a GPU is present: test_gpu_kernels.py checks the compiled kernels themselves (Triton 3.6's "
                            "interpreter also fails on numpy 2.5 there: 1-element scalar arrays in range())")
-def test_every_override_matches_the_reference_under_the_triton_interpreter():
+def test_every_override_matches_the_reference_under_the_triton_interpreter(tmp_path):
     from deepinfer_cuda.ops import kernels_by_op
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    shards = max(1, min(4, len(os.sched_getaffinity(0))))
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(i), str(shards)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for i in range(shards)]
+    workers = max(1, min(4, len(os.sched_getaffinity(0))))
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(workers)]
     checked: dict[str, str] = {}
     for proc in procs:
         out, err = proc.communicate(timeout=600)
