@@ -369,16 +369,21 @@ Fp8TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 
 
 def fp8_tilelang_tier(rows: int) -> str | None:
-    """The FP8 TileLang tier of a call: "decode" from 2 to 16 rows, "batch" up to 64; None for one row (Triton's
-    one-row FMA loop wins at every V4.1-Flash shape) and above 64 (FP8 tensor cores)."""
-    if rows == 1 or rows > FP8_ACT_MIN_ROWS:
+    """The FP8 TileLang tier of a call: "decode" from 2 to 16 rows, "batch" up to 64, "prefill" above; None for one
+    row (Triton's one-row FMA loop wins at every V4.1-Flash shape)."""
+    if rows == 1:
         return None
-    return "decode" if rows <= 16 else "batch"
+    if rows <= 16:
+        return "decode"
+    return "batch" if rows <= FP8_ACT_MIN_ROWS else "prefill"
 
 
 def _fp8_tilelang_forms(splits: tuple[int, ...]) -> dict[str, tuple[Fp8TileLang, ...]]:
+    """Decode and batch tiles at the shape's K splits; prefill's 128 or 256 rows a program (wgmma n256: the
+    weights decoded once per 256 rows), unsplit or in two (for the narrow projections' few row tiles)."""
     return {"decode": tuple(Fp8TileLang(16, 128, 4, s, 2) for s in splits),
-            "batch": tuple(Fp8TileLang(64, 128, 3, s, 1) for s in splits)}
+            "batch": tuple(Fp8TileLang(64, 128, 3, s, 1) for s in splits),
+            "prefill": (Fp8TileLang(128, 64, 4, 1, 1), Fp8TileLang(256, 64, 3, 1, 1), Fp8TileLang(128, 64, 4, 2, 1))}
 
 
 #: The TileLang FP8 forms built into the kernel set (SM90 only), (N per group, K, groups, square scale block) ->

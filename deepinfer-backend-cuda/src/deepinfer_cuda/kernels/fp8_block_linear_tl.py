@@ -1,17 +1,19 @@
 # mypy: disable-error-code="valid-type"
-"""FP8 block-scaled GEMM in TileLang (SM90) for decode batches: TMA of the e4m3 codes into shared memory, decoded
-by the consumer warpgroups straight into the wgmma's A-operand registers (RS wgmma), warp-specialized; the
-structure of ``moe_experts_mxfp4_tl.py`` with one weight matrix (a group of them for ``wo_a``) instead of experts.
+"""FP8 block-scaled GEMM in TileLang (SM90) for decode batches and prefill chunks: TMA of the e4m3 codes into
+shared memory, decoded by the consumer warpgroups straight into the wgmma's A-operand registers (RS wgmma),
+warp-specialized; the structure of ``moe_experts_mxfp4_tl.py`` with one weight matrix (a group of them for
+``wo_a``) instead of experts.
 
 The same op as ``fp8_block_linear.py``'s weight-only regime (core's ``fp8_block_linear`` /
 ``fp8_block_grouped_linear``): ``y = x @ (code * scale)^T``, the weight values exact in bf16, fp32 sums.  The GEMM
 is "swapped": 128 weight rows are the MMA's M side and ``block_m`` rows of x its N side, so a decode batch wastes
-tensor-core work, not weight bytes.  Per K step one producer warpgroup loads, by TMA, the tile's [128, BK / 4]
-32-bit words (4 codes each) and the [block_m, BK] activation rows; each consumer thread loads its rows' ue8m0
-scale bytes for the next step into registers, then decodes its share of the words into its wgmma fragment.  K runs
-in its natural order: a thread's A-fragment pair (columns 2q, 2q + 1 of a 16-column slice) is half of one word.
-``split`` > 1 cuts K into that many ranges, one program each (so that a narrow projection fills the SMs at batch 1),
-whose fp32 partial sums ``split_k_sum.py`` adds in order.
+tensor-core work, not weight bytes, and a prefill chunk decodes each weight tile once per 128 or 256 rows (wgmma
+n256).  Per K step one producer warpgroup loads, by TMA, the tile's [128, BK / 4] 32-bit words (4 codes each) and
+the [block_m, BK] activation rows; each consumer thread loads its rows' ue8m0 scale bytes for the next step into
+registers, then decodes its share of the words into its wgmma fragment.  K runs in its natural order: a thread's
+A-fragment pair (columns 2q, 2q + 1 of a 16-column slice) is half of one word.  ``split`` > 1 cuts K into that
+many ranges, one program each (so that a narrow projection fills the SMs at batch 1), whose fp32 partial sums
+``split_k_sum.py`` adds in order.
 
 **The decode** (``_DEQUANT``, per register: bytes 2h, 2h + 1 of a word): one byte permute puts the two codes in the
 high bytes of the register's halves, a shift and two masks place each code's sign, exponent and mantissa where a
@@ -84,7 +86,7 @@ def _program(n: int, k: int, groups: int, block: int, block_m: int, block_k: int
             sc = T.alloc_fragment((ROWS, sg), "uint8")
             sc_next = T.alloc_fragment((ROWS, sg), "uint8")
             acc = T.alloc_fragment((ROWS, block_m), "float32")
-            c_s = T.alloc_shared((ROWS, block_m), "float32")
+            c_s = T.alloc_shared((ROWS, block_m), out_dtype)  # rounded once, as the store would
             r0 = g * n + (c // split) * ROWS
             k0 = (c % split) * steps  # the program's first K step
             T.import_source(_DEQUANT)
@@ -106,7 +108,7 @@ def _program(n: int, k: int, groups: int, block: int, block_m: int, block_k: int
             T.copy(acc, c_s)
             for j, i in T.Parallel(block_m, ROWS):
                 if mb * block_m + j < m:
-                    y[c % split, mb * block_m + j, r0 + i] = c_s[i, j].astype(out_dtype)
+                    y[c % split, mb * block_m + j, r0 + i] = c_s[i, j]
 
     return main
 
