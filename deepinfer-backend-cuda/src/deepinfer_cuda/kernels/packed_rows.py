@@ -65,17 +65,18 @@ def load_packed_rows(rings_ptr, entries_ptr, entry_base, idx, valid, D: tl.const
                      ENTRY_BLOCK: tl.constexpr, ENTRY_E4M3: tl.constexpr, SOFT_FP8: tl.constexpr,
                      OUT: tl.constexpr):
     """Values [BLOCK_N, D] in OUT (bf16 / fp32) of rows ``idx`` [BLOCK_N] (zeros where not ``valid``).  A chunk
-    of one kind of rows (a decode step's window columns, its entry columns) decodes that kind only.  ``SOFT_FP8``:
+    of one kind of rows (a decode step's window columns, its entry columns) decodes that kind only; a mixed chunk
+    decodes its ring rows, then its entry rows over them (never both whole tiles beside a third: that selection
+    cost the attention kernel twice the spills, see docs/performance/log/2026-12-06.md).  ``SOFT_FP8``:
     e4m3 codes decoded by arithmetic in fp32 (Triton's interpreter has no fp8 type), not by the hardware; the same
     values either way (every product is exact in bf16)."""
     ring = valid & (idx < entry_base)
     entry = valid & (idx >= entry_base)
-    if tl.max(entry.to(tl.int32), axis=0) == 0:
-        k = fp8_row_values(rings_ptr, idx, ring, D, RING_BLOCK, SOFT_FP8, OUT)
-    elif tl.max(ring.to(tl.int32), axis=0) == 0:
+    if tl.max(ring.to(tl.int32), axis=0) == 0:
         k = fp4_row_values(entries_ptr, idx - entry_base, entry, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8, OUT)
     else:
-        k = tl.where(ring[:, None], fp8_row_values(rings_ptr, idx, ring, D, RING_BLOCK, SOFT_FP8, OUT),
-                     fp4_row_values(entries_ptr, idx - entry_base, entry, D, ENTRY_BLOCK, ENTRY_E4M3, SOFT_FP8,
-                                   OUT))
+        k = fp8_row_values(rings_ptr, idx, ring, D, RING_BLOCK, SOFT_FP8, OUT)  # zeros where not ring
+        if tl.max(entry.to(tl.int32), axis=0) != 0:
+            k = tl.where(entry[:, None], fp4_row_values(entries_ptr, idx - entry_base, entry, D, ENTRY_BLOCK,
+                                                        ENTRY_E4M3, SOFT_FP8, OUT), k)
     return k

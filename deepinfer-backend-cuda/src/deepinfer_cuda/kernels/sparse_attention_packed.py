@@ -7,8 +7,8 @@ chunk of gathered rows is decoded in registers (``packed_rows.py``: the unpack k
 are the same bits) and fed to the same tile loop, split regimes and merge as ``sparse_attention``: no unpacked copy,
 no extra launches, and a decode step reads 528 B (FP8 ring row) or 288 B (FP4 entry row) a key instead of 1 KiB.
 The tiles are ``sparse_attention``'s, so the result is bit for bit the plain kernel's over the unpacked rows (the
-bf16 state's logits); decoding 64-row chunks in registers costs it spills the plain kernel has less of (ptxas,
-sm_90a: 456 B of stack against 192 B, 130 KiB of shared memory against 100 KiB).
+bf16 state's logits); decoding 64-row chunks in registers costs it spills the plain kernel has less of (ptxas
+counts and timings: docs/performance/log/2026-12-06.md).
 """
 
 from __future__ import annotations
