@@ -395,14 +395,17 @@ FP8_TILELANG_CANDIDATES: dict[tuple[int, int, int, int], dict[str, tuple[Fp8Tile
     (4608, 5120, 1, 32): _fp8_tilelang_forms((4, 8)), (5120, 2304, 1, 32): _fp8_tilelang_forms((3, 6)),
 }
 #: Where the TileLang form replaces the Triton one, (N, K, groups, block) -> {tier: tiles}: the winners of
-#: ``tools/sweep/fp8_tilelang.py`` (docs/performance/log/2026-12-06.md).  A shape or tier not listed runs Triton.
+#: ``tools/sweep/fp8_tilelang.py`` (docs/performance/log/2026-12-06.md; prefill: the 1024-row winner, which also
+#: beats Triton at 128 rows except for ``wq_b``).  A shape or tier not listed runs Triton.
 FP8_TILELANG: dict[tuple[int, int, int, int], dict[str, Fp8TileLang]] = {
-    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1)},
-    (32768, 1280, 1, 32): {"decode": Fp8TileLang(16, 128, 4, 1, 2), "batch": Fp8TileLang(64, 128, 3, 1, 1)},
-    (1024, 4096, 8, 32): {"decode": Fp8TileLang(16, 128, 4, 4, 2), "batch": Fp8TileLang(64, 128, 3, 2, 1)},
-    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1)},
-    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1)},
-    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1)},
+    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1), "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
+    (32768, 1280, 1, 32): {"decode": Fp8TileLang(16, 128, 4, 1, 2), "batch": Fp8TileLang(64, 128, 3, 1, 1),
+                           "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+    (1024, 4096, 8, 32): {"decode": Fp8TileLang(16, 128, 4, 4, 2), "batch": Fp8TileLang(64, 128, 3, 2, 1),
+                          "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1), "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
 }
 
 
