@@ -9,8 +9,8 @@ stand-in proposing arbitrary tokens when the checkpoint has none) at each forced
 accepts L - 1 drafts a step whatever the target says (``set_drafter(forced_acceptance=)``, benchmark only, lossy),
 so a slice with random weights measures the engine at a given acceptance.  ``--real`` adds a run that verifies for
 real (meaningful with trained weights; its measured acceptance length is reported).  Greedy requests with
-``ignore_eos``; decode time = time of ``--new-tokens`` tokens minus the time of 1 (the prefill), best of
-``--repeats``.
+``ignore_eos``; decode time = one run's span from the first request's first token to the last request's last
+token, best of ``--repeats``.
 
 ``--slice``: no checkpoint; the V4.1-Flash slice of ``tools.bench.v41_slice`` (8 layers at V4.1-Flash's dims,
 bf16 random weights) on the GPU with a DSpark drafter of random weights at the same dims (``tools.bench.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -134,7 +135,16 @@ def load_checkpoint(model: str, dtype: str, max_seqs: int, k: int):
     """(LLM, drafter, the drafter in words): the checkpoint's drafter, else :class:`ArbitraryDrafter`."""
     from deepinfer import LLM
 
-    llm = LLM(model, dtype=dtype, max_num_seqs=max_seqs)
+    # Where decode steps replay captured graphs (CUDA) the engine leaves drafting off by default and does not read
+    # the drafter's weights (engine/llm.py ``drafter_off``): ask for it, as a user would, to build it.
+    asked = "DEEPINFER_USE_NEXTN_DECODE" not in os.environ
+    if asked:
+        os.environ["DEEPINFER_USE_NEXTN_DECODE"] = str(k)
+    try:
+        llm = LLM(model, dtype=dtype, max_num_seqs=max_seqs)
+    finally:
+        if asked:
+            del os.environ["DEEPINFER_USE_NEXTN_DECODE"]
     engine = llm.engine
     drafter = engine.drafter
     if drafter is None:
