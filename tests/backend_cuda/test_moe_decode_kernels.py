@@ -112,6 +112,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~7 s; the GPU host: test_gpu_moe.py (and test_kernels_interpreted.py runs moe_experts here)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: test_gpu_moe.py checks the compiled kernels")
 def test_moe_decode_kernels_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}

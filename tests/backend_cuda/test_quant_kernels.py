@@ -292,6 +292,7 @@ FP8_EXPERTS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~9 s; the GPU host: test_quant_kernels_match_the_reference_at_flash_dims
 @pytest.mark.skipif(HAS_CUDA, reason="a GPU is present: test_quant_kernels_match_the_reference_at_flash_dims checks it")
 def test_fp8_experts_are_the_bf16_kernel_on_the_dequantized_weights_under_the_interpreter():
     """``moe_experts_fp8``'s kernels dequantize each weight tile exactly as the reference does, so at every tier's

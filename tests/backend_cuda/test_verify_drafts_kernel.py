@@ -109,6 +109,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow  # ~12 s; the GPU host: test_verify_decides_as_the_reference_on_the_gpu
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the GPU tests below check the kernels")
 def test_verify_decides_as_the_reference_under_the_interpreter():
     out = run_interpreted(SCRIPT, timeout=300)
