@@ -54,8 +54,8 @@ def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_
 
 
 def test_every_candidate_fits_its_shape_and_the_tiers_split_by_rows():
-    assert [fp8_tilelang_tier(r) for r in (1, 2, 16, 17, 63, 64, 65, 1024)] == [
-        None, "decode", "decode", "batch", "batch", "batch", "prefill", "prefill"]
+    assert [fp8_tilelang_tier(r) for r in (1, 2, 16, 17, 63, 64, 65, 255, 256, 1024)] == [
+        None, "decode", "decode", "batch", "batch", "batch", "chunk", "chunk", "prefill", "prefill"]
     for (n, k, groups, block), tiers in arch.FP8_TILELANG_CANDIDATES.items():
         assert (n, k, groups) in fp8_block_linear.AOT_SHAPES and block == 32
         for name, tier in tiers.items():
@@ -63,6 +63,14 @@ def test_every_candidate_fits_its_shape_and_the_tiers_split_by_rows():
                 assert n % 128 == 0 and k % (t.block_k * t.split) == 0 and k // (t.block_k * t.split) >= 2
                 if name != "prefill":  # decode: one row tile, so the weight tiles and splits must fill the SMs
                     assert 64 <= n * groups // 128 * t.split <= 8 * 132
+
+
+def test_every_adopted_tile_is_a_built_candidate_of_its_tier():
+    for shape, tiers in arch.FP8_TILELANG.items():
+        for tier, tiles in tiers.items():
+            assert tiles in arch.fp8_tilelang_candidates(shape, tier), (shape, tier)
+    assert arch.fp8_tilelang_candidates((1792, 5120, 1, 32), "chunk") == \
+        arch.FP8_TILELANG_CANDIDATES[(1792, 5120, 1, 32)]["prefill"]  # one set of cubins for both
 
 
 def _entry(constexprs: dict) -> KernelEntry:
@@ -103,7 +111,7 @@ def test_the_op_plans_tilelang_where_the_table_and_the_kernel_set_have_it(tmp_pa
         x32 = x.float()
         assert fp8_block_linear.plan_gemm(x32, weight, scale, block, block, 1, arch=SM90A,
                                           interpreted=False).steps[0][0].name == "fp8_block_linear"
-        rows = torch.randn(70, k).bfloat16()  # the prefill tier, which the table does not name here: Triton
+        rows = torch.randn(70, k).bfloat16()  # the chunk tier, which the table does not name here: Triton
         assert fp8_block_linear.plan_gemm(rows, weight, scale, block, block, 1, arch=SM90A,
                                           interpreted=False).steps[0][0].name != "fp8_block_linear_tl"
     finally:

@@ -70,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     table = dict(arch.FP8_TILELANG)
     rows_out = []
     try:
-        for (n, k, groups, block), tiers in arch.FP8_TILELANG_CANDIDATES.items():
+        for n, k, groups, block in arch.FP8_TILELANG_CANDIDATES:
             for rows in [int(r) for r in args.rows.split(",")]:
                 tier = fp8_tilelang_tier(rows)
                 x, weights, nbytes = problem(n, k, groups, rows, block, gen)
                 ref = (fp8_block_grouped_linear if groups > 1 else fp8_block_linear)(x, *weights[0], block, block)
                 forms: dict[str, object] = {"triton": None}
                 forms.update({f"tilelang m{t.block_m} k{t.block_k} s{t.stages} split{t.split} o{t.occupancy}": t
-                              for t in (tiers.get(tier, ()) if tier else ())})
+                              for t in (arch.fp8_tilelang_candidates((n, k, groups, block), tier) if tier else ())})
                 for name, tiles in forms.items():
                     arch.FP8_TILELANG.clear()
                     if tiles is not None:

@@ -369,13 +369,21 @@ Fp8TileLang.LAUNCH = LaunchConfig(num_warps=12, num_stages=0)
 
 
 def fp8_tilelang_tier(rows: int) -> str | None:
-    """The FP8 TileLang tier of a call: "decode" from 2 to 16 rows, "batch" up to 64, "prefill" above; None for one
-    row (Triton's one-row FMA loop wins at every V4.1-Flash shape)."""
+    """The FP8 TileLang tier of a call: "decode" from 2 to 16 rows, "batch" up to 64, "chunk" up to 255 (a
+    speculative verify step's rows, a short prefill chunk), "prefill" above; None for one row (Triton's one-row
+    FMA loop wins at every V4.1-Flash shape)."""
     if rows == 1:
         return None
     if rows <= 16:
         return "decode"
-    return "batch" if rows <= FP8_ACT_MIN_ROWS else "prefill"
+    if rows <= FP8_ACT_MIN_ROWS:
+        return "batch"
+    return "chunk" if rows < 256 else "prefill"
+
+
+def fp8_tilelang_candidates(shape: tuple[int, int, int, int], tier: str) -> tuple[Fp8TileLang, ...]:
+    """The built tiles a tier of ``shape`` (N, K, groups, block) chooses from: "chunk" shares prefill's cubins."""
+    return FP8_TILELANG_CANDIDATES.get(shape, {}).get("prefill" if tier == "chunk" else tier, ())
 
 
 def _fp8_tilelang_forms(splits: tuple[int, ...]) -> dict[str, tuple[Fp8TileLang, ...]]:
@@ -395,17 +403,22 @@ FP8_TILELANG_CANDIDATES: dict[tuple[int, int, int, int], dict[str, tuple[Fp8Tile
     (4608, 5120, 1, 32): _fp8_tilelang_forms((4, 8)), (5120, 2304, 1, 32): _fp8_tilelang_forms((3, 6)),
 }
 #: Where the TileLang form replaces the Triton one, (N, K, groups, block) -> {tier: tiles}: the winners of
-#: ``tools/sweep/fp8_tilelang.py`` (docs/performance/log/2026-12-06.md; prefill: the 1024-row winner, which also
-#: beats Triton at 128 rows except for ``wq_b``).  A shape or tier not listed runs Triton.
+#: ``tools/sweep/fp8_tilelang.py`` (docs/performance/log/2026-12-06.md; chunk: the 128-row winner, prefill: the
+#: 1024-row one).  A shape or tier not listed runs Triton.
+_M128_SPLIT2 = Fp8TileLang(128, 64, 4, 2, 1)
 FP8_TILELANG: dict[tuple[int, int, int, int], dict[str, Fp8TileLang]] = {
-    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1), "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
+    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1), "chunk": _M128_SPLIT2,
+                          "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
     (32768, 1280, 1, 32): {"decode": Fp8TileLang(16, 128, 4, 1, 2), "batch": Fp8TileLang(64, 128, 3, 1, 1),
-                           "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+                           "chunk": Fp8TileLang(128, 64, 4, 1, 1), "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
     (1024, 4096, 8, 32): {"decode": Fp8TileLang(16, 128, 4, 4, 2), "batch": Fp8TileLang(64, 128, 3, 2, 1),
+                          "chunk": _M128_SPLIT2, "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "chunk": _M128_SPLIT2,
                           "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
-    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
-    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
-    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1), "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
+    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "chunk": _M128_SPLIT2,
+                          "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1), "chunk": _M128_SPLIT2,
+                          "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
 }
 
 
