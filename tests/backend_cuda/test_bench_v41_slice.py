@@ -30,6 +30,33 @@ def test_bytes_of_the_v41_flash_slice_follow_the_routing():
     assert prefill < counts.dense + counts.head + 1024 * counts.per_token + 385 * layer_experts + 1
 
 
+def test_experts_hit_counts_each_routing_layer_once_a_step_and_restores_the_layers():
+    import types
+
+    import torch
+
+    from tools.bench.steps import experts_hit
+
+    class Moe:
+        def __init__(self, ids):
+            self.ids = torch.tensor(ids)
+
+        def route(self, x, input_ids):
+            return torch.ones_like(self.ids, dtype=torch.float32), self.ids
+
+    moes = [Moe([[0, 1], [1, 2]]), Moe([[5, 5], [5, 5]])]
+    model = types.SimpleNamespace(layers=[types.SimpleNamespace(ffn=m) for m in moes] + [types.SimpleNamespace()])
+
+    def step():
+        for m in moes:
+            m.route(None, None)
+
+    assert experts_hit(model, step) == [3, 1]
+    assert all("route" not in vars(m) for m in moes)  # the class's method again
+    assert experts_hit(types.SimpleNamespace(), lambda: None) == []
+    assert bench.count_bytes(bench._config(bench.FULL), bench.FULL).expected_hit(1) == pytest.approx(6)
+
+
 @pytest.mark.slow
 def test_tiny_slice_runs_on_the_cpu(tmp_path):
     out = tmp_path / "slice.json"
@@ -41,6 +68,7 @@ def test_tiny_slice_runs_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| case |" in proc.stdout
     assert proc.stdout.count("| kernel | us / step |") == 2  # --profile: one table per decode case
+    assert proc.stdout.count("distinct routed experts a layer hits [") == 2  # and the experts its routes hit
     assert "Engram table in host memory (UVA) vs device memory, same run: decode b1 ctx 80:" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"] for r in rows] == ["prefill 1x64", "decode b1 ctx 80", "decode b16 ctx 80"]

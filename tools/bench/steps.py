@@ -8,6 +8,7 @@ benchmarks' ``--tiny`` runs test them here.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +33,29 @@ def kernel_profile(fn: Callable[[], object], steps: int = 5, top: int = 25) -> s
     fn()
     sync()
     return profile_table(kernel_totals(fn, steps), steps, top)
+
+
+def experts_hit(model: Any, step: Callable[[], object]) -> list[int]:
+    """Distinct routed experts each MoE layer of ``model`` picks in one call of ``step`` (run eagerly): what the
+    step's expert kernels read, against the roofline's count for uniform routes ([] when no layer routes)."""
+    layers = [layer.ffn for layer in getattr(model, "layers", []) if hasattr(getattr(layer, "ffn", None), "route")]
+    hits: list[int] = []
+
+    def counting(route: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any) -> Any:
+            weights, ids = route(*args)
+            hits.append(int(ids.unique().numel()))
+            return weights, ids
+        return wrapped
+
+    for moe in layers:
+        moe.route = counting(moe.route)
+    try:
+        step()
+    finally:
+        for moe in layers:
+            del moe.route  # the class's method again
+    return hits
 
 
 def kernel_totals(fn: Callable[[], object], calls: int) -> dict[str, list[float]]:
@@ -229,6 +253,9 @@ def deepinfer_cases(model: Any, cases: list[str], use_graphs: bool, *, prefill: 
                 out[f"decode b{batch} ctx {context} host"] = host_costs(model, graphs, states)
                 if profile:
                     out[f"decode b{batch} ctx {context} profile"] = kernel_profile(replay)
+            if profile:  # one more step, eager: the experts its routes hit
+                out[f"decode b{batch} ctx {context} experts hit"] = experts_hit(
+                    model, functools.partial(di_decode_step, model, states, None, device))
             for state in states:
                 state.release()
             if graphs is not None:

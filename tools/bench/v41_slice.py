@@ -286,10 +286,14 @@ class Bytes:
     top_k: int
     resident: int
 
+    def expected_hit(self, tokens: int) -> float:
+        """Distinct routed experts a layer hits on average when ``tokens`` tokens route uniformly at random."""
+        return self.experts * (1 - (1 - self.top_k / self.experts) ** tokens)
+
     def touched(self, tokens: int) -> tuple[float, float, float]:
         """(bytes read, FLOPs, of which FP8 GEMM FLOPs) of a step over ``tokens`` tokens."""
-        hit = self.experts * (1 - (1 - self.top_k / self.experts) ** tokens)
-        read = self.dense + (hit * self.expert + self.shared) * self.layers + tokens * self.per_token + self.head
+        read = (self.dense + (self.expected_hit(tokens) * self.expert + self.shared) * self.layers
+                + tokens * self.per_token + self.head)
         per_token = self.dense_params + (self.top_k + 1) * self.expert_params * self.layers
         fp8 = self.fp8_params + (self.expert_params * self.layers if self.shared_fp8 else 0)
         return read, 2.0 * per_token * tokens, 2.0 * fp8 * tokens
@@ -398,9 +402,13 @@ def run_slice(shape: Shape, table: Any, cases: list[str], eager: bool, released:
         rows.append(row)
     title = "released-format (FP8 / MXFP4 / packed KV)" if released else "bf16"
     print(report(rows, counts, roof, device, title))
-    for key, table_md in times["graphs"].items():
+    for key, value in times["graphs"].items():
         if key.endswith(" profile"):
-            print(f"\n{title}, {key} (kernels of replayed steps):\n{table_md}")
+            print(f"\n{title}, {key} (kernels of replayed steps):\n{value}")
+        elif key.endswith(" experts hit") and value:
+            uniform = counts.expected_hit(int(key.split()[1][1:]))
+            print(f"{title}, {key[:-len(' experts hit')]}: distinct routed experts a layer hits {value} (the "
+                  f"roofline counts {uniform:.0f}, uniform routes)")
     print(f"state pool: {state_bytes / 1e9:.2f} GB for {shape.max_seqs} sequences; "
           f"{describe_density(model.state_spec, 2)}\n")
     placed = {engram[0]: times["graphs"]}
