@@ -386,12 +386,16 @@ def fp8_tilelang_candidates(shape: tuple[int, int, int, int], tier: str) -> tupl
     return FP8_TILELANG_CANDIDATES.get(shape, {}).get("prefill" if tier == "chunk" else tier, ())
 
 
+#: The prefill (and chunk) candidates at every shape: 128 or 256 rows a program (wgmma n256: the weights decoded
+#: once per 256 rows), unsplit or in two (for the narrow projections' few row tiles).
+_M128, _M256, _M128_SPLIT2 = Fp8TileLang(128, 64, 4, 1, 1), Fp8TileLang(256, 64, 3, 1, 1), Fp8TileLang(128, 64, 4, 2, 1)
+
+
 def _fp8_tilelang_forms(splits: tuple[int, ...]) -> dict[str, tuple[Fp8TileLang, ...]]:
-    """Decode and batch tiles at the shape's K splits; prefill's 128 or 256 rows a program (wgmma n256: the
-    weights decoded once per 256 rows), unsplit or in two (for the narrow projections' few row tiles)."""
+    """Decode and batch tiles at the shape's K splits; the prefill candidates."""
     return {"decode": tuple(Fp8TileLang(16, 128, 4, s, 2) for s in splits),
             "batch": tuple(Fp8TileLang(64, 128, 3, s, 1) for s in splits),
-            "prefill": (Fp8TileLang(128, 64, 4, 1, 1), Fp8TileLang(256, 64, 3, 1, 1), Fp8TileLang(128, 64, 4, 2, 1))}
+            "prefill": (_M128, _M256, _M128_SPLIT2)}
 
 
 #: The TileLang FP8 forms built into the kernel set (SM90 only), (N per group, K, groups, square scale block) ->
@@ -405,20 +409,15 @@ FP8_TILELANG_CANDIDATES: dict[tuple[int, int, int, int], dict[str, tuple[Fp8Tile
 #: Where the TileLang form replaces the Triton one, (N, K, groups, block) -> {tier: tiles}: the winners of
 #: ``tools/sweep/fp8_tilelang.py`` (docs/performance/log/2026-12-06.md; chunk: the 128-row winner, prefill: the
 #: 1024-row one).  A shape or tier not listed runs Triton.
-_M128_SPLIT2 = Fp8TileLang(128, 64, 4, 2, 1)
 FP8_TILELANG: dict[tuple[int, int, int, int], dict[str, Fp8TileLang]] = {
-    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1), "chunk": _M128_SPLIT2,
-                          "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
+    (1792, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 10, 1), "chunk": _M128_SPLIT2, "prefill": _M128},
     (32768, 1280, 1, 32): {"decode": Fp8TileLang(16, 128, 4, 1, 2), "batch": Fp8TileLang(64, 128, 3, 1, 1),
-                           "chunk": Fp8TileLang(128, 64, 4, 1, 1), "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
+                           "chunk": _M128, "prefill": _M256},
     (1024, 4096, 8, 32): {"decode": Fp8TileLang(16, 128, 4, 4, 2), "batch": Fp8TileLang(64, 128, 3, 2, 1),
-                          "chunk": _M128_SPLIT2, "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
-    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "chunk": _M128_SPLIT2,
-                          "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
-    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "chunk": _M128_SPLIT2,
-                          "prefill": Fp8TileLang(256, 64, 3, 1, 1)},
-    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1), "chunk": _M128_SPLIT2,
-                          "prefill": Fp8TileLang(128, 64, 4, 1, 1)},
+                          "chunk": _M128_SPLIT2, "prefill": _M256},
+    (5120, 8192, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "chunk": _M128_SPLIT2, "prefill": _M256},
+    (4608, 5120, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 4, 1), "chunk": _M128_SPLIT2, "prefill": _M256},
+    (5120, 2304, 1, 32): {"batch": Fp8TileLang(64, 128, 3, 3, 1), "chunk": _M128_SPLIT2, "prefill": _M128},
 }
 
 
