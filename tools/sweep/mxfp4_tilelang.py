@@ -9,7 +9,9 @@ dequantized experts, against the Triton form), its device time in a CUDA graph (
 read (the hit experts' packed weights and scales, x, out).  Each form is checked for host syncs
 (``torch.cuda.set_sync_debug_mode``;
 ``tests/backend_cuda/test_moe_mxfp4_tilelang_gpu.py`` checks graph replay).  Prints the fastest form per token
-count: where a TileLang form wins, its tiles go into ``arch.MXFP4_TILELANG`` for that tier.
+count: where a TileLang form wins, its tiles go into ``arch.MXFP4_TILELANG`` for that tier.  The opt-in W4A8 forms
+(``arch.MXFP4_W4A8_CANDIDATES``, FP8 activations) run beside them; their error against the reference is the
+activations' e4m3 rounding (what ``DEEPINFER_MXFP4_ACTIVATIONS=fp8`` trades for the time).
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from deepinfer.ops.quant_gemm import moe_experts_mxfp4 as reference
-    from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, SM90A, mxfp4_tilelang_tier
+    from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, MXFP4_W4A8_CANDIDATES, SM90A, mxfp4_tilelang_tier
     from deepinfer_cuda.kernel_set.dispatch import use_kernel_set
     from deepinfer_cuda.kernels import moe_experts_mxfp4 as triton_form
     from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
+    from deepinfer_cuda.kernels import moe_experts_mxfp4_w4a8_tl as w4a8_form
 
     if args.kernel_set is not None:
         print(use_kernel_set(args.kernel_set).describe())
@@ -85,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in MXFP4_TILELANG_CANDIDATES[tier]:
             forms[f"tilelang m{c.block_m} k{c.block_k} s{c.stages} o{c.occupancy}"] = (
                 c, lambda c=c: tilelang_form.prepare(*op, arch=SM90A, config=c))
+        for c in MXFP4_W4A8_CANDIDATES.get(tier, ()):
+            forms[f"w4a8 m{c.block_m} k{c.block_k} s{c.stages} o{c.occupancy}"] = (
+                c, lambda c=c: w4a8_form.prepare(*op, arch=SM90A, config=c))
         for name, (config, planner) in forms.items():
             row = {"tokens": tokens, "tier": tier, "form": name, "experts_hit": hit, "floor_us": floor_us,
                    "error_against": "reference" if hit * 0.15 < 24 else "triton",

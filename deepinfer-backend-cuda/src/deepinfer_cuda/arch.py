@@ -351,6 +351,25 @@ def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int,
     return MXFP4_TILELANG_CANDIDATES[tier][0]
 
 
+#: The W4A8 forms (``kernels/moe_experts_mxfp4_w4a8_tl.py``; opt-in: ``DEEPINFER_MXFP4_ACTIVATIONS=fp8``), per
+#: tier: the candidates, the first the one that runs until a sweep picks.  Each 32-column group's rescale costs
+#: ``block_m / 2`` FMAs a thread, so the tiers stop at "chunk"; a prefill runs the exact forms.
+MXFP4_W4A8_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
+    "few": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3), Mxfp4TileLang(16, 256, 4, 2)),
+    "decode": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3), Mxfp4TileLang(16, 256, 4, 2)),
+    "batch": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3), Mxfp4TileLang(16, 256, 4, 2)),
+    "chunk": (Mxfp4TileLang(32, 128, 4, 2),),
+}
+
+
+def mxfp4_w4a8_config(arch: CudaArch, slots: int, experts: int) -> Mxfp4TileLang | None:
+    """The W4A8 tiles for a call (None: the exact forms run)."""
+    if arch.triton_arch != 90:
+        return None
+    tier = MXFP4_W4A8_CANDIDATES.get(mxfp4_tilelang_tier(slots, experts))
+    return tier[0] if tier else None
+
+
 @dataclass(slots=True, frozen=True)
 class Fp8TileLang:
     """Tiles of the TileLang FP8 GEMM (``kernels/fp8_block_linear_tl.py``): ``block_m`` rows of x a program (the

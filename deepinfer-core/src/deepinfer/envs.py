@@ -165,6 +165,17 @@ def quantized_kv() -> bool:
     return _flag("DEEPINFER_QUANTIZED_KV", False)
 
 
+MXFP4_ACTIVATION_DTYPES = ("bf16", "fp8")
+
+
+def mxfp4_activations() -> str:
+    """``DEEPINFER_MXFP4_ACTIVATIONS``: what MXFP4 routed experts multiply their weights with.  ``bf16`` (default):
+    the activations as they are, exact to the reference.  ``fp8``: rounded to e4m3 with a scale a row (W4A8), where
+    the backend has such kernels (CUDA SM90: docs/cuda_backend.md); faster, with a measured error
+    (docs/performance.md); a backend without them runs ``bf16``."""
+    return _choice("DEEPINFER_MXFP4_ACTIVATIONS", "bf16", MXFP4_ACTIVATION_DTYPES)
+
+
 LOGGING_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
                   "critical": logging.CRITICAL}
 
@@ -196,6 +207,7 @@ VARIABLES: dict[str, Callable[[], object]] = {
     "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": yoco_prefill_keep_tokens,
     "DEEPINFER_QUANTIZED_WEIGHTS": quantized_weights,
     "DEEPINFER_QUANTIZED_KV": quantized_kv,
+    "DEEPINFER_MXFP4_ACTIVATIONS": mxfp4_activations,
     "DEEPINFER_LOGGING_LEVEL": logging_level,
     "DEEPINFER_API_KEY": api_key,
     "DEEPINFER_VENV": venv,

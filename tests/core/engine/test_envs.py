@@ -68,6 +68,7 @@ GARBAGE = {
     "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": ("0", r"DEEPINFER_YOCO_PREFILL_KEEP_TOKENS=0: must be in \[1, "),
     "DEEPINFER_QUANTIZED_WEIGHTS": ("fp8", "DEEPINFER_QUANTIZED_WEIGHTS='fp8': expected one of"),
     "DEEPINFER_QUANTIZED_KV": ("fp8", "DEEPINFER_QUANTIZED_KV='fp8': expected one of 1/0"),
+    "DEEPINFER_MXFP4_ACTIVATIONS": ("fp4", "DEEPINFER_MXFP4_ACTIVATIONS='fp4': expected one of"),
     "DEEPINFER_LOGGING_LEVEL": ("LOUD", "DEEPINFER_LOGGING_LEVEL='LOUD': expected one of"),
     "DEEPINFER_HF_MODEL_DIR": ("/no/such/checkpoint", "DEEPINFER_HF_MODEL_DIR='/no/such/checkpoint': not an existing"),
 }

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from deepinfer import envs
 from deepinfer_cuda.arch import (
     CudaArch,
     Mxfp4Tiles,
@@ -43,9 +44,10 @@ from deepinfer_cuda.arch import (
 )
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels import fp8_e4m3_rows, moe_routing
 from deepinfer_cuda.kernels import moe_experts_mxfp4_scaled as scaled
 from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
-from deepinfer_cuda.kernels import moe_routing
+from deepinfer_cuda.kernels import moe_experts_mxfp4_w4a8_tl as w4a8_form
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -346,14 +348,19 @@ def moe_experts_mxfp4_fixed_tiles(x: torch.Tensor, ids: torch.Tensor, weights: t
 
 @override("moe_experts_mxfp4", batch_invariant=moe_experts_mxfp4_fixed_tiles,
           aot=(*moe_routing.KERNELS, UP_KERNEL, DOWN_KERNEL, scaled.UP_KERNEL, scaled.DOWN_KERNEL, COMBINE_KERNEL,
-               tilelang_form.UP_KERNEL, tilelang_form.DOWN_KERNEL))
+               tilelang_form.UP_KERNEL, tilelang_form.DOWN_KERNEL, fp8_e4m3_rows.KERNEL, w4a8_form.UP_KERNEL,
+               w4a8_form.DOWN_KERNEL))
 def moe_experts_mxfp4(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                       swiglu_limit: float | None) -> torch.Tensor:
     """Routed experts [T, H]: x [T, H]; ids [T, k]; weights [T, k] fp32; w13 [E, 2I, H/2] + scales [E, 2I, H/32];
     w2 [E, H, I/2] + scales [E, H, I/32]."""
     index, arch = cuda_target(x)
-    chain = tilelang_form.prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch)
+    chain = None
+    if envs.mxfp4_activations() == "fp8":  # opt-in W4A8; the exact forms where it has no tiles
+        chain = w4a8_form.prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch)
+    if chain is None:
+        chain = tilelang_form.prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch)
     if chain is None:  # the arch table keeps Triton here, or the kernel set has no TileLang cubins
         chain = prepare(x, ids, weights, w13, w13_scale, w2, w2_scale, swiglu_limit, arch=arch)
     return chain.run(index)
