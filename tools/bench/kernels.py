@@ -11,7 +11,9 @@ kernel's time is compared with the bytes it must move once.  Medians of CUDA-eve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -276,14 +278,14 @@ def released_rows() -> list[dict[str, object]]:
     """The released formats' GEMMs at V4.1-Flash shapes, each adopted TileLang form beside the Triton form it
     replaces (``path``): the FP8 32x32 block projections ``arch.FP8_TILELANG`` names, at 16 and 64 rows, over
     weight copies that L2 cannot hold (``tools/sweep/fp8_tilelang.py``'s problem), and one MXFP4 expert layer
-    (``tools/sweep/mxfp4_tilelang.py``'s) at 1 / 16 / 64 tokens.  *ref*: core's reference op, eager (none for the
-    experts: it dequantizes all 384 to bf16, more than a GPU holds).  The Triton form is timed with the arch table
-    cleared; the sweeps time every candidate."""
+    (``tools/sweep/mxfp4_tilelang.py``'s) at 1 / 16 / 64 tokens, with the opt-in W4A8 form as a third path.
+    *ref*: core's reference op, eager (none for the experts: it dequantizes all 384 to bf16, more than a GPU
+    holds).  The Triton form is timed with the arch table cleared; the sweeps time every candidate."""
     import torch
 
     from deepinfer.ops.quant_gemm import fp8_block_grouped_linear, fp8_block_linear
     from deepinfer_cuda import arch
-    from deepinfer_cuda.kernels import fp8_block_linear_tl, moe_experts_mxfp4_tl
+    from deepinfer_cuda.kernels import fp8_block_linear_tl, moe_experts_mxfp4_tl, moe_experts_mxfp4_w4a8_tl
     from deepinfer_cuda.kernels import moe_experts_mxfp4 as mxfp4_op
     from tools.sweep import fp8_tilelang, mxfp4_tilelang
 
@@ -320,9 +322,22 @@ def released_rows() -> list[dict[str, object]]:
         x, ids, weights = mxfp4_tilelang.routed(tokens, gen)
         op = (x, ids, weights, w13, s13, w2, s2, 10.0)
         hit = ids.unique().numel()
-        both("moe_experts_mxfp4", f"V4.1 layer T={tokens} ({hit} experts hit)", mxfp4_tilelang.bytes_read(hit, tokens),
-             arch.MXFP4_TILELANG, lambda op=op: mxfp4_op.moe_experts_mxfp4(*op), 20, None,
-             moe_experts_mxfp4_tl.UP_KERNEL)
+        case, nbytes = f"V4.1 layer T={tokens} ({hit} experts hit)", mxfp4_tilelang.bytes_read(hit, tokens)
+        call = functools.partial(mxfp4_op.moe_experts_mxfp4, *op)
+        both("moe_experts_mxfp4", case, nbytes, arch.MXFP4_TILELANG, call, 20, None, moe_experts_mxfp4_tl.UP_KERNEL)
+        before = moe_experts_mxfp4_w4a8_tl.UP_KERNEL.launch_counts["cubin"]
+        saved = os.environ.get("DEEPINFER_MXFP4_ACTIVATIONS")
+        os.environ["DEEPINFER_MXFP4_ACTIVATIONS"] = "fp8"  # the opt-in W4A8 form (FP8 activations)
+        try:
+            out.append({"op": "moe_experts_mxfp4", "case": case, "bytes": nbytes, "ours_s": device_time(call),
+                        "ours_graph_s": graph_time(call, 20), "reference_s": float("nan"),
+                        "reference_graph_s": float("nan"),
+                        "path": "w4a8" if moe_experts_mxfp4_w4a8_tl.UP_KERNEL.launch_counts["cubin"] > before
+                        else "exact (no W4A8 cubins)"})
+        finally:
+            os.environ.pop("DEEPINFER_MXFP4_ACTIVATIONS")
+            if saved is not None:
+                os.environ["DEEPINFER_MXFP4_ACTIVATIONS"] = saved
     return out
 
 
