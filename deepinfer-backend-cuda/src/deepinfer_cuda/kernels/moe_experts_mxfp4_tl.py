@@ -38,6 +38,7 @@ covered (bf16 only, dims multiples of the tiles), and the op then runs the Trito
 import functools
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -249,28 +250,56 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     variant = _variant(config, hidden, inter)
     if not require and not (UP_KERNEL.available(arch, variant) and DOWN_KERNEL.available(arch, variant)):
         return None
-    ids = ids.contiguous()
-    order, blocks, plan_steps = plan(ids, num_experts, config.block_m, arch=arch)
-    n_blocks = blocks.shape[1]
+    shared = SharedPlan.of(x, ids, weights, num_experts, inter, swiglu_limit, config.block_m, variant, arch)
     xs = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
-    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=order, top_k=top_k, out=xs), xs)
-    act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
-    slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
-    out = torch.empty_like(x)
-    limit = math.inf if swiglu_limit is None else float(swiglu_limit)
-    common = dict(order=order, weights=weights.reshape(-1).to(torch.float32).contiguous(), blocks=blocks,
-                  nb=n_blocks, slots=slots, limit=limit, constexprs=variant)
-    up = Launch((n_blocks, inter // 64), _CONFIG, dict(xs=xs, w=_words(w13), s=_rows(w13_scale), out=act,
-                                                       wrows=num_experts * two_inter, **common), act)
-    down = Launch((n_blocks, hidden // 128), _CONFIG, dict(xs=act, w=_words(w2), s=_rows(w2_scale), out=slot_out,
-                                                          wrows=num_experts * hidden, **common), slot_out)
-    cfg, block_h = moe_combine_config(arch, hidden)
-    combine = Launch((tokens, -(-hidden // block_h)), cfg,
-                     dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
-                          **_combine_constexprs(hidden, top_k, block_h)), out)
-    steps: list[tuple[Any, Launch]] = [*plan_steps, (GATHER, gather), (UP_KERNEL, up), (DOWN_KERNEL, down),
-                                       (COMBINE_KERNEL, combine)]
-    return LaunchChain(steps, lambda: out)
+    gather = Launch((1,), _CONFIG, dict(x=x.contiguous(), order=shared.order, top_k=top_k, out=xs), xs)
+    up = Launch(shared.up_grid, _CONFIG, dict(xs=xs, w=_words(w13), s=_rows(w13_scale), out=shared.act,
+                                              wrows=num_experts * two_inter, **shared.common), shared.act)
+    down = Launch(shared.down_grid, _CONFIG, dict(xs=shared.act, w=_words(w2), s=_rows(w2_scale), out=shared.slot_out,
+                                                  wrows=num_experts * hidden, **shared.common), shared.slot_out)
+    return shared.chain([(GATHER, gather), (UP_KERNEL, up), (DOWN_KERNEL, down)])
+
+
+@dataclass(slots=True)
+class SharedPlan:
+    """What the TileLang expert forms (this one, ``moe_experts_mxfp4_w4a8_tl``) plan alike around their GEMMs: the
+    routing plan's launches and tables, the ``act`` / per-slot / output buffers, the GEMMs' common arguments and
+    grids, the combine."""
+
+    plan_steps: list[tuple[Any, Launch]]
+    order: torch.Tensor
+    act: torch.Tensor
+    slot_out: torch.Tensor
+    out: torch.Tensor
+    common: dict[str, Any]
+    up_grid: tuple[int, int]
+    down_grid: tuple[int, int]
+    combine: tuple[Any, Launch]
+
+    @classmethod
+    def of(cls, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, num_experts: int, inter: int,
+           swiglu_limit: float | None, block_m: int, variant: dict[str, int], arch: CudaArch) -> "SharedPlan":
+        (tokens, hidden), top_k = x.shape, ids.shape[1]
+        slots = tokens * top_k
+        ids = ids.contiguous()
+        order, blocks, plan_steps = plan(ids, num_experts, block_m, arch=arch)
+        n_blocks = blocks.shape[1]
+        out = torch.empty_like(x)
+        limit = math.inf if swiglu_limit is None else float(swiglu_limit)
+        common = dict(order=order, weights=weights.reshape(-1).to(torch.float32).contiguous(), blocks=blocks,
+                      nb=n_blocks, slots=slots, limit=limit, constexprs=variant)
+        cfg, block_h = moe_combine_config(arch, hidden)
+        slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
+        combine = Launch((tokens, -(-hidden // block_h)), cfg,
+                         dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
+                              **_combine_constexprs(hidden, top_k, block_h)), out)
+        return cls(plan_steps, order, torch.empty(slots, inter, dtype=x.dtype, device=x.device), slot_out, out,
+                   common, (n_blocks, inter // 64), (n_blocks, hidden // 128), (COMBINE_KERNEL, combine))
+
+    def chain(self, gemm_steps: list[tuple[Any, Launch]]) -> LaunchChain:
+        """The plan, ``gemm_steps`` (the activations' preparation and the two GEMMs), the combine."""
+        out = self.out
+        return LaunchChain([*self.plan_steps, *gemm_steps, self.combine], lambda: out)
 
 
 _CONFIG = Mxfp4TileLang.LAUNCH

@@ -29,7 +29,6 @@ exact forms.
 
 
 import functools
-import math
 from typing import Any
 
 import torch
@@ -38,16 +37,14 @@ from deepinfer_cuda.arch import (
     MXFP4_W4A8_CANDIDATES,
     CudaArch,
     Mxfp4TileLang,
-    moe_combine_config,
     mxfp4_w4a8_config,
 )
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain
 from deepinfer_cuda.kernel_set.manifest import TileLangVariant
 from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 from deepinfer_cuda.kernels import fp8_e4m3_rows
-from deepinfer_cuda.kernels.moe_experts import AOT_SHAPES, COMBINE_KERNEL, _combine_constexprs
-from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import _rows, _words
-from deepinfer_cuda.kernels.moe_routing import plan
+from deepinfer_cuda.kernels.moe_experts import AOT_SHAPES
+from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import SharedPlan, _rows, _words
 
 MAGNITUDE = 0x1C1C1C1C  #: e4m3 byte bits 2..4: the low exponent bits and the top mantissa bit
 SIGN = 0x80808080
@@ -201,30 +198,17 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     variant = _variant(config, hidden, inter)
     if not require and not (UP_KERNEL.available(arch, variant) and DOWN_KERNEL.available(arch, variant)):
         return None
-    ids = ids.contiguous()
-    order, blocks, plan_steps = plan(ids, num_experts, config.block_m, arch=arch)
-    n_blocks = blocks.shape[1]
-    quant_x, xs, xs_scale = fp8_e4m3_rows.plan(x.contiguous(), slots, order, k_order(hidden, x.device), top_k)
-    act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
-    quant_act, acts, acts_scale = fp8_e4m3_rows.plan(act, slots, None, None, top_k)
-    slot_out = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
-    out = torch.empty_like(x)
-    limit = math.inf if swiglu_limit is None else float(swiglu_limit)
-    common = dict(order=order, weights=weights.reshape(-1).to(torch.float32).contiguous(), blocks=blocks,
-                  nb=n_blocks, slots=slots, limit=limit, constexprs=variant)
-    up = Launch((n_blocks, inter // 64), _CONFIG, dict(xs=xs, xscale=xs_scale, w=_words(w13), s=_rows(w13_scale),
-                                                       out=act, wrows=num_experts * two_inter, **common), act)
-    down = Launch((n_blocks, hidden // 128), _CONFIG, dict(xs=acts, xscale=acts_scale, w=_words(w2),
-                                                          s=_rows(w2_scale), out=slot_out,
-                                                          wrows=num_experts * hidden, **common), slot_out)
-    cfg, block_h = moe_combine_config(arch, hidden)
-    combine = Launch((tokens, -(-hidden // block_h)), cfg,
-                     dict(slot_out_ptr=slot_out, ids_ptr=ids, out_ptr=out,
-                          **_combine_constexprs(hidden, top_k, block_h)), out)
-    steps: list[tuple[Any, Launch]] = [*plan_steps, (fp8_e4m3_rows.KERNEL, quant_x), (UP_KERNEL, up),
-                                       (fp8_e4m3_rows.KERNEL, quant_act), (DOWN_KERNEL, down),
-                                       (COMBINE_KERNEL, combine)]
-    return LaunchChain(steps, lambda: out)
+    shared = SharedPlan.of(x, ids, weights, num_experts, inter, swiglu_limit, config.block_m, variant, arch)
+    quant_x, xs, xs_scale = fp8_e4m3_rows.plan(x.contiguous(), slots, shared.order, k_order(hidden, x.device), top_k)
+    quant_act, acts, acts_scale = fp8_e4m3_rows.plan(shared.act, slots, None, None, top_k)
+    up = Launch(shared.up_grid, _CONFIG, dict(xs=xs, xscale=xs_scale, w=_words(w13), s=_rows(w13_scale),
+                                              out=shared.act, wrows=num_experts * two_inter, **shared.common),
+                shared.act)
+    down = Launch(shared.down_grid, _CONFIG, dict(xs=acts, xscale=acts_scale, w=_words(w2), s=_rows(w2_scale),
+                                                  out=shared.slot_out, wrows=num_experts * hidden, **shared.common),
+                  shared.slot_out)
+    return shared.chain([(fp8_e4m3_rows.KERNEL, quant_x), (UP_KERNEL, up), (fp8_e4m3_rows.KERNEL, quant_act),
+                         (DOWN_KERNEL, down)])
 
 
 _CONFIG = Mxfp4TileLang.LAUNCH
