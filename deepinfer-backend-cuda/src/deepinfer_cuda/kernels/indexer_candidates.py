@@ -2,7 +2,7 @@
 
 Overrides core's ``indexer_candidates(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale,
 block_size, topk_blocks)`` (deepinfer/ops/indexer.py).  The scores are ``indexer_topk``'s kernel (tensor cores,
-fp32 accumulate, ``-inf`` past each query's limit); the picks are ``top_entries.py``'s sort; the blocks
+fp32 accumulate, ``-inf`` past each query's limit); the picks are ``top_entries.py``'s; the blocks
 are core's :func:`candidate_blocks` of the same scores (block maxima, the newest block pinned, a stable sort: a few
 device kernels, no host sync).  One layer of V4.1-Flash (the candidate source) runs it.  Ties: as ``indexer_topk``.
 """

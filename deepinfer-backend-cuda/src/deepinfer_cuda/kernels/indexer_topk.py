@@ -1,4 +1,4 @@
-"""The lightning indexer: scores on tensor cores in one Triton kernel, then the top-k in another.
+"""The lightning indexer: scores on tensor cores in one Triton kernel, then the top-k (``top_entries.py``).
 
 Overrides core's ``indexer_topk(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale)``
 (deepinfer/ops/indexer.py).  The reference gathers every query's sequence keys ([T, N, c] fp32) and runs an
@@ -7,8 +7,8 @@ fp32 bmm; here:
     index_scores_kernel   per (query, chunk of BLOCK_N entries): s = q [H, c] @ k^T [c, BLOCK_N] (tensor cores,
                            fp32 accumulate), score_n = sum_h ReLU(s_hn) * softmax_scale * (w_h * weights_scale);
                            entries at or past the query's limit get -inf, chunks wholly past it skip the product
-    top_entries_kernel     one program a query sorts its scores (``top_entries.py``): the ids of the ``topk`` best
-                           finite ones, best first, -1 pads (torch's topk for rows past its register sort)
+    picks                  ``top_entries.py``: torch.topk of the [T, N] fp32 scores, -inf picks -> -1, padded with
+                           -1 to ``topk`` (or, once adopted, one sort kernel a query)
 
 No host synchronisation.  Which of two tied entries is kept may differ from the reference's stable sort; the op's
 conformance comparison compares the kept scores (see its ``compare``).  fp32 inputs use IEEE fp32 products.

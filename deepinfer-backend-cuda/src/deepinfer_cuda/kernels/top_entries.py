@@ -5,9 +5,10 @@ kernel, then pick.  torch's ``topk`` + ``where`` (+ ``cat`` where the row is sho
 launches a layer, which a decode step's small batch does not hide; here one program sorts a row: each score becomes
 an unsigned key whose order is the float order, packed above the entry's reversed index, and ``tl.sort`` (bitonic,
 in registers) orders them, best first and, among equal scores, the lower entry first.  Rows longer than
-:data:`MAX_BLOCK` entries keep torch's ``topk`` (a register sort of more would spill).  Ties: torch's order among
-equal scores is unspecified, the reference's is a stable sort; the indexer ops' conformance compares the kept
-scores (their ``compare``), and this order is the stable one.
+:data:`MAX_BLOCK` entries keep torch's ``topk`` (a register sort of more would spill), and so does every row until
+``arch.TOP_ENTRIES_MAX_BLOCK`` adopts the kernel (after a GPU run; so far it has run under the interpreter only).
+Ties: torch's order among equal scores is unspecified, the reference's is a stable sort; the indexer ops'
+conformance compares the kept scores (their ``compare``), and this order is the stable one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_cuda import arch
 from deepinfer_cuda.arch import CudaArch, LaunchConfig
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
 from deepinfer_cuda.kernel_set.manifest import Variant
@@ -70,12 +72,14 @@ def torch_top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
     return ids
 
 
-def plan(scores: torch.Tensor, topk: int) -> tuple[list[tuple[TritonKernel, Launch]], Callable[[], torch.Tensor]]:
+def plan(scores: torch.Tensor, topk: int, max_block: int | None = None
+         ) -> tuple[list[tuple[TritonKernel, Launch]], Callable[[], torch.Tensor]]:
     """(steps, finish) picking from ``scores`` [T, N] once the steps before them wrote it: one launch, or none and
-    torch's ``topk`` in ``finish`` for rows longer than :data:`MAX_BLOCK`."""
+    torch's ``topk`` in ``finish`` for rows longer than ``max_block`` (None: ``arch.TOP_ENTRIES_MAX_BLOCK``, the
+    kernel's adoption; at most :data:`MAX_BLOCK`)."""
     tokens, entries = scores.shape
     block = triton.next_power_of_2(max(entries, topk, 16))
-    if block > MAX_BLOCK:
+    if block > min(MAX_BLOCK, arch.TOP_ENTRIES_MAX_BLOCK if max_block is None else max_block):
         return [], lambda: torch_top_entries(scores, topk)
     ids = torch.empty(tokens, topk, dtype=torch.int64, device=scores.device)
     launch = Launch((tokens,), _config(block), dict(scores_ptr=scores, ids_ptr=ids, entries=entries, TOPK=topk,
