@@ -29,6 +29,7 @@ exact forms.
 
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ __device__ __forceinline__ unsigned char di_e2m1_e4m3_at(const unsigned q, const
 }
 """.replace("DI_MAGNITUDE", f"{MAGNITUDE:#x}").replace("DI_SIGN", f"{SIGN:#x}")
 THREADS = 256  #: the consumer warpgroups (TileLang adds the producer's 128)
+logger = logging.getLogger("deepinfer.cuda")
 CODE_EXPONENT = 6  #: the decoded bytes are the e2m1 values times 2^-CODE_EXPONENT
 
 
@@ -198,6 +200,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     variant = _variant(config, hidden, inter)
     if not require and not (UP_KERNEL.available(arch, variant) and DOWN_KERNEL.available(arch, variant)):
         return None
+    _warn_experimental()
     shared = SharedPlan.of(x, ids, weights, num_experts, inter, swiglu_limit, config.block_m, variant, arch)
     quant_x, xs, xs_scale = fp8_e4m3_rows.plan(x.contiguous(), slots, shared.order, k_order(hidden, x.device), top_k)
     quant_act, acts, acts_scale = fp8_e4m3_rows.plan(shared.act, slots, None, None, top_k)
@@ -212,3 +215,9 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
 
 
 _CONFIG = Mxfp4TileLang.LAUNCH
+
+
+@functools.cache
+def _warn_experimental() -> None:
+    logger.warning("DEEPINFER_MXFP4_ACTIVATIONS=fp8: the W4A8 MXFP4 experts are experimental (activations rounded to "
+                   "e4m3; not yet measured on a GPU: docs/performance.md)")
