@@ -182,12 +182,14 @@ def _variant(config: Mxfp4TileLang, hidden: int, inter: int) -> dict[str, int]:
             "stages": config.stages, "occupancy": config.occupancy}
 
 
-def _aot_variants(arch: CudaArch) -> list[TileLangVariant]:
-    """Every candidate of :data:`arch.MXFP4_TILELANG_CANDIDATES` at V4-Flash's and V4.1-Flash's expert shapes."""
+def _aot_variants(arch: CudaArch, candidates: dict[str, tuple[Mxfp4TileLang, ...]] = MXFP4_TILELANG_CANDIDATES
+                  ) -> list[TileLangVariant]:
+    """Every tile of ``candidates`` (by tier; the W4A8 form passes its own) at V4-Flash's and V4.1-Flash's expert
+    shapes."""
     if arch.triton_arch != 90:  # wgmma: Hopper's; SM100 keeps its Triton forms
         return []
     shapes = sorted({(h, i) for h, i, k in AOT_SHAPES if k == 6})  # MXFP4: the routed experts (top-6) only
-    configs = list(dict.fromkeys(c for tier in MXFP4_TILELANG_CANDIDATES.values() for c in tier))
+    configs = list(dict.fromkeys(c for tier in candidates.values() for c in tier))
     return [TileLangVariant(_variant(c, h, i)) for h, i in shapes for c in configs]
 
 

@@ -41,11 +41,10 @@ from deepinfer_cuda.arch import (
     mxfp4_w4a8_config,
 )
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain
-from deepinfer_cuda.kernel_set.manifest import TileLangVariant
 from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 from deepinfer_cuda.kernels import fp8_e4m3_rows
-from deepinfer_cuda.kernels.moe_experts import AOT_SHAPES
-from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import SharedPlan, _rows, _words
+from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
+from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import SharedPlan, _rows, _variant, _words
 
 MAGNITUDE = 0x1C1C1C1C  #: e4m3 byte bits 2..4: the low exponent bits and the top mantissa bit
 SIGN = 0x80808080
@@ -161,18 +160,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     return main
 
 
-def _variant(config: Mxfp4TileLang, hidden: int, inter: int) -> dict[str, int]:
-    return {"hidden": hidden, "inter": inter, "block_m": config.block_m, "block_k": config.block_k,
-            "stages": config.stages, "occupancy": config.occupancy}
-
-
-def _aot_variants(arch: CudaArch) -> list[TileLangVariant]:
-    """Every candidate of :data:`arch.MXFP4_W4A8_CANDIDATES` at V4-Flash's and V4.1-Flash's expert shapes."""
-    if arch.triton_arch != 90:
-        return []
-    shapes = sorted({(h, i) for h, i, k in AOT_SHAPES if k == 6})
-    configs = list(dict.fromkeys(c for tier in MXFP4_W4A8_CANDIDATES.values() for c in tier))
-    return [TileLangVariant(_variant(c, h, i)) for h, i in shapes for c in configs]
+_aot_variants = functools.partial(tilelang_form._aot_variants, candidates=MXFP4_W4A8_CANDIDATES)
 
 
 #: No source fix: the weight tile is read inside each group's step, so TileLang releases both stages after the
