@@ -22,6 +22,7 @@ decoding's verify steps (draft, then one fixed-shape forward of anchor and draft
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -133,18 +134,14 @@ class StepCounter:
 
 def load_checkpoint(model: str, dtype: str, max_seqs: int, k: int):
     """(LLM, drafter, the drafter in words): the checkpoint's drafter, else :class:`ArbitraryDrafter`."""
-    from deepinfer import LLM
+    from deepinfer import LLM, envs
 
     # Where decode steps replay captured graphs (CUDA) the engine leaves drafting off by default and does not read
     # the drafter's weights (engine/llm.py ``drafter_off``): ask for it, as a user would, to build it.
-    asked = "DEEPINFER_USE_NEXTN_DECODE" not in os.environ
-    if asked:
-        os.environ["DEEPINFER_USE_NEXTN_DECODE"] = str(k)
-    try:
+    asked = contextlib.nullcontext() if "DEEPINFER_USE_NEXTN_DECODE" in os.environ else envs.overridden(
+        "DEEPINFER_USE_NEXTN_DECODE", str(k))
+    with asked:
         llm = LLM(model, dtype=dtype, max_num_seqs=max_seqs)
-    finally:
-        if asked:
-            del os.environ["DEEPINFER_USE_NEXTN_DECODE"]
     engine = llm.engine
     drafter = engine.drafter
     if drafter is None:

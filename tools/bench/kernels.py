@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -283,6 +282,7 @@ def released_rows() -> list[dict[str, object]]:
     holds).  The Triton form is timed with the arch table cleared; the sweeps time every candidate."""
     import torch
 
+    from deepinfer import envs
     from deepinfer.ops.quant_gemm import fp8_block_grouped_linear, fp8_block_linear
     from deepinfer_cuda import arch
     from deepinfer_cuda.kernels import fp8_block_linear_tl, moe_experts_mxfp4_tl, moe_experts_mxfp4_w4a8_tl
@@ -326,18 +326,12 @@ def released_rows() -> list[dict[str, object]]:
         call = functools.partial(mxfp4_op.moe_experts_mxfp4, *op)
         both("moe_experts_mxfp4", case, nbytes, arch.MXFP4_TILELANG, call, 20, None, moe_experts_mxfp4_tl.UP_KERNEL)
         before = moe_experts_mxfp4_w4a8_tl.UP_KERNEL.launch_counts["cubin"]
-        saved = os.environ.get("DEEPINFER_MXFP4_ACTIVATIONS")
-        os.environ["DEEPINFER_MXFP4_ACTIVATIONS"] = "fp8"  # the opt-in W4A8 form (FP8 activations)
-        try:
+        with envs.overridden("DEEPINFER_MXFP4_ACTIVATIONS", "fp8"):  # the opt-in W4A8 form (FP8 activations)
             out.append({"op": "moe_experts_mxfp4", "case": case, "bytes": nbytes, "ours_s": device_time(call),
                         "ours_graph_s": graph_time(call, 20), "reference_s": float("nan"),
                         "reference_graph_s": float("nan"),
                         "path": "w4a8" if moe_experts_mxfp4_w4a8_tl.UP_KERNEL.launch_counts["cubin"] > before
                         else "exact (no W4A8 cubins)"})
-        finally:
-            os.environ.pop("DEEPINFER_MXFP4_ACTIVATIONS")
-            if saved is not None:
-                os.environ["DEEPINFER_MXFP4_ACTIVATIONS"] = saved
     return out
 
 

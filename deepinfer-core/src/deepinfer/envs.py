@@ -10,10 +10,11 @@ version: a warning, not an error, because an environment outlives the version th
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,20 @@ logger = logging.getLogger(__name__)
 PREFIX = "DEEPINFER_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+@contextlib.contextmanager
+def overridden(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` inside the block; after it, as it was before (set to its old value, or unset)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
 
 
 def is_set(name: str) -> bool:

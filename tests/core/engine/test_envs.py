@@ -115,3 +115,16 @@ def test_unknown_names_warn_with_the_closest_known_one(monkeypatch, caplog):
     assert any("DEEPINFER_BATCH_INVARIENT is set" in m and "did you mean DEEPINFER_BATCH_INVARIANT?" in m
                for m in messages)
     assert any("DEEPINFER_SOMETHING_ELSE is set" in m and "did you mean" not in m for m in messages)
+
+
+def test_overridden_restores_the_value_or_its_absence(monkeypatch):
+    import os
+
+    monkeypatch.delenv("DEEPINFER_MXFP4_ACTIVATIONS", raising=False)
+    with envs.overridden("DEEPINFER_MXFP4_ACTIVATIONS", "fp8"):
+        assert envs.mxfp4_activations() == "fp8"
+    assert "DEEPINFER_MXFP4_ACTIVATIONS" not in os.environ
+    monkeypatch.setenv("DEEPINFER_MXFP4_ACTIVATIONS", "bf16")
+    with pytest.raises(RuntimeError), envs.overridden("DEEPINFER_MXFP4_ACTIVATIONS", "fp8"):
+        raise RuntimeError
+    assert os.environ["DEEPINFER_MXFP4_ACTIVATIONS"] == "bf16"

@@ -25,13 +25,12 @@ and, for ``DEEPINFER_BATCH_INVARIANT=1``, that each op's rows are bitwise indepe
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from deepinfer import envs
 from deepinfer.ops.catalog import op_defs
 from deepinfer.ops.registry import OpDef, OpSample, assert_close
 from deepinfer.ops.table import OpTable
@@ -189,22 +188,9 @@ def check_impl_batch_invariance(
     return checked
 
 
-@contextlib.contextmanager
-def _batch_invariant_env() -> Iterator[None]:
-    saved = os.environ.get("DEEPINFER_BATCH_INVARIANT")
-    os.environ["DEEPINFER_BATCH_INVARIANT"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["DEEPINFER_BATCH_INVARIANT"]
-        else:
-            os.environ["DEEPINFER_BATCH_INVARIANT"] = saved
-
-
 def batch_invariant_table(backend: Backend) -> OpTable:
     """The op table the engine builds for ``backend`` under ``DEEPINFER_BATCH_INVARIANT=1``."""
-    with _batch_invariant_env():
+    with envs.overridden("DEEPINFER_BATCH_INVARIANT", "1"):
         return OpTable.for_backend(backend)
 
 
