@@ -351,17 +351,12 @@ def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int,
     return MXFP4_TILELANG_CANDIDATES[tier][0]
 
 
-#: The longest indexer row (entries, padded to a power of two, at most ``top_entries.MAX_BLOCK``) whose top-k runs
-#: as ``kernels/top_entries.py``'s one-launch sort; longer rows, and every row while this is 0, run torch's
-#: ``topk``.  0 until the kernel has run on a GPU and beaten torch in a step (docs/performance.md).
-TOP_ENTRIES_MAX_BLOCK = 0
-
-
 #: The W4A8 forms (``kernels/moe_experts_mxfp4_w4a8_tl.py``; opt-in: ``DEEPINFER_MXFP4_ACTIVATIONS=fp8``), per
-#: tier: the candidates, the first the one that runs until a sweep picks.  Each 32-column group's rescale costs
-#: ``block_m / 2`` FMAs a thread, so the tiers stop at "chunk"; a prefill runs the exact forms.
+#: tier: the candidates, the first the one that runs (the winner of ``tools/sweep/mxfp4_tilelang.py``, H100
+#: 2026-12-07: docs/performance.md).  Each 32-column group's rescale costs ``block_m / 2`` FMAs a thread, so the
+#: tiers stop at "chunk"; a prefill runs the exact forms.
 MXFP4_W4A8_CANDIDATES: dict[str, tuple[Mxfp4TileLang, ...]] = {
-    "few": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3), Mxfp4TileLang(16, 256, 4, 2)),
+    "few": (Mxfp4TileLang(16, 256, 4, 2), Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3)),
     "decode": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3), Mxfp4TileLang(16, 256, 4, 2)),
     "batch": (Mxfp4TileLang(16, 128, 4, 2), Mxfp4TileLang(16, 128, 4, 3), Mxfp4TileLang(16, 256, 4, 2)),
     "chunk": (Mxfp4TileLang(32, 128, 4, 2),),

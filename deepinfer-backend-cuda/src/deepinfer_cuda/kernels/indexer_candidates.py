@@ -2,7 +2,7 @@
 
 Overrides core's ``indexer_candidates(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale,
 block_size, topk_blocks)`` (deepinfer/ops/indexer.py).  The scores are ``indexer_topk``'s kernel (tensor cores,
-fp32 accumulate, ``-inf`` past each query's limit); the picks are ``top_entries.py``'s; the blocks
+fp32 accumulate, ``-inf`` past each query's limit); the picks are ``indexer_topk``'s ``torch.topk``; the blocks
 are core's :func:`candidate_blocks` of the same scores (block maxima, the newest block pinned, a stable sort: a few
 device kernels, no host sync).  One layer of V4.1-Flash (the candidate source) runs it.  Ties: as ``indexer_topk``.
 """
@@ -14,8 +14,7 @@ import torch
 from deepinfer.ops.indexer import candidate_blocks
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
-from deepinfer_cuda.kernels import top_entries
-from deepinfer_cuda.kernels.indexer_topk import KERNEL, PackedKeys, plan_scores
+from deepinfer_cuda.kernels.indexer_topk import KERNEL, PackedKeys, plan_scores, top_entries
 from deepinfer_cuda.override import override
 
 #: As ``indexer_topk.INTERPRETED`` (fp32 products under Triton's CPU interpreter), for this op.
@@ -34,14 +33,12 @@ def plan_candidates(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor |
     launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
                          interpreted=interpreted)
 
-    steps, picks = top_entries.plan(launch.result, topk)
-
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         scores = launch.result
         causal = limits.to(device=scores.device, dtype=torch.int64)
-        return picks(), candidate_blocks(scores, causal, block_size, topk_blocks)
+        return top_entries(scores, topk), candidate_blocks(scores, causal, block_size, topk_blocks)
 
-    return LaunchChain([(kernel, launch), *steps], finish)
+    return LaunchChain([(kernel, launch)], finish)
 
 
 def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
@@ -52,7 +49,7 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids:
                            topk_blocks, kernel=KERNEL, arch=arch, interpreted=INTERPRETED)
 
 
-@override("indexer_candidates", aot=(KERNEL, top_entries.KERNEL))
+@override("indexer_candidates", aot=(KERNEL,))
 def indexer_candidates(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
                        limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float, block_size: int,
                        topk_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,6 @@ from deepinfer.ops.fake_quant import ScaleFormat
 from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, cuda_target
-from deepinfer_cuda.kernels import top_entries
 from deepinfer_cuda.kernels.indexer_candidates import plan_candidates
 from deepinfer_cuda.kernels.indexer_topk import PackedKeys
 from deepinfer_cuda.kernels.indexer_topk_packed import KERNEL
@@ -41,7 +40,7 @@ def covers(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_
     return coverage.packed_keys_fit(q, key_block)
 
 
-@override("indexer_candidates_packed", coverage=covers, aot=(KERNEL, top_entries.KERNEL))
+@override("indexer_candidates_packed", coverage=covers, aot=(KERNEL,))
 def indexer_candidates_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor,
                               key_rows: torch.Tensor, key_block: int, key_scale_format: ScaleFormat,
                               seq_ids: torch.Tensor, limits: torch.Tensor, topk: int, softmax_scale: float,

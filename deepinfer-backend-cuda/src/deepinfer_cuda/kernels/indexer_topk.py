@@ -1,4 +1,4 @@
-"""The lightning indexer: scores on tensor cores in one Triton kernel, then the top-k (``top_entries.py``).
+"""The lightning indexer: scores on tensor cores in one Triton kernel, then the top-k in torch on the device.
 
 Overrides core's ``indexer_topk(q, weights, keys, seq_ids, limits, topk, softmax_scale, weights_scale)``
 (deepinfer/ops/indexer.py).  The reference gathers every query's sequence keys ([T, N, c] fp32) and runs an
@@ -7,8 +7,7 @@ fp32 bmm; here:
     index_scores_kernel   per (query, chunk of BLOCK_N entries): s = q [H, c] @ k^T [c, BLOCK_N] (tensor cores,
                            fp32 accumulate), score_n = sum_h ReLU(s_hn) * softmax_scale * (w_h * weights_scale);
                            entries at or past the query's limit get -inf, chunks wholly past it skip the product
-    picks                  ``top_entries.py``: torch.topk of the [T, N] fp32 scores, -inf picks -> -1, padded with
-                           -1 to ``topk`` (or, once adopted, one sort kernel a query)
+    finish (torch)         torch.topk of the [T, N] fp32 scores, -inf picks -> -1, padded with -1 to ``topk``
 
 No host synchronisation.  Which of two tied entries is kept may differ from the reference's stable sort; the op's
 conformance comparison compares the kept scores (see its ``compare``).  fp32 inputs use IEEE fp32 products.
@@ -26,7 +25,6 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, indexer_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
-from deepinfer_cuda.kernels import top_entries
 from deepinfer_cuda.kernels.packed_rows import fp4_row_values
 from deepinfer_cuda.override import override
 
@@ -176,22 +174,26 @@ def plan_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor | Pac
     return Launch((tokens, triton.cdiv(entries, block_n)), cfg, args, scores)
 
 
+def top_entries(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """Ids of the ``topk`` best finite scores per row, best first; ``-1`` pads."""
+    kept = min(topk, scores.shape[1])
+    values, ids = torch.topk(scores, kept, dim=1, sorted=True)
+    ids = torch.where(values > float("-inf"), ids, -1)
+    if kept < topk:
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], topk - kept), -1)], dim=1)
+    return ids
+
+
 def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
             limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float, *,
             arch: CudaArch) -> LaunchChain:
     """Plan ``indexer_topk(...)`` for ``arch``: the scores kernel's launch and the top-k, nothing launched."""
     launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
                          interpreted=INTERPRETED)
-    return picks_after(KERNEL, launch, topk)
+    return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
-def picks_after(kernel: TritonKernel, launch: Launch, topk: int) -> LaunchChain:
-    """The chain of a scores launch and the top-k of its scores (``top_entries.py``)."""
-    steps, finish = top_entries.plan(launch.result, topk)
-    return LaunchChain([(kernel, launch), *steps], finish)
-
-
-@override("indexer_topk", aot=(KERNEL, top_entries.KERNEL))
+@override("indexer_topk", aot=(KERNEL,))
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,

@@ -15,8 +15,7 @@ import triton
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
-from deepinfer_cuda.kernels import top_entries
-from deepinfer_cuda.kernels.indexer_topk import aot_variants, index_scores_kernel, picks_after, plan_scores
+from deepinfer_cuda.kernels.indexer_topk import aot_variants, index_scores_kernel, plan_scores, top_entries
 from deepinfer_cuda.override import override
 
 #: As ``indexer_topk.INTERPRETED`` (fp32 products under Triton's CPU interpreter), for this op.
@@ -46,10 +45,10 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids:
     allowed = allowed_blocks(blocks.to(device=q.device, dtype=torch.int64), keys.shape[1], block_size)
     launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
                          interpreted=INTERPRETED, allowed=allowed, candidate_block=block_size)
-    return picks_after(KERNEL, launch, topk)
+    return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
-@override("indexer_topk_in_blocks", aot=(KERNEL, top_entries.KERNEL))
+@override("indexer_topk_in_blocks", aot=(KERNEL,))
 def indexer_topk_in_blocks(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, seq_ids: torch.Tensor,
                            limits: torch.Tensor, topk: int, softmax_scale: float, weights_scale: float,
                            blocks: torch.Tensor, block_size: int) -> torch.Tensor:

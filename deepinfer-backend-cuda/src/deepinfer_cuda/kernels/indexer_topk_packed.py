@@ -17,8 +17,7 @@ from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch
 from deepinfer_cuda.kernel_set.dispatch import LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
-from deepinfer_cuda.kernels import top_entries
-from deepinfer_cuda.kernels.indexer_topk import PackedKeys, aot_variants, index_scores_kernel, picks_after, plan_scores
+from deepinfer_cuda.kernels.indexer_topk import PackedKeys, aot_variants, index_scores_kernel, plan_scores, top_entries
 from deepinfer_cuda.override import override
 
 #: (index heads, index head dim) compiled ahead of time: V4.1-Flash 32 x 128, keys FP4 + ue8m0 per 32 (68 B).
@@ -42,7 +41,7 @@ def prepare(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key
     keys = PackedKeys(key_pages, key_rows, key_block, key_scale_format)
     launch = plan_scores(q, weights, keys, seq_ids, limits, softmax_scale, weights_scale, arch=arch,
                          interpreted=INTERPRETED)
-    return picks_after(KERNEL, launch, topk)
+    return LaunchChain([(KERNEL, launch)], lambda: top_entries(launch.result, topk))
 
 
 def covers(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor, key_block: int,
@@ -51,7 +50,7 @@ def covers(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_
     return coverage.packed_keys_fit(q, key_block)
 
 
-@override("indexer_topk_packed", coverage=covers, aot=(KERNEL, top_entries.KERNEL))
+@override("indexer_topk_packed", coverage=covers, aot=(KERNEL,))
 def indexer_topk_packed(q: torch.Tensor, weights: torch.Tensor, key_pages: torch.Tensor, key_rows: torch.Tensor,
                         key_block: int, key_scale_format: ScaleFormat, seq_ids: torch.Tensor, limits: torch.Tensor,
                         topk: int, softmax_scale: float, weights_scale: float) -> torch.Tensor:
