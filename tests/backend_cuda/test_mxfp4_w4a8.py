@@ -59,7 +59,7 @@ def test_the_k_order_gives_each_fragment_lane_one_word_of_its_group():
 
 
 def test_the_tiers_stop_before_prefill_and_hopper_only():
-    assert mxfp4_w4a8_config(SM90A, 6, 384) == Mxfp4TileLang(16, 128, 4, 2)
+    assert mxfp4_w4a8_config(SM90A, 6, 384) == Mxfp4TileLang(16, 256, 4, 2)  # the sweep's b1 winner
     assert mxfp4_w4a8_config(SM90A, 64 * 6, 384) is not None
     assert mxfp4_w4a8_config(SM90A, 2048 * 6, 384) is None  # a prefill runs the exact forms
     assert mxfp4_w4a8_config(SM100A, 6, 384) is None
