@@ -55,6 +55,7 @@ def test_build_writes_manifest_and_cubins_for_sm90a(sm90_set):
         assert _cubin_sm(data) == 90, entry.cubin
         assert entry.entry.encode() in data  # the symbol cuModuleGetFunction will look up
         assert entry.arch == "sm_90a" and entry.num_ctas == 1 and entry.shared >= 0
+        assert entry.launch_pdl  # a programmatic dependent (kernels/grid_dependency.py)
         # Launch ABI: explicit params in the kernel's parameter order, then Triton's hidden pointers.
         names = [n for n, _ in entry.signature]
         assert names == [n for n in param_names if n in names]
@@ -155,6 +156,22 @@ def test_every_kernel_is_compiled_ahead_of_time_for_every_arch():
                 assert kernel.aot_variants(arch), f"{kernel.name} has no AOT variants for {arch.name}"
             else:
                 assert not kernel.aot_variants(arch), f"{kernel.name} has AOT variants for {arch.name}"
+
+
+def test_every_triton_kernel_first_waits_for_the_kernel_before_it():
+    """The cubin launcher launches every Triton kernel of the set as a programmatic dependent: one that touched
+    memory before ``griddepcontrol.wait`` would race the kernel before it (the builder also checks the PTX)."""
+    import ast
+    import inspect
+    import textwrap
+
+    for kernel in aot_kernels():
+        body = ast.parse(textwrap.dedent(inspect.getsource(kernel.jit_fn.fn))).body[0].body
+        if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        first = body[0]
+        assert (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
+                and ast.unparse(first.value.func) == "wait_for_producers"), kernel.name
 
 
 def test_overrides_use_core_op_names_and_signatures():

@@ -20,6 +20,7 @@ from deepinfer_cuda.kernel_set.specialize import ptx_param_types, tensordesc_ran
 
 _PTX_ENTRY = re.compile(r"\.visible\s+\.entry\s+(\w+)\s*\(([^)]*)\)")
 _PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?(\.\w+)")  # a CUtensorMap: .align 64 .b8 [128]
+_GRID_WAIT = "griddepcontrol.wait"  #: every Triton kernel of the set is launched as a programmatic dependent
 
 
 class AotError(RuntimeError):
@@ -55,13 +56,16 @@ def compile_variant(kernel: TritonKernel, arch: CudaArch, variant: Variant) -> t
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, signature, constexprs=dict(variant.constexprs), attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch.triton_arch, 32),
-                              options={"num_warps": variant.num_warps, "num_stages": variant.num_stages})
+                              options={"num_warps": variant.num_warps, "num_stages": variant.num_stages,
+                                       "launch_pdl": True})
     md = compiled.metadata
     where = f"{kernel.name} [{arch.name}] {variant.signature} {variant.constexprs}"
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise AotError(f"{where}: needs global/profile scratch memory, which the cubin launcher does not allocate")
-    if md.num_ctas != 1 or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False):
-        raise AotError(f"{where}: clusters, cooperative or PDL launches are not supported by the cubin launcher")
+    if md.num_ctas != 1 or getattr(md, "launch_cooperative_grid", False):
+        raise AotError(f"{where}: clusters or cooperative launches are not supported by the cubin launcher")
+    if _GRID_WAIT not in compiled.asm["ptx"]:  # launched with PDL, it would race the kernel before it
+        raise AotError(f"{where}: the kernel does not begin with grid_dependency.wait_for_producers()")
 
     entry_name, ptx_params = ptx_entry_params(compiled.asm["ptx"])
     explicit = [p for t in variant.signature.values() for p in ptx_param_types(t)]

@@ -69,7 +69,7 @@ class CubinFunction:
     """One loaded cubin on one device, ready to launch."""
 
     __slots__ = ("entry", "device_index", "_module", "_function", "_plain", "_maps", "_storage", "_params",
-                 "_params_addr", "_threads", "_lock")
+                 "_params_addr", "_threads", "_lock", "_pdl")
 
     def __init__(self, entry: KernelEntry, cubin: bytes, device_index: int):
         driver = _driver()
@@ -103,6 +103,7 @@ class CubinFunction:
         self._params_addr = ctypes.addressof(self._params)
         self._threads = 32 * entry.num_warps
         self._lock = threading.Lock()
+        self._pdl = _programmatic_config(entry.shared, self._threads) if entry.launch_pdl else None
 
     def launch(self, grid: Sequence[int], stream: int, args: Mapping[str, Any]) -> None:
         """Launch on ``stream`` (a raw ``cudaStream_t``); ``args`` holds at least the explicit params by name.
@@ -118,10 +119,36 @@ class CubinFunction:
                 slot.value = value.data_ptr() if isinstance(value, torch.Tensor) else value
             for tensor_map, name in self._maps:
                 tensor_map.fill(args[name], args)
-            result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared, stream,
-                                            self._params_addr, 0)
+            if self._pdl is not None and PROGRAMMATIC_LAUNCH:
+                config = self._pdl
+                config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+                config.hStream = stream
+                result = _DRIVER.cuLaunchKernelEx(config, self._function, self._params_addr, 0)
+            else:
+                result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared,
+                                                stream, self._params_addr, 0)
         if result[0] != _SUCCESS:
             _check(result, "cuLaunchKernel")
+
+
+#: Whether kernels built for it (``KernelEntry.launch_pdl``: every Triton kernel, see
+#: ``kernels/grid_dependency.py``) launch as programmatic dependents; False launches them as plain kernels (their
+#: grid-dependency instructions are then no-ops), for A/B timing.
+PROGRAMMATIC_LAUNCH = True
+
+
+def _programmatic_config(shared: int, threads: int) -> Any:
+    """A ``CUlaunchConfig`` with programmatic stream serialization allowed (grid and stream set per launch)."""
+    driver = _driver()
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = shared
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
 
 
 def param_storage(entry: KernelEntry) -> tuple[list[Any], list[tuple[Any, str]], list[tuple[Any, str]]]:

@@ -30,6 +30,7 @@ from deepinfer_cuda.arch import CudaArch, LaunchConfig, compress_entries_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.compress_pool import _rounded
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (ratio, dim, overlap) compiled ahead of time: V4's CSA (ratio 4, series a | b) at head dim 512, its indexer's
@@ -124,6 +125,7 @@ def _compress_entries_kernel(window_ptr, previous_ptr, has_prev_ptr, needed_ptr,
                              OVERLAP: tl.constexpr, MASKED: tl.constexpr, HAS_NEEDED: tl.constexpr, HALF: tl.constexpr,
                              BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
                              INTERPRETED: tl.constexpr):
+    wait_for_producers()
     win = tl.program_id(0).to(tl.int64)
     if HAS_NEEDED:  # a window no one reads (decode: it does not close at this token) is stored as zeros, unread
         if tl.load(needed_ptr + win) != 0:

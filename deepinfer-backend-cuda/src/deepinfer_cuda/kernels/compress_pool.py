@@ -15,6 +15,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, compress_pool_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (slots, channels) compiled ahead of time: CSA (ratio 4: 2 x 4 slots), V4.1's ratios 2 and 1 (4 and 2 slots),
@@ -39,6 +40,7 @@ def _rounded(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 @triton.jit
 def _compress_pool_kernel(kv_ptr, score_ptr, out_ptr, S: tl.constexpr, C: tl.constexpr,
                           BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRETED: tl.constexpr):
+    wait_for_producers()
     window = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     slots = tl.arange(0, BLOCK_S)

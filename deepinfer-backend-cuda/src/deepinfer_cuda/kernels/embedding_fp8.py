@@ -23,6 +23,7 @@ from deepinfer_cuda.arch import CudaArch, LaunchConfig, embedding_fp8_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fp8_block_linear import _code_values
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: The interpreter test turns this on (integer decoding of the codes, rounding to bf16 by hand).
@@ -48,6 +49,7 @@ def _embedding_fp8_kernel(ids_ptr, codes_ptr, scale_ptr, out_ptr, n_ids, D: tl.c
                           SCALE_E8M0: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_R: tl.constexpr):
     """Output rows [pid * BLOCK_R, +BLOCK_R): row ``r`` = table row ``ids[r]`` times its scales."""
+    wait_for_producers()
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_ids
     cols = tl.arange(0, BLOCK_D)

@@ -22,6 +22,7 @@ from deepinfer_cuda.arch import CudaArch, LaunchConfig, engram_gate_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import _f32
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4.1-Flash (4 x 5120).
@@ -35,6 +36,7 @@ GATE_DOT_FLOOR = 1e-6
 def _engram_gate_kernel(streams_ptr, key_ptr, value_ptr, qw_ptr, kw_ptr, out_ptr, eps, key_row_stride,
                         key_stream_stride, value_row_stride, S: tl.constexpr, D: tl.constexpr,
                         BLOCK_D: tl.constexpr, INV_SQRT_D: tl.constexpr, DOT_FLOOR: tl.constexpr):
+    wait_for_producers()
     token = tl.program_id(0).to(tl.int64)
     stream = tl.program_id(1)
     cols = tl.arange(0, BLOCK_D)

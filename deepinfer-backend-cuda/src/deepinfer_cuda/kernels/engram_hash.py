@@ -21,6 +21,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, engram_hash_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (look-back width N = max n-gram size, hash heads) compiled ahead of time: V4.1-Flash's defaults (4, 8).
@@ -31,6 +32,7 @@ AOT_SHAPES = ((4, 8),)
 def _engram_hash_kernel(lookback_ptr, mult_ptr, primes_ptr, offsets_ptr, out_ptr, tokens, lookback_stride,
                         N: tl.constexpr, HEADS: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
                         BLOCK_T: tl.constexpr):
+    wait_for_producers()
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < tokens
     cols = tl.arange(0, BLOCK_C)

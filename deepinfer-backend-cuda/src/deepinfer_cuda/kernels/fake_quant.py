@@ -27,6 +27,7 @@ from triton.language.extra import libdevice
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, fake_quant_config
 from deepinfer_cuda.kernel_set.dispatch import Launch
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 
 #: FORMAT constexpr: FP8 with a ue8m0 scale, FP4 with an e4m3 scale, FP4 with a ue8m0 scale.
 FP8_UE8M0, FP4_E4M3, FP4_UE8M0 = 0, 1, 2
@@ -121,6 +122,7 @@ def fake_quant_kernel(x_ptr, y_ptr, n_blocks, BLOCK: tl.constexpr, BLOCK_P: tl.c
                       INTERPRETED: tl.constexpr):
     """Scale blocks [pid * BLOCK_R, +BLOCK_R) of BLOCK contiguous channels (a tile of BLOCK_P, the next power of
     two; padding loads 0, which no block maximum sees): quantized and dequantized."""
+    wait_for_producers()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_P)
     mask = (rows < n_blocks)[:, None] & (cols < BLOCK)[None, :]

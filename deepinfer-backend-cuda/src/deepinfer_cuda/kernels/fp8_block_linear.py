@@ -58,6 +58,7 @@ from deepinfer_cuda.kernels import fp8_block_linear_mx, fp8_block_linear_tl, spl
 from deepinfer_cuda.kernels.fake_quant import _round_to_grid
 from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_code as _e4m3_code
 from deepinfer_cuda.kernels.fp8_e4m3_codes import e4m3_value as _e4m3_value
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.split_k_sum import to_dtype
 from deepinfer_cuda.override import override
 
@@ -85,6 +86,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, GROUP: tl.constexpr, BLOCK_
                       INTERPRETED: tl.constexpr):
     """Groups [pid * BLOCK_R, +BLOCK_R) of GROUP contiguous values: e4m3 codes of ``x / s`` and ``s = max(amax,
     1e-4) / 448`` (fp32)."""
+    wait_for_producers()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, GROUP)
     ok = rows < n_groups
@@ -225,6 +227,7 @@ def _fp8_linear_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M,
     [cdiv(GROUPS * N, BN_Q), KB = cdiv(K, BK_Q)], y [M, GROUPS * N] (SPLIT_K > 1: fp32 partials [SPLIT_K, M,
     GROUPS * N]).  ``TMA_STAGES`` > 0 (weight-only): ``w_ptr`` is a descriptor over W instead, the K loop
     pipelined that deep (see the module docstring)."""
+    wait_for_producers()
     g = tl.program_id(2)
     row0 = (tl.program_id(0) // SPLIT_K).to(tl.int64) * BLOCK_M
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

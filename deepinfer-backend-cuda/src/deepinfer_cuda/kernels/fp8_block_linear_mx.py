@@ -16,6 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.mxfp8_tile import mxfp8_tile
 from deepinfer_cuda.kernels.split_k_sum import to_dtype
 
@@ -27,6 +28,7 @@ def mx_linear_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, N: tl.constexpr, K: tl.cons
     """y[m, g, n] = sum_k x[m, g, k] * W[g * N + n, k] for a [BLOCK_M, BLOCK_N] tile of group ``program_id(2)``;
     x [M, GROUPS * K] (bf16), W [GROUPS * N, K] e4m3 code bytes with e8m0 scale bytes ws [cdiv(GROUPS * N, BN_Q),
     KB = cdiv(K, BK_Q)], y [M, GROUPS * N]; K a multiple of 32."""
+    wait_for_producers()
     g = tl.program_id(2)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M

@@ -17,6 +17,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, LaunchConfig
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.moe_experts import AOT_SHAPES
 
 MIN_EXPONENT = 8  #: the exponent field used for rows whose largest magnitude is below 2^-119 (zeros included)
@@ -42,6 +43,7 @@ def _on_e4m3_grid(v):
 def fp8_e4m3_rows_kernel(x_ptr, order_ptr, cols_ptr, out_ptr, scale_ptr, top_k, N: tl.constexpr,
                          GATHER: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK: tl.constexpr):
     """One row a program: its largest magnitude, its scale, its e4m3 codes."""
+    wait_for_producers()
     r = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < N

@@ -16,6 +16,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_collapse_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4.1-Flash (4 x 5120), V4 (4 x 4096).
@@ -26,6 +27,7 @@ AOT_DTYPES = ("bf16", "fp32")
 @triton.jit
 def _hc_collapse_kernel(streams_ptr, pre_ptr, out_ptr, N: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr):
+    wait_for_producers()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     ks = tl.arange(0, BLOCK_N)

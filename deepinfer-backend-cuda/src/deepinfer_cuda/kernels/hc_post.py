@@ -18,6 +18,7 @@ from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, hc_post_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
@@ -28,6 +29,7 @@ AOT_DTYPES = ("bf16", "fp32")
 @triton.jit
 def _hc_post_kernel(out_ptr, streams_ptr, post_ptr, comb_ptr, y_ptr,
                     N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    wait_for_producers()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D

@@ -33,6 +33,7 @@ from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, HcPreTier, HcPreTiles, hc_pre_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (streams, hidden) compiled ahead of time: V4 (4 x 4096) and V4.1 (4 x 5120).
@@ -76,6 +77,7 @@ def _hc_pre_mix_kernel(streams_ptr, fn_ptr, gate_ws_ptr, mix_ws_ptr, tokens,
     cores; hi into one fp32 accumulator, mid then lo (per step of BLOCK_K columns, a model constant: that order
     never depends on the batch) into a second, added at the end.
     """
+    wait_for_producers()
     tile = tl.program_id(0)
     s = tl.program_id(1)
     rows = tile * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -248,6 +250,7 @@ def _hc_pre_finish_kernel(streams_ptr, gate_ws_ptr, mix_ws_ptr, base_ptr, scale_
     registers, more programs resident); the last c writes post, comb.  SINGLE_PASS (V4.1's
     ``hc_pre_single_pass``): chunks collapse with the previous site's pre [T, N] (``prev_pre_ptr``), and the last
     program also writes this site's pre (``pre_ptr``)."""
+    wait_for_producers()
     token = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     ss = tl.arange(0, BLOCK_S)

@@ -25,6 +25,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, indexer_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.packed_rows import fp4_row_values
 from deepinfer_cuda.override import override
 
@@ -48,6 +49,7 @@ def index_scores_kernel(q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, limit_ptr, sc
     score -inf too.  ``PACKED`` (the ``_packed`` ops): keys_ptr holds packed FP4 rows (a ``KEY_BLOCK`` scale byte,
     e4m3 or ue8m0) and the sequence's entry e is row ``rows[seq, e]``, decoded in registers (``packed_rows.py``);
     only causal entries are read (the others score -inf whatever their key)."""
+    wait_for_producers()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     limit = tl.load(limit_ptr + t)

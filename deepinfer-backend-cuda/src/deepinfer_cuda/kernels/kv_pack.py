@@ -22,6 +22,7 @@ from deepinfer_cuda.kernel_set.dispatch import Launch
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import _CONSTANTS, FP4_E4M3, FP4_UE8M0, FP8_UE8M0, _pow2_ceil, _round_to_grid
 from deepinfer_cuda.kernels.fp8_block_linear import _e4m3_code, _e4m3_value
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 
 #: (D, block, format) compiled ahead of time: V4.1-Flash's SWA K=V, compressed latent, indexer key.
 AOT_ROWS = ((512, 32, FP8_UE8M0), (512, 16, FP4_E4M3), (128, 32, FP4_UE8M0))
@@ -51,6 +52,7 @@ def _pack_kernel(x_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, PER_ROW: tl.cons
                  AMAX_FLOOR: tl.constexpr, UE8M0_MUL: tl.constexpr, INTERPRETED: tl.constexpr,
                  BLOCK_R: tl.constexpr):
     """Scale blocks [pid * BLOCK_R, +BLOCK_R) of x (rows of PER_ROW blocks) -> their codes and scale bytes."""
+    wait_for_producers()
     blocks = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = blocks < n_blocks
     cols = tl.arange(0, BLOCK)
@@ -88,6 +90,7 @@ def _pack_kernel(x_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, PER_ROW: tl.cons
 def _unpack_kernel(packed_ptr, out_ptr, n_blocks, BLOCK: tl.constexpr, PER_ROW: tl.constexpr,
                    FORMAT: tl.constexpr, BLOCK_R: tl.constexpr):
     """Scale blocks [pid * BLOCK_R, +BLOCK_R) of packed rows -> values (``code * scale``, exact in bf16)."""
+    wait_for_producers()
     blocks = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = blocks < n_blocks
     cols = tl.arange(0, BLOCK)

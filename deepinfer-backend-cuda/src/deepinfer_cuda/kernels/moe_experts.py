@@ -35,6 +35,7 @@ from deepinfer_cuda.arch import CudaArch, MoeTiles, moe_batch_invariant_config, 
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels import moe_routing
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.moe_routing import expert_blocks, plan  # noqa: F401  (expert_blocks: re-exported)
 from deepinfer_cuda.override import override
 
@@ -97,6 +98,7 @@ def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, li
                    H: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
                    FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:  # past the last block of the batch: no slots
         return
@@ -129,6 +131,7 @@ def _moe_up_kernel(x_ptr, w13_desc, act_ptr, order_ptr, blocks_ptr, n_blocks, li
 def _moe_down_kernel(act_ptr, w2_desc, weights_ptr, slot_out_ptr, order_ptr, blocks_ptr, n_blocks,
                      H: tl.constexpr, INTER: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return
@@ -157,6 +160,7 @@ def _moe_down_kernel(act_ptr, w2_desc, weights_ptr, slot_out_ptr, order_ptr, blo
 @triton.jit
 def _moe_combine_kernel(slot_out_ptr, ids_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr,
                         TOPK_PAD: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_H: tl.constexpr):
+    wait_for_producers()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < H

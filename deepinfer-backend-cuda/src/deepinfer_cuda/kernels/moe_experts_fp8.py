@@ -31,6 +31,7 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels import moe_routing
 from deepinfer_cuda.kernels.fp8_block_linear import _code_values, _weight_scale
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -88,6 +89,7 @@ def _up_kernel(x_ptr, w13_desc, s13_ptr, act_ptr, order_ptr, blocks_ptr, n_block
                BN_Q: tl.constexpr, BK_Q: tl.constexpr, SCALE_E8M0: tl.constexpr,
                FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:  # past the last block of the batch: no slots
         return
@@ -119,6 +121,7 @@ def _down_kernel(act_ptr, w2_desc, s2_ptr, weights_ptr, slot_out_ptr, order_ptr,
                  H: tl.constexpr, INTER: tl.constexpr, BN_Q: tl.constexpr, BK_Q: tl.constexpr,
                  SCALE_E8M0: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return

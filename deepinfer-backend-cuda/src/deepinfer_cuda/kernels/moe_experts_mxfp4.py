@@ -48,6 +48,7 @@ from deepinfer_cuda.kernels import fp8_e4m3_rows, moe_routing
 from deepinfer_cuda.kernels import moe_experts_mxfp4_scaled as scaled
 from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
 from deepinfer_cuda.kernels import moe_experts_mxfp4_w4a8_tl as w4a8_form
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -145,6 +146,7 @@ def _up_kernel(x_ptr, w13_ptr, s13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks
                H: tl.constexpr, INTER: tl.constexpr, TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
                FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr, ROW_LOOP: tl.constexpr, TMA_STAGES: tl.constexpr):
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return
@@ -189,6 +191,7 @@ def _down_kernel(act_ptr, w2_ptr, s2_ptr, weights_ptr, slot_out_ptr, order_ptr, 
                  H: tl.constexpr, INTER: tl.constexpr, FP32_DOT: tl.constexpr, INTERPRETED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr,
                  ROW_LOOP: tl.constexpr, TMA_STAGES: tl.constexpr):
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return

@@ -24,6 +24,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, Mxfp4Tiles, moe_mxfp4_config
 from deepinfer_cuda.kernel_set.dispatch import TritonKernel
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.moe_experts import (
     AOT_SHAPES,
     AOT_SLOTS_PER_EXPERT,
@@ -72,6 +73,7 @@ def _up_kernel(x_ptr, w13_ptr, s13_ptr, act_ptr, order_ptr, blocks_ptr, n_blocks
     """act[slot] = swiglu(x[token] @ gate^T, x[token] @ up^T) for BLOCK_M slots of one expert, BLOCK_N columns: the
     gate and up rows as one [2 * BLOCK_N] weight tile, so one product a step (one scale operand: Triton 3.6 fails on
     an activation scale shared by two block-scaled MMAs)."""
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return
@@ -98,6 +100,7 @@ def _down_kernel(act_ptr, w2_ptr, s2_ptr, weights_ptr, slot_out_ptr, order_ptr, 
                  H: tl.constexpr, INTER: tl.constexpr, LHS: tl.constexpr, INTERPRETED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS_INNER: tl.constexpr):
     """slot_out[slot] = weight[slot] * act[slot] @ W2^T for BLOCK_M slots of one expert, BLOCK_N columns."""
+    wait_for_producers()
     expert, start, end, col_tile = program_block(blocks_ptr, n_blocks, COLS_INNER)
     if start >= end:
         return

@@ -34,6 +34,7 @@ from triton.language.extra import libdevice
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, moe_router_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: core's SCORE_FUNCS as the kernel's SCORE constexpr.
@@ -82,6 +83,7 @@ def moe_router_kernel(logits_ptr, bias_ptr, ids_ptr, weights_ptr, n_rows, scale,
                        E: tl.constexpr, BLOCK_E: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
                        BLOCK_T: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
                        INTERPRETED: tl.constexpr):
+    wait_for_producers()
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)

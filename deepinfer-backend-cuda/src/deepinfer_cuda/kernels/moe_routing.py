@@ -30,6 +30,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, MoePlanChunks, moe_plan_chunks_config, moe_plan_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 
 #: Largest T*k planned by the one-program kernel (decode up to 170 tokens at top-6); larger calls use the
 #: three chunked kernels.
@@ -61,6 +62,7 @@ def num_blocks(slots: int, num_experts: int, block_m: int) -> int:
 def _moe_plan_kernel(ids_ptr, order_ptr, blocks_ptr, n_slots, num_experts, n_blocks,
                      BLOCK_M: tl.constexpr, SLOTS_PAD: tl.constexpr, EXPERTS_PAD: tl.constexpr,
                      CHUNK: tl.constexpr, TAIL: tl.constexpr):
+    wait_for_producers()
     i = tl.arange(0, SLOTS_PAD)
     valid = i < n_slots
     expert = tl.load(ids_ptr + i, mask=valid, other=0).to(tl.int32)
@@ -110,6 +112,7 @@ def _moe_count_kernel(ids_ptr, scratch_ptr, n_slots, CHUNK: tl.constexpr, EXPERT
                       SUB: tl.constexpr):
     """Chunk c's slots per expert: sub-chunks of ids compared with every expert and summed (not tl.histogram,
     see the one-program kernel)."""
+    wait_for_producers()
     c = tl.program_id(0)
     e = tl.arange(0, EXPERTS_PAD)
     counts = tl.zeros([EXPERTS_PAD], dtype=tl.int32)
@@ -125,6 +128,7 @@ def _moe_scan_kernel(scratch_ptr, n_chunks, block_m, EXPERTS_PAD: tl.constexpr, 
     """One program: over the counts, each expert's slots in the chunks before (an exclusive sum down the
     chunks, in tiles of CHUNK_TILE chunks whose loads are all in flight at once); then the totals' segments and
     block ranges (prefix sums over the experts)."""
+    wait_for_producers()
     e = tl.arange(0, EXPERTS_PAD)
     before = tl.zeros([EXPERTS_PAD], dtype=tl.int32)  # each expert's slots in the chunks done so far
     for c0 in range(0, n_chunks, CHUNK_TILE):
@@ -151,6 +155,7 @@ def _moe_scatter_kernel(ids_ptr, order_ptr, blocks_ptr, scratch_ptr, n_slots, nu
     """Program (c, q) places slots i of chunk c's q-th BLOCK_I: ``order[seg_start[e] + (e's slots in chunks
     before c) + (e's slots before i in chunk c)] = i``, e = ids[i].  The last term is a count of equal ids over
     the chunk's earlier slots (at most CHUNK compares per slot; no sort, no atomics)."""
+    wait_for_producers()
     c = tl.program_id(0)
     q = tl.program_id(1)
     i = c * CHUNK + q * BLOCK_I + tl.arange(0, BLOCK_I)

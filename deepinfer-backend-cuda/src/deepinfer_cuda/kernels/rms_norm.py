@@ -15,6 +15,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: Row widths compiled ahead of time: V4 hidden 4096, q_lora 1024, head 512, indexer head 128,
@@ -26,6 +27,7 @@ AOT_DTYPES = ("bf16", "fp32")
 @triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, eps,
                      N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    wait_for_producers()
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < N)[None, :]

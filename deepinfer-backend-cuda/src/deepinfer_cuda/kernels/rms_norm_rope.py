@@ -29,6 +29,7 @@ from deepinfer_cuda.arch import CudaArch, LaunchConfig, rms_norm_rope_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import NO_QUANT, quant_constants, quantize_rows
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.rope import rope_pairs
 from deepinfer_cuda.override import override
 
@@ -44,6 +45,7 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_freq_ptr, y_ptr, x_token_st
                           BLOCK_ROWS: tl.constexpr, HAS_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
                           QBLOCK: tl.constexpr, FORMAT: tl.constexpr, AMAX_FLOOR: tl.constexpr,
                           UE8M0_MUL: tl.constexpr, INTERPRETED: tl.constexpr):
+    wait_for_producers()
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)

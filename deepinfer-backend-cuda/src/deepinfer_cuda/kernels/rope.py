@@ -24,6 +24,7 @@ from deepinfer_cuda.arch import CudaArch, LaunchConfig, rope_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
 from deepinfer_cuda.kernels.fake_quant import NO_QUANT, quant_constants, quantize_rows
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: (head_dim, rope_dim, heads) compiled ahead of time: V4 queries (64 heads) and the shared K=V latent (1)
@@ -39,6 +40,7 @@ def _rope_kernel(x_ptr, pos_ptr, inv_freq_ptr, y_ptr, x_token_stride, x_head_str
                  FORMAT: tl.constexpr, AMAX_FLOOR: tl.constexpr, UE8M0_MUL: tl.constexpr, INTERPRETED: tl.constexpr):
     # One program: one token, BLOCK_H of its heads.  The angle depends on (token, pair) only, so sin/cos
     # are evaluated once per program for the HALF pairs and broadcast over the heads.
+    wait_for_producers()
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < HEADS

@@ -26,6 +26,7 @@ from triton.language.extra import libdevice
 from deepinfer_cuda.arch import CudaArch, sample_tokens_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.override import override
 
 #: Logits dtypes compiled ahead of time (the op takes fp32); sizes are runtime arguments, so one variant per dtype.
@@ -71,6 +72,7 @@ def _token_hash(key, tokens):
 @triton.jit(do_not_specialize=["vocab", "row_stride", "n_chunks"])
 def _sample_kernel(logits_ptr, greedy_ptr, seeds_ptr, steps_ptr, best_score_ptr, best_token_ptr, vocab, row_stride,
                    n_chunks, BLOCK_V: tl.constexpr):
+    wait_for_producers()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     tokens = chunk * BLOCK_V + tl.arange(0, BLOCK_V)

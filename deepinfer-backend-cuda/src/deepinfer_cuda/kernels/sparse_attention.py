@@ -44,6 +44,7 @@ from deepinfer_cuda import coverage
 from deepinfer_cuda.arch import CudaArch, SparseAttentionTiles, sparse_attention_config
 from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain, TritonKernel, cuda_target
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 from deepinfer_cuda.kernels.packed_rows import load_packed_rows
 from deepinfer_cuda.kernels.rope import rope_pairs
 from deepinfer_cuda.override import override
@@ -119,6 +120,7 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, entries_ptr, idx_ptr, sinks_ptr, out
                              SKIP_EMPTY: tl.constexpr, TRANS: tl.constexpr, ROPE_HALF: tl.constexpr,
                              PACKED: tl.constexpr, RING_BLOCK: tl.constexpr, ENTRY_BLOCK: tl.constexpr,
                              ENTRY_E4M3: tl.constexpr, SOFT_FP8: tl.constexpr):
+    wait_for_producers()
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     z = tl.program_id(2)
@@ -219,6 +221,7 @@ def _combine_kernel(ws_acc_ptr, ws_ml_ptr, sinks_ptr, out_ptr, pos_ptr, inv_freq
                     H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, ROPE_HALF: tl.constexpr):
     """One program per (query, head): the sink, then every split in order, then ACC / L (then the inverse
     rotation, with ``ROPE_HALF``)."""
+    wait_for_producers()
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) + tl.arange(0, 1)
     dims = tl.arange(0, BLOCK_D)

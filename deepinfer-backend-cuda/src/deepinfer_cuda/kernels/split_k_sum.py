@@ -16,6 +16,7 @@ import triton.language as tl
 from deepinfer_cuda.arch import CudaArch, split_k_sum_config
 from deepinfer_cuda.kernel_set.dispatch import Launch
 from deepinfer_cuda.kernel_set.manifest import Variant
+from deepinfer_cuda.kernels.grid_dependency import wait_for_producers
 
 
 @triton.jit
@@ -31,6 +32,7 @@ def to_dtype(v, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
 def split_k_sum_kernel(part_ptr, y_ptr, n, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
                         BLOCK: tl.constexpr):
     """y[i] = partial[0, i] + partial[1, i] + ... for i in [pid * BLOCK, +BLOCK)."""
+    wait_for_producers()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
