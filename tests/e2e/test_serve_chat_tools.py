@@ -74,7 +74,8 @@ def test_tool_choice_none_leaves_dsml_as_text(client):
     assert out.choices[0].message.content == CALL and not out.choices[0].message.tool_calls
 
 
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("tool_choice", [  # ~6 s each: the named choice is slow (its sibling: "required")
+    "required", pytest.param({"type": "function", "function": {"name": "get_weather"}}, marks=pytest.mark.slow)])
 def test_tool_choice_required_or_named_is_enforced(client, tool_choice):
     """The toy never saw a tool call, yet it writes one: the grammar leaves it only the choice of the city (an enum,
     so a story cannot run on inside a free string parameter) and of the days."""

@@ -108,8 +108,9 @@ def test_confidence_scheduling_verifies_fewer_drafts(llm):
 TINY_V41 = Path(deepinfer.__file__).parent / "assets" / "tiny_v41"
 
 
-@pytest.mark.parametrize("mode,model,varlen", [("random", MODELS["v4"], False), ("mixed", MODELS["v4"], False),
-                                               ("mixed", TINY_V41, False), ("mixed", TINY_V41, True)])
+@pytest.mark.parametrize("mode,model,varlen", [  # 4-9 s each: the default run keeps one case a model and a policy
+    ("random", MODELS["v4"], False), pytest.param("mixed", MODELS["v4"], False, marks=pytest.mark.slow),
+    pytest.param("mixed", TINY_V41, False, marks=pytest.mark.slow), ("mixed", TINY_V41, True)])
 def test_sampled_tokens_have_the_plain_distribution(mode, model, varlen):
     llm = LLM(str(model), dtype="float32")
     llm.engine.set_drafter(None)
