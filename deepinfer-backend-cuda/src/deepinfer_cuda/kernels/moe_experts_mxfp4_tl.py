@@ -121,6 +121,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
+    load, store = gemm_steps(T, kind, block_m, block_k, k_position)
 
     @T.prim_func
     def main(xs: T.Tensor((slots, K), "bfloat16"), w: T.Tensor((wrows, K // 8), "uint32"),
@@ -148,9 +149,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             for i, g in T.Parallel(128, groups):
                 sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), g]
             for k in T.Pipelined(n_k, num_stages=stages):
-                T.copy(w[ra:ra + 64, k * words:(k + 1) * words], w_s[0:64, :])
-                T.copy(w[rb:rb + 64, k * words:(k + 1) * words], w_s[64:128, :])
-                T.copy(xs[start, k * block_k], x_s)
+                load(w, xs, w_s, x_s, ra, rb, start, k)
                 T.copy(sc_next, sc)
                 if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
                     for i, g in T.Parallel(128, groups):
@@ -160,21 +159,48 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
                     w_f[i, j] = T.reinterpret(code, "bfloat16")
                 T.gemm(w_f, x_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, c_s)
-            if up:
-                for i, j in T.Parallel(64, block_m):
-                    if start + j < end:
-                        g = T.min(c_s[i, j].astype("bfloat16").astype("float32"), limit)
-                        u = T.clamp(c_s[64 + i, j].astype("bfloat16").astype("float32"), -limit, limit)
-                        silu = (g / (1.0 + T.exp(-g))).astype("bfloat16").astype("float32")
-                        out[start + j, c * cols + k_position(i)] = (silu * u).astype("bfloat16")
-            else:
-                for i, j in T.Parallel(128, block_m):
-                    if start + j < end:
-                        slot = order[start + j]
-                        y = c_s[i, j].astype("bfloat16").astype("float32") * weights[slot]
-                        out[slot, c * cols + i] = y.astype("bfloat16")
+            store(c_s, out, order, weights, None, start, end, c, limit)
 
     return main
+
+
+def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -> tuple[Any, Any]:
+    """The statements both TileLang forms' GEMMs (this one, ``moe_experts_mxfp4_w4a8_tl``) run alike, as TileLang
+    macros: ``load``, one pipeline step's TMA copies (the 128 weight rows' words, the block's activation rows), and
+    ``store``, the epilogue from the fp32 sums in ``c_s`` -- times the activations' row scale where ``xscale`` is
+    given --: the up GEMM's projections rounded to bf16, clamped SwiGLU written in the K order (``k_position``), the
+    down GEMM's rows times the slot's routing weight."""
+    up = kind == "up"
+    cols, words = 64 if up else 128, block_k // 8
+
+    @T.macro
+    def load(w, xs, w_s, x_s, ra, rb, start, k):
+        T.copy(w[ra:ra + 64, k * words:(k + 1) * words], w_s[0:64, :])
+        T.copy(w[rb:rb + 64, k * words:(k + 1) * words], w_s[64:128, :])
+        T.copy(xs[start, k * block_k], x_s)
+
+    def rounded(c_s: Any, xscale: Any, i: Any, j: Any, row: Any) -> Any:
+        """A sum (times its activation row's scale) rounded to bf16, in fp32."""
+        v = c_s[i, j] if xscale is None else c_s[i, j] * xscale[row]
+        return v.astype("bfloat16").astype("float32")
+
+    @T.macro
+    def store(c_s, out, order, weights, xscale, start, end, c, limit):
+        if up:
+            for i, j in T.Parallel(64, block_m):
+                if start + j < end:
+                    g = T.min(rounded(c_s, xscale, i, j, start + j), limit)
+                    u = T.clamp(rounded(c_s, xscale, 64 + i, j, start + j), -limit, limit)
+                    silu = (g / (1.0 + T.exp(-g))).astype("bfloat16").astype("float32")
+                    out[start + j, c * cols + k_position(i)] = (silu * u).astype("bfloat16")
+        else:
+            for i, j in T.Parallel(128, block_m):
+                if start + j < end:
+                    slot = order[start + j]
+                    y = rounded(c_s, xscale, i, j, start + j) * weights[slot]
+                    out[slot, c * cols + i] = y.astype("bfloat16")
+
+    return load, store
 
 
 def _variant(config: Mxfp4TileLang, hidden: int, inter: int) -> dict[str, int]:

@@ -21,10 +21,10 @@ activations' e4m3 (a relative error about 2^-5 a value; measured against the exa
 (low nibbles of its bytes) are the first register, its odd codes the second, so logical column 16h + 4q + i reads
 stored column 8q + 2i + h (:func:`k_order`); scale groups map onto themselves.
 
-Epilogues as in the bf16 form (the projections rounded to bf16 after the row scale, clamped SwiGLU, the routing
-weight).  Tiles and tiers: ``arch.MXFP4_W4A8_CANDIDATES``; :func:`prepare` returns None where the active kernel
-set lacks the variant or the call is not covered (bf16 x, dims multiples of the tiles), and the op then runs its
-exact forms.
+The pipeline's copies and the epilogues are the bf16 form's (``gemm_steps``; the projections rounded to bf16 after
+the row scale, clamped SwiGLU, the routing weight).  Tiles and tiers: ``arch.MXFP4_W4A8_CANDIDATES``;
+:func:`prepare` returns None where the active kernel set lacks the variant or the call is not covered (bf16 x, dims
+multiples of the tiles), and the op then runs its exact forms.
 """
 
 
@@ -44,7 +44,7 @@ from deepinfer_cuda.kernel_set.dispatch import Launch, LaunchChain
 from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
 from deepinfer_cuda.kernels import fp8_e4m3_rows
 from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tilelang_form
-from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import SharedPlan, _rows, _variant, _words
+from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import SharedPlan, _rows, _variant, _words, gemm_steps
 
 MAGNITUDE = 0x1C1C1C1C  #: e4m3 byte bits 2..4: the low exponent bits and the top mantissa bit
 SIGN = 0x80808080
@@ -96,6 +96,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
+    load, store = gemm_steps(T, kind, block_m, block_k, k_position)
 
     @T.prim_func
     def main(xs: T.Tensor((slots, K), "float8_e4m3"), xscale: T.Tensor((slots,), "float32"),
@@ -124,9 +125,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             for i, g in T.Parallel(128, groups):
                 sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), g]
             for k in T.Pipelined(n_k, num_stages=stages):
-                T.copy(w[ra:ra + 64, k * words:(k + 1) * words], w_s[0:64, :])
-                T.copy(w[rb:rb + 64, k * words:(k + 1) * words], w_s[64:128, :])
-                T.copy(xs[start, k * block_k], x_s)
+                load(w, xs, w_s, x_s, ra, rb, start, k)
                 T.copy(sc_next, sc)
                 if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
                     for i, g in T.Parallel(128, groups):
@@ -142,20 +141,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
                         scale = T.reinterpret((sc[i, g].astype("uint32") + CODE_EXPONENT) << 23, "float32")
                         acc[i, j] += part[i, j] * scale
             T.copy(acc, c_s)
-            if up:
-                for i, j in T.Parallel(64, block_m):
-                    if start + j < end:
-                        row = xscale[start + j]
-                        g = T.min((c_s[i, j] * row).astype("bfloat16").astype("float32"), limit)
-                        u = T.clamp((c_s[64 + i, j] * row).astype("bfloat16").astype("float32"), -limit, limit)
-                        silu = (g / (1.0 + T.exp(-g))).astype("bfloat16").astype("float32")
-                        out[start + j, c * cols + k_position(i)] = (silu * u).astype("bfloat16")
-            else:
-                for i, j in T.Parallel(128, block_m):
-                    if start + j < end:
-                        slot = order[start + j]
-                        y = (c_s[i, j] * xscale[start + j]).astype("bfloat16").astype("float32") * weights[slot]
-                        out[slot, c * cols + i] = y.astype("bfloat16")
+            store(c_s, out, order, weights, xscale, start, end, c, limit)
 
     return main
 
