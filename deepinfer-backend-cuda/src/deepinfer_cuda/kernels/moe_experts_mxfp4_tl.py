@@ -121,7 +121,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
-    load, store = gemm_steps(T, kind, block_m, block_k, k_position)
+    prefetch_scales, load, store = gemm_steps(T, kind, block_m, block_k, k_position)
 
     @T.prim_func
     def main(xs: T.Tensor((slots, K), "bfloat16"), w: T.Tensor((wrows, K // 8), "uint32"),
@@ -146,14 +146,12 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             T.import_source(_DEQUANT)
             T.annotate_layout({w_s: tilelang.layout.make_swizzled_layout(w_s)})
             T.clear(acc)
-            for i, g in T.Parallel(128, groups):
-                sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), g]
+            prefetch_scales(s, sc_next, ra, rb, -1)
             for k in T.Pipelined(n_k, num_stages=stages):
                 load(w, xs, w_s, x_s, ra, rb, start, k)
                 T.copy(sc_next, sc)
                 if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
-                    for i, g in T.Parallel(128, groups):
-                        sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), (k + 1) * groups + g]
+                    prefetch_scales(s, sc_next, ra, rb, k)
                 for i, j in T.Parallel(128, block_k):
                     code = T.call_extern("uint16", "di_e2m1_at", w_s[i, _word(j)], _nibble(j), sc[i, _group(j)])
                     w_f[i, j] = T.reinterpret(code, "bfloat16")
@@ -164,14 +162,21 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     return main
 
 
-def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -> tuple[Any, Any]:
+def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -> tuple[Any, Any, Any]:
     """The statements both TileLang forms' GEMMs (this one, ``moe_experts_mxfp4_w4a8_tl``) run alike, as TileLang
-    macros: ``load``, one pipeline step's TMA copies (the 128 weight rows' words, the block's activation rows), and
-    ``store``, the epilogue from the fp32 sums in ``c_s`` -- times the activations' row scale where ``xscale`` is
-    given --: the up GEMM's projections rounded to bf16, clamped SwiGLU written in the K order (``k_position``), the
-    down GEMM's rows times the slot's routing weight."""
+    macros: ``prefetch_scales``, the thread's rows' e8m0 scales of step ``k + 1`` into registers (``k = -1``: the
+    first step's), a step ahead so that their latency hides behind a step's decoding; ``load``, one pipeline step's
+    TMA copies (the 128 weight rows' words, the block's activation rows); and ``store``, the epilogue from the fp32
+    sums in ``c_s`` -- times the activations' row scale where ``xscale`` is given --: the up GEMM's projections
+    rounded to bf16, clamped SwiGLU written in the K order (``k_position``), the down GEMM's rows times the slot's
+    routing weight."""
     up = kind == "up"
-    cols, words = 64 if up else 128, block_k // 8
+    cols, words, groups = 64 if up else 128, block_k // 8, block_k // 32
+
+    @T.macro
+    def prefetch_scales(s, sc_next, ra, rb, k):
+        for i, g in T.Parallel(128, groups):
+            sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), (k + 1) * groups + g]
 
     @T.macro
     def load(w, xs, w_s, x_s, ra, rb, start, k):
@@ -200,7 +205,7 @@ def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -
                     y = rounded(c_s, xscale, i, j, start + j) * weights[slot]
                     out[slot, c * cols + i] = y.astype("bfloat16")
 
-    return load, store
+    return prefetch_scales, load, store
 
 
 def _variant(config: Mxfp4TileLang, hidden: int, inter: int) -> dict[str, int]:

@@ -96,7 +96,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
-    load, store = gemm_steps(T, kind, block_m, block_k, k_position)
+    prefetch_scales, load, store = gemm_steps(T, kind, block_m, block_k, k_position)
 
     @T.prim_func
     def main(xs: T.Tensor((slots, K), "float8_e4m3"), xscale: T.Tensor((slots,), "float32"),
@@ -122,14 +122,12 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             T.import_source(_DECODE)
             T.annotate_layout({w_s: tilelang.layout.make_swizzled_layout(w_s)})
             T.clear(acc)
-            for i, g in T.Parallel(128, groups):
-                sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), g]
+            prefetch_scales(s, sc_next, ra, rb, -1)
             for k in T.Pipelined(n_k, num_stages=stages):
                 load(w, xs, w_s, x_s, ra, rb, start, k)
                 T.copy(sc_next, sc)
                 if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
-                    for i, g in T.Parallel(128, groups):
-                        sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), (k + 1) * groups + g]
+                    prefetch_scales(s, sc_next, ra, rb, k)
                 for g in T.unroll(groups):
                     for i, j in T.Parallel(128, 32):
                         code = T.call_extern("uint8", "di_e2m1_e4m3_at", w_s[i, g * 4 + (j % 16) // 4],
