@@ -119,8 +119,9 @@ class CubinFunction:
                 slot.value = value.data_ptr() if isinstance(value, torch.Tensor) else value
             for tensor_map, name in self._maps:
                 tensor_map.fill(args[name], args)
-            if self._pdl is not None and PROGRAMMATIC_LAUNCH:
-                config = self._pdl
+            config = self._pdl if PROGRAMMATIC_LAUNCH else None
+            programmatic = config is not None
+            if config is not None:
                 config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
                 config.hStream = stream
                 result = _DRIVER.cuLaunchKernelEx(config, self._function, self._params_addr, 0)
@@ -128,7 +129,7 @@ class CubinFunction:
                 result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared,
                                                 stream, self._params_addr, 0)
         if result[0] != _SUCCESS:
-            _check(result, "cuLaunchKernel")
+            _check(result, f"{'cuLaunchKernelEx' if programmatic else 'cuLaunchKernel'}({self.entry.entry})")
 
 
 #: Whether kernels built for it (``KernelEntry.launch_pdl``: every Triton kernel, see
