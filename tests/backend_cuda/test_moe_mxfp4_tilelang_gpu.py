@@ -14,8 +14,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 E, H, INTER, K = 16, 5120, 2304, 6  # V4.1-Flash's expert dims (the cubins'); 16 experts keep the test small
 
 
-def _layer(tokens: int, seed: int, E: int = E):
+def _layer(tokens: int, seed: int, E: int = E, scales: tuple[int, int] = (118, 122)):
+    """A layer whose e8m0 scale bytes are drawn from ``scales`` (lo, hi): trained weights' range by default."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    lo, hi = scales
 
     def u8(*shape, lo=0, hi=256):
         return torch.randint(lo, hi, shape, dtype=torch.uint8, device="cuda", generator=gen)
@@ -23,8 +25,8 @@ def _layer(tokens: int, seed: int, E: int = E):
     x = torch.randn(tokens, H, device="cuda", generator=gen).bfloat16()
     ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(tokens)])
     weights = torch.rand(tokens, K, device="cuda", generator=gen)
-    return (x, ids, weights, u8(E, 2 * INTER, H // 2), u8(E, 2 * INTER, H // 32, lo=118, hi=122), u8(E, H, INTER // 2),
-            u8(E, H, INTER // 32, lo=118, hi=122), 10.0)
+    return (x, ids, weights, u8(E, 2 * INTER, H // 2), u8(E, 2 * INTER, H // 32, lo=lo, hi=hi), u8(E, H, INTER // 2),
+            u8(E, H, INTER // 32, lo=lo, hi=hi), 10.0)
 
 
 def _chain(op, config):
@@ -72,6 +74,31 @@ def test_tilelang_forms_match_the_reference_without_syncs_and_replay(tokens):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(replayed.float(), out), config
+        from deepinfer_cuda.arch import SM90A
+        from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tl_form
+
+        unfolded = tl_form.prepare(*op, arch=SM90A, config=config, folded=False)  # the two-multiply decode
+        assert unfolded is not None and torch.equal(unfolded.run(0).float(), out), config  # the same exact values
+
+
+def test_scales_past_two_take_the_two_multiply_decode():
+    """A layer with e8m0 scales above ``FOLD_MAX_E8M0`` (scales 2^-3 .. 2^5): the op reads the scales once, plans
+    the two-multiply decode, and matches the reference as closely as Triton's form does."""
+    from deepinfer.ops.quant_gemm import moe_experts_mxfp4 as reference
+    from deepinfer_cuda.arch import SM90A
+    from deepinfer_cuda.kernels import moe_experts_mxfp4 as triton_form
+    from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tl_form
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TileLang forms are SM90's")
+    op = _layer(16, 3, scales=(124, 133))
+    assert not tl_form.scales_fold(op[4])
+    chain = _chain(op, None)
+    assert chain.steps[-3][1].args["constexprs"]["folded"] == 0
+    ref = reference(*op).float()
+    err = ((chain.run(0).float() - ref).norm() / ref.norm()).item()
+    tri = triton_form.prepare(*op, arch=SM90A).run(0).float()
+    assert err < max(2 * ((tri - ref).norm() / ref.norm()).item(), 2e-3), err
 
 
 def test_two_programs_an_sm_give_the_same_bits_run_after_run():

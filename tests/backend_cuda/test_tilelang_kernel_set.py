@@ -62,7 +62,7 @@ def test_tilelang_entries_round_trip_and_pack_a_tensormap_param():
 
 def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_path):
     layer = _layer()
-    variant = tl_form._variant(CONFIG, 256, 128)
+    variant = tl_form._variant(CONFIG, 256, 128, 1)  # zero scales: the folded decode
     try:
         use_kernel_set(None)
         assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG) is None  # no set: the Triton form runs
@@ -80,6 +80,7 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
         assert chain.steps[-4][1].args["x"] is layer[0]  # x itself: the K order is a view the gather reads
         assert up.args["w"].dtype == torch.uint32 and up.args["w"].shape == (8 * 256, 256 // 8)
         assert up.args["constexprs"] == variant and up.args["wrows"] == 8 * 256 and up.grid == (up.args["nb"], 2)
+        assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG, folded=False) is None  # no such cubin in this set
         assert tl_form.prepare(*layer, arch=SM100A, config=CONFIG) is None  # Hopper only
         fp32 = (layer[0].float(), *layer[1:])
         assert tl_form.prepare(*fp32, arch=SM90A, config=CONFIG) is None  # bf16 only: fp32 runs Triton
@@ -132,6 +133,26 @@ def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_
                 assert math.copysign(1, half) == math.copysign(1, expected), (word, n)  # -0.0 included
 
 
+def test_the_folded_decode_multiplies_once_by_two_to_the_126_times_the_scale():
+    """``di_e2m1_at_folded``'s one factor, ``(e8m0 + 126) * 0x00800080``, is the bf16 pair 2^(e8m0 - 1) -- the
+    placed bits' 2^126 and the scale 2^(e8m0 - 127) in one -- for every scale up to ``FOLD_MAX_E8M0``, and no
+    longer a power of two past it (the op then takes the two-multiply decode)."""
+    for e8m0 in range(tl_form.FOLD_MAX_E8M0 + 1):
+        assert _bf16_halves((e8m0 + 126) * 0x00800080) == (2.0 ** (e8m0 - 1),) * 2, e8m0
+    assert _bf16_halves((tl_form.FOLD_MAX_E8M0 + 1 + 126) * 0x00800080) != (2.0 ** tl_form.FOLD_MAX_E8M0,) * 2
+
+
+def test_the_op_reads_each_scale_tensor_once_to_choose_the_decode():
+    small, large = torch.full((4, 8), 120, dtype=torch.uint8), torch.full((4, 8), 120, dtype=torch.uint8)
+    large[3, 7] = tl_form.FOLD_MAX_E8M0 + 1
+    assert tl_form.scales_fold(small) and not tl_form.scales_fold(large)
+    small[0, 0] = 200  # an in-place change (a new version) is read again
+    assert not tl_form.scales_fold(small)
+    variant = tl_form._variant(Mxfp4TileLang(16, 128, 4, 2), 5120, 2304, 1)
+    assert variant["folded"] == 1 and "folded" not in tl_form._variant(Mxfp4TileLang(16, 128, 4, 2), 5120, 2304)
+    assert {v.constexprs["folded"] for v in tl_form._aot_variants(SM90A)} == {0, 1}
+
+
 def test_the_tiers_split_calls_by_slots_an_expert():
     from deepinfer_cuda.arch import MXFP4_TILELANG_CANDIDATES, mxfp4_tilelang_tier
 
@@ -147,7 +168,8 @@ def test_the_arch_table_keeps_triton_until_a_sweep_picks_tilelang():
         for tier, config in tiers.items():
             slots = {"few": 6, "decode": 96, "batch": 384, "chunk": 6144, "prefill": 96 * 384}[tier]  # 384 experts
             assert mxfp4_tilelang_config(SM90A, slots, 384, hidden, inter) == config
-            assert tl_form.UP_KERNEL.has_aot_variant(tl_form._variant(config, hidden, inter), SM90A)
+            for folded in (0, 1):
+                assert tl_form.UP_KERNEL.has_aot_variant(tl_form._variant(config, hidden, inter, folded), SM90A)
     assert mxfp4_tilelang_config(SM100A, 6, 384, 5120, 2304) is None
 
 
@@ -188,7 +210,7 @@ def test_the_weight_stage_is_released_after_the_wgmma_wait_not_after_its_loads()
 @pytest.mark.slow  # ~75 s on 2 cores; the fast siblings above check entries and planning without compiling
 @pytest.mark.skipif(bool(tilelang_unavailable()), reason=tilelang_unavailable() or "ok")
 def test_one_variant_compiles_to_an_sm90a_cubin_with_its_launch_recipe():
-    entry, cubin = compile_tilelang(tl_form.UP_KERNEL, SM90A, TileLangVariant(tl_form._variant(CONFIG, 5120, 2304)))
+    entry, cubin = compile_tilelang(tl_form.UP_KERNEL, SM90A, TileLangVariant(tl_form._variant(CONFIG, 5120, 2304, 1)))
     assert _cubin_sm(cubin) == 90 and entry.entry.encode() in cubin
     assert entry.kind == "tilelang" and entry.num_warps == 12 and 0 < entry.shared <= 227 * 1024
     names = dict(entry.signature)

@@ -24,7 +24,9 @@ codes and multiply by 2^6 + 2^12 (one ``IMAD``: each code's magnitude lands in t
 mantissa bit of its bf16 half, its sign in the sign bit), mask again: the bf16 pair of the e2m1 values times
 2^-126 (the exponent bias; 0.5 is a subnormal).  Two bf16x2 multiplies, by 2^126 and by the group's scale
 (2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0), give ``dequant_mxfp4``'s bf16 values, exact, with
-no tables kept in registers (instruction counts: docs/cuda_backend.md).
+no tables kept in registers (instruction counts: docs/cuda_backend.md).  Where both weights' scales are at most 2
+(:func:`scales_fold`), the *folded* decode multiplies once, by 2^(e8m0 - 1) (2^126 times the scale, still a bf16):
+the same values, one bf16x2 multiply a register fewer.
 Epilogues as in the Triton kernels: the projections rounded to bf16, clamped SwiGLU (``limit`` = inf when the op
 has none), the slot's routing weight.
 
@@ -42,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from deepinfer_cuda.arch import (
     MXFP4_TILELANG_CANDIDATES,
@@ -75,7 +78,19 @@ __device__ __forceinline__ unsigned short di_e2m1_at(const unsigned q, const int
                                    *reinterpret_cast<const __nv_bfloat162*>(&sc));
   return __bfloat16_as_ushort((n & 4) ? __high2bfloat16(r) : __low2bfloat16(r));
 }
+__device__ __forceinline__ unsigned short di_e2m1_at_folded(const unsigned q, const int n, const unsigned char e8m0) {
+  const unsigned y = (n & 2) ? q >> 8 : q;
+  const unsigned t = (n & 1) ? (y & 0x00F000F0u) * 0x104u : (y & 0x000F000Fu) * 0x1040u;
+  const unsigned v = t & DI_MASKu;
+  const unsigned sc = ((unsigned)e8m0 + 126u) * 0x00800080u;  // 2^(e8m0 - 1) a half: 2^126 times the scale
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&sc));
+  return __bfloat16_as_ushort((n & 4) ? __high2bfloat16(r) : __low2bfloat16(r));
+}
 """.replace("DI_MASK", f"{MAGNITUDE_AND_SIGN:#x}").replace("DI_BIAS", f"{TWO_POW_126:#x}")
+#: The largest e8m0 scale byte the folded decode takes: its one factor 2^(e8m0 - 1) must be a bf16 (exponent field
+#: e8m0 + 126 <= 254), i.e. scales up to 2 (trained weights' groups are far smaller).
+FOLD_MAX_E8M0 = 128
 THREADS = 256  #: the consumer warpgroups (TileLang adds the producer's 128)
 
 
@@ -110,9 +125,10 @@ def k_order(n: int, device: torch.device) -> torch.Tensor:
     return _k_order(n, str(device))
 
 
-def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, stages: int, occupancy: int
-             ) -> Any:
-    """The ``T.prim_func`` of the up (``kind="up"``) or down GEMM; every other size is a dynamic dim."""
+def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, stages: int, occupancy: int,
+             folded: int) -> Any:
+    """The ``T.prim_func`` of the up (``kind="up"``) or down GEMM; every other size is a dynamic dim.  ``folded``:
+    the one-multiply decode (``di_e2m1_at_folded``: scales up to ``FOLD_MAX_E8M0``)."""
     import tilelang
     import tilelang.language as T
 
@@ -122,6 +138,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
     prefetch_scales, load, store = gemm_steps(T, kind, block_m, block_k, k_position)
+    decode = "di_e2m1_at_folded" if folded else "di_e2m1_at"
 
     @T.prim_func
     def main(xs: T.Tensor((slots, K), "bfloat16"), w: T.Tensor((wrows, K // 8), "uint32"),
@@ -153,7 +170,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
                 if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
                     prefetch_scales(s, sc_next, ra, rb, k)
                 for i, j in T.Parallel(128, block_k):
-                    code = T.call_extern("uint16", "di_e2m1_at", w_s[i, _word(j)], _nibble(j), sc[i, _group(j)])
+                    code = T.call_extern("uint16", decode, w_s[i, _word(j)], _nibble(j), sc[i, _group(j)])
                     w_f[i, j] = T.reinterpret(code, "bfloat16")
                 T.gemm(w_f, x_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, c_s)
@@ -208,20 +225,39 @@ def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -
     return prefetch_scales, load, store
 
 
-def _variant(config: Mxfp4TileLang, hidden: int, inter: int) -> dict[str, int]:
-    return {"hidden": hidden, "inter": inter, "block_m": config.block_m, "block_k": config.block_k,
-            "stages": config.stages, "occupancy": config.occupancy}
+def _variant(config: Mxfp4TileLang, hidden: int, inter: int, folded: int | None = None) -> dict[str, int]:
+    """The constexprs of a variant (``folded``: the bf16 form's decode, 0 or 1; the W4A8 form has none)."""
+    variant = {"hidden": hidden, "inter": inter, "block_m": config.block_m, "block_k": config.block_k,
+               "stages": config.stages, "occupancy": config.occupancy}
+    return variant if folded is None else {**variant, "folded": folded}
 
 
-def _aot_variants(arch: CudaArch, candidates: dict[str, tuple[Mxfp4TileLang, ...]] = MXFP4_TILELANG_CANDIDATES
-                  ) -> list[TileLangVariant]:
-    """Every tile of ``candidates`` (by tier; the W4A8 form passes its own) at V4-Flash's and V4.1-Flash's expert
-    shapes."""
+def _aot_variants(arch: CudaArch, candidates: dict[str, tuple[Mxfp4TileLang, ...]] = MXFP4_TILELANG_CANDIDATES,
+                  folds: tuple[int | None, ...] = (0, 1)) -> list[TileLangVariant]:
+    """Every tile of ``candidates`` (by tier; the W4A8 form passes its own, and no ``folds``) at V4-Flash's and
+    V4.1-Flash's expert shapes, with each decode of ``folds``."""
     if arch.triton_arch != 90:  # wgmma: Hopper's; SM100 keeps its Triton forms
         return []
     shapes = sorted({(h, i) for h, i, k in AOT_SHAPES if k == 6})  # MXFP4: the routed experts (top-6) only
     configs = list(dict.fromkeys(c for tier in candidates.values() for c in tier))
-    return [TileLangVariant(_variant(c, h, i)) for h, i in shapes for c in configs]
+    return [TileLangVariant(_variant(c, h, i, f)) for h, i in shapes for c in configs for f in folds]
+
+
+_FOLDS = WeakIdKeyDictionary()  #: scale tensor -> (its version, whether it folds)
+
+
+def scales_fold(scale: torch.Tensor) -> bool:
+    """Whether every e8m0 byte of ``scale`` is at most ``FOLD_MAX_E8M0`` (the folded decode takes it).  Read once
+    per tensor and version (one device sync, at the op's first eager call: the graph service warms a step up
+    before capturing it); a capture that meets an unread tensor takes the two-multiply decode."""
+    known = _FOLDS.get(scale)
+    if known is not None and known[0] == scale._version:
+        return known[1]
+    if scale.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    fits = bool(scale.view(torch.uint8).max() <= FOLD_MAX_E8M0)
+    _FOLDS[scale] = (scale._version, fits)
+    return fits
 
 
 _ARRIVE = re.compile(r"^\s*mbarrier\[[^\]]+\]\.arrive\(\);$")
@@ -267,10 +303,12 @@ def covers(x: torch.Tensor, hidden: int, inter: int, config: Mxfp4TileLang) -> b
 
 def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
             w2: torch.Tensor, w2_scale: torch.Tensor, swiglu_limit: float | None, *, arch: CudaArch,
-            config: Mxfp4TileLang | None = None, require: bool = False) -> LaunchChain | None:
+            config: Mxfp4TileLang | None = None, require: bool = False, folded: bool | None = None
+            ) -> LaunchChain | None:
     """Plan the op with the TileLang GEMMs, or None when they do not take it (``config`` None: the arch table's
     choice for the call's slots per expert; ``require``: plan it even if the active kernel set lacks the cubins,
-    for tests that only inspect the plan)."""
+    for tests that only inspect the plan; ``folded`` None: the one-multiply decode where both weights' scales
+    allow it, :func:`scales_fold`)."""
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts, two_inter, _ = w13.shape
@@ -280,7 +318,9 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
         config = mxfp4_tilelang_config(arch, slots, num_experts, hidden, inter)
     if config is None or slots == 0 or not covers(x, hidden, inter, config):
         return None
-    variant = _variant(config, hidden, inter)
+    if folded is None:
+        folded = scales_fold(w13_scale) and scales_fold(w2_scale)
+    variant = _variant(config, hidden, inter, int(folded))
     if not require and not (UP_KERNEL.available(arch, variant) and DOWN_KERNEL.available(arch, variant)):
         return None
     shared = SharedPlan.of(x, ids, weights, num_experts, inter, swiglu_limit, config.block_m, variant, arch)

@@ -144,7 +144,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     return main
 
 
-_aot_variants = functools.partial(tilelang_form._aot_variants, candidates=MXFP4_W4A8_CANDIDATES)
+_aot_variants = functools.partial(tilelang_form._aot_variants, candidates=MXFP4_W4A8_CANDIDATES, folds=(None,))
 
 
 #: No source fix: the weight tile is read inside each group's step, so TileLang releases both stages after the
