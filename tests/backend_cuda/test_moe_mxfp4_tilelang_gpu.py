@@ -77,11 +77,12 @@ def test_tilelang_forms_match_the_reference_without_syncs_and_replay(tokens):
         from deepinfer_cuda.arch import SM90A
         from deepinfer_cuda.kernels import moe_experts_mxfp4_tl as tl_form
 
-        unfolded = tl_form.prepare(*op, arch=SM90A, config=config, folded=False)  # the two-multiply decode
-        assert unfolded is not None and torch.equal(unfolded.run(0).float(), out), config  # the same exact values
+        for folded in (False, True):  # the two-multiply and the folded decode: the same exact values
+            chain = tl_form.prepare(*op, arch=SM90A, config=config, folded=folded)
+            assert chain is not None and torch.equal(chain.run(0).float(), out), (config, folded)
 
 
-def test_scales_past_two_take_the_two_multiply_decode():
+def test_scales_past_two_take_the_two_multiply_decode(monkeypatch):
     """A layer with e8m0 scales above ``FOLD_MAX_E8M0`` (scales 2^-3 .. 2^5): the op reads the scales once, plans
     the two-multiply decode, and matches the reference as closely as Triton's form does."""
     from deepinfer.ops.quant_gemm import moe_experts_mxfp4 as reference
@@ -93,6 +94,7 @@ def test_scales_past_two_take_the_two_multiply_decode():
         pytest.skip("the TileLang forms are SM90's")
     op = _layer(16, 3, scales=(124, 133))
     assert not tl_form.scales_fold(op[4])
+    monkeypatch.setattr("deepinfer_cuda.arch.MXFP4_FOLDED_DECODE", True)  # on: the scales still refuse it
     chain = _chain(op, None)
     assert chain.steps[-3][1].args["constexprs"]["folded"] == 0
     ref = reference(*op).float()

@@ -60,9 +60,9 @@ def test_tilelang_entries_round_trip_and_pack_a_tensormap_param():
     assert [name for _, name in plain] == ["blocks", "limit", "nb"] and [name for _, name in maps] == ["w"]
 
 
-def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_path):
+def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_path, monkeypatch):
     layer = _layer()
-    variant = tl_form._variant(CONFIG, 256, 128, 1)  # zero scales: the folded decode
+    variant = tl_form._variant(CONFIG, 256, 128, 0)  # the two-multiply decode (the folded one is opt-in)
     try:
         use_kernel_set(None)
         assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG) is None  # no set: the Triton form runs
@@ -80,7 +80,11 @@ def test_the_op_plans_triton_without_tilelang_cubins_and_tilelang_with_them(tmp_
         assert chain.steps[-4][1].args["x"] is layer[0]  # x itself: the K order is a view the gather reads
         assert up.args["w"].dtype == torch.uint32 and up.args["w"].shape == (8 * 256, 256 // 8)
         assert up.args["constexprs"] == variant and up.args["wrows"] == 8 * 256 and up.grid == (up.args["nb"], 2)
-        assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG, folded=False) is None  # no such cubin in this set
+        assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG, folded=True) is None  # no such cubin in this set
+        monkeypatch.setattr("deepinfer_cuda.arch.MXFP4_FOLDED_DECODE", True)  # zero scales fold: asks for it
+        assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG) is None
+        assert tl_form.prepare(*layer, arch=SM90A, config=CONFIG, require=True).steps[-3][1].args["constexprs"][
+            "folded"] == 1
         assert tl_form.prepare(*layer, arch=SM100A, config=CONFIG) is None  # Hopper only
         fp32 = (layer[0].float(), *layer[1:])
         assert tl_form.prepare(*fp32, arch=SM90A, config=CONFIG) is None  # bf16 only: fp32 runs Triton

@@ -351,6 +351,13 @@ def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int,
     return MXFP4_TILELANG_CANDIDATES[tier][0]
 
 
+#: Whether the exact TileLang MXFP4 experts take the folded decode (one bf16x2 multiply a register, where every
+#: scale byte is at most 128: ``moe_experts_mxfp4_tl.scales_fold``).  Built into the kernel set and checked on the
+#: CPU (its factor's bits, ptxas: 32 fewer ``HMUL2`` a step); off until it has run on a GPU
+#: (``test_moe_mxfp4_tilelang_gpu.py`` runs both decodes whatever this says; docs/performance/log/2026-12-07.md).
+MXFP4_FOLDED_DECODE = False
+
+
 #: The W4A8 forms (``kernels/moe_experts_mxfp4_w4a8_tl.py``; opt-in: ``DEEPINFER_MXFP4_ACTIVATIONS=fp8``), per
 #: tier: the candidates, the first the one that runs (the winner of ``tools/sweep/mxfp4_tilelang.py``, H100
 #: 2026-12-07: docs/performance.md).  Each 32-column group's rescale costs ``block_m / 2`` FMAs a thread, so the

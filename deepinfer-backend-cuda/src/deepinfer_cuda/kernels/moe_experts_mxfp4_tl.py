@@ -26,7 +26,7 @@ mantissa bit of its bf16 half, its sign in the sign bit), mask again: the bf16 p
 (2^(e8m0 - 127), exactly a bf16 whose exponent field is e8m0), give ``dequant_mxfp4``'s bf16 values, exact, with
 no tables kept in registers (instruction counts: docs/cuda_backend.md).  Where both weights' scales are at most 2
 (:func:`scales_fold`), the *folded* decode multiplies once, by 2^(e8m0 - 1) (2^126 times the scale, still a bf16):
-the same values, one bf16x2 multiply a register fewer.
+the same values, one bf16x2 multiply a register fewer (off until it has run on a GPU: ``arch.MXFP4_FOLDED_DECODE``).
 Epilogues as in the Triton kernels: the projections rounded to bf16, clamped SwiGLU (``limit`` = inf when the op
 has none), the slot's routing weight.
 
@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+import deepinfer_cuda.arch as cuda_arch
 from deepinfer_cuda.arch import (
     MXFP4_TILELANG_CANDIDATES,
     CudaArch,
@@ -307,8 +308,8 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
             ) -> LaunchChain | None:
     """Plan the op with the TileLang GEMMs, or None when they do not take it (``config`` None: the arch table's
     choice for the call's slots per expert; ``require``: plan it even if the active kernel set lacks the cubins,
-    for tests that only inspect the plan; ``folded`` None: the one-multiply decode where both weights' scales
-    allow it, :func:`scales_fold`)."""
+    for tests that only inspect the plan; ``folded`` None: the one-multiply decode where
+    ``arch.MXFP4_FOLDED_DECODE`` is on and both weights' scales allow it, :func:`scales_fold`)."""
     tokens, hidden = x.shape
     top_k = ids.shape[1]
     num_experts, two_inter, _ = w13.shape
@@ -319,7 +320,7 @@ def prepare(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torc
     if config is None or slots == 0 or not covers(x, hidden, inter, config):
         return None
     if folded is None:
-        folded = scales_fold(w13_scale) and scales_fold(w2_scale)
+        folded = cuda_arch.MXFP4_FOLDED_DECODE and scales_fold(w13_scale) and scales_fold(w2_scale)
     variant = _variant(config, hidden, inter, int(folded))
     if not require and not (UP_KERNEL.available(arch, variant) and DOWN_KERNEL.available(arch, variant)):
         return None
