@@ -68,25 +68,25 @@ MAGNITUDE_AND_SIGN = 0x81C081C0  #: bf16 pair bits: sign, the two low exponent b
 TWO_POW_126 = 0x7E807E80  #: bf16 pair 2^126, undoing the exponent bias the placed bits carry
 _DEQUANT = r"""
 #include <cuda_bf16.h>
-__device__ __forceinline__ unsigned short di_e2m1_at(const unsigned q, const int n, const unsigned char e8m0) {
+__device__ __forceinline__ __nv_bfloat162 di_e2m1_pair(const unsigned q, const int n) {
   const unsigned y = (n & 2) ? q >> 8 : q;
   const unsigned t = (n & 1) ? (y & 0x00F000F0u) * 0x104u : (y & 0x000F000Fu) * 0x1040u;
   const unsigned v = t & DI_MASKu;  // (code n, code n + 4) x 2^-126 as a bf16 pair
-  const unsigned c = DI_BIASu;
-  const unsigned sc = (unsigned)e8m0 * 0x00800080u;  // 2^(e8m0 - 127) a half
-  const __nv_bfloat162 r = __hmul2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
-                                           *reinterpret_cast<const __nv_bfloat162*>(&c)),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&sc));
+  return *reinterpret_cast<const __nv_bfloat162*>(&v);
+}
+__device__ __forceinline__ __nv_bfloat162 di_bf16_pair(const unsigned bits) {
+  return *reinterpret_cast<const __nv_bfloat162*>(&bits);
+}
+__device__ __forceinline__ unsigned short di_half(const __nv_bfloat162 r, const int n) {
   return __bfloat16_as_ushort((n & 4) ? __high2bfloat16(r) : __low2bfloat16(r));
 }
+__device__ __forceinline__ unsigned short di_e2m1_at(const unsigned q, const int n, const unsigned char e8m0) {
+  // times 2^126, then the scale 2^(e8m0 - 127) a half
+  return di_half(__hmul2(__hmul2(di_e2m1_pair(q, n), di_bf16_pair(DI_BIASu)), di_bf16_pair(e8m0 * 0x00800080u)), n);
+}
 __device__ __forceinline__ unsigned short di_e2m1_at_folded(const unsigned q, const int n, const unsigned char e8m0) {
-  const unsigned y = (n & 2) ? q >> 8 : q;
-  const unsigned t = (n & 1) ? (y & 0x00F000F0u) * 0x104u : (y & 0x000F000Fu) * 0x1040u;
-  const unsigned v = t & DI_MASKu;
-  const unsigned sc = ((unsigned)e8m0 + 126u) * 0x00800080u;  // 2^(e8m0 - 1) a half: 2^126 times the scale
-  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&sc));
-  return __bfloat16_as_ushort((n & 4) ? __high2bfloat16(r) : __low2bfloat16(r));
+  // times 2^(e8m0 - 1) a half: 2^126 and the scale in one factor (e8m0 <= FOLD_MAX_E8M0)
+  return di_half(__hmul2(di_e2m1_pair(q, n), di_bf16_pair((e8m0 + 126u) * 0x00800080u)), n);
 }
 """.replace("DI_MASK", f"{MAGNITUDE_AND_SIGN:#x}").replace("DI_BIAS", f"{TWO_POW_126:#x}")
 #: The largest e8m0 scale byte the folded decode takes: its one factor 2^(e8m0 - 1) must be a bf16 (exponent field
