@@ -138,7 +138,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
-    prefetch_scales, load, store = gemm_steps(T, kind, block_m, block_k, k_position)
+    bounds, prefetch_scales, load, store = gemm_steps(T, kind, hidden, inter, block_m, block_k, k_position)
     decode = "di_e2m1_at_folded" if folded else "di_e2m1_at"
 
     @T.prim_func
@@ -157,19 +157,13 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             sc_next = T.alloc_fragment((128, groups), "uint8")  # the next step's, loaded a step ahead
             acc = T.alloc_fragment((128, block_m), "float32")
             c_s = T.alloc_shared((128, block_m), "float32")
-            expert, start, end = blocks[0, b], blocks[1, b], blocks[2, b]
-            ra = expert * (2 * inter if up else hidden) + c * cols
-            rb = ra + (inter if up else 64)
-            n_k = T.if_then_else(start < end, K // block_k, 0)
+            start, end, ra, rb, n_k = bounds(blocks, b, c)
             T.import_source(_DEQUANT)
             T.annotate_layout({w_s: tilelang.layout.make_swizzled_layout(w_s)})
             T.clear(acc)
             prefetch_scales(s, sc_next, ra, rb, -1)
             for k in T.Pipelined(n_k, num_stages=stages):
-                load(w, xs, w_s, x_s, ra, rb, start, k)
-                T.copy(sc_next, sc)
-                if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
-                    prefetch_scales(s, sc_next, ra, rb, k)
+                load(w, xs, s, w_s, x_s, sc, sc_next, ra, rb, start, k, n_k)
                 for i, j in T.Parallel(128, block_k):
                     code = T.call_extern("uint16", decode, w_s[i, _word(j)], _nibble(j), sc[i, _group(j)])
                     w_f[i, j] = T.reinterpret(code, "bfloat16")
@@ -180,16 +174,28 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     return main
 
 
-def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -> tuple[Any, Any, Any]:
+def gemm_steps(T: Any, kind: str, hidden: int, inter: int, block_m: int, block_k: int, k_position: Any
+               ) -> tuple[Any, Any, Any, Any]:
     """The statements both TileLang forms' GEMMs (this one, ``moe_experts_mxfp4_w4a8_tl``) run alike, as TileLang
-    macros: ``prefetch_scales``, the thread's rows' e8m0 scales of step ``k + 1`` into registers (``k = -1``: the
-    first step's), a step ahead so that their latency hides behind a step's decoding; ``load``, one pipeline step's
-    TMA copies (the 128 weight rows' words, the block's activation rows); and ``store``, the epilogue from the fp32
-    sums in ``c_s`` -- times the activations' row scale where ``xscale`` is given --: the up GEMM's projections
-    rounded to bf16, clamped SwiGLU written in the K order (``k_position``), the down GEMM's rows times the slot's
-    routing weight."""
+    macros: ``bounds``, a program's plan block (its slots ``start``..``end``, the weight rows ``ra`` / ``rb`` of its
+    two 64-row halves, its K steps ``n_k``: none for an empty block); ``prefetch_scales``, the thread's rows' e8m0
+    scales of step ``k + 1`` into registers (``k = -1``: the first step's); ``load``, one pipeline step's TMA copies
+    (the 128 weight rows' words, the block's activation rows), its scales, and the next step's scales fetched a step
+    ahead so that their latency hides behind this step's decoding; and ``store``, the epilogue from the fp32 sums in
+    ``c_s`` -- times the activations' row scale where ``xscale`` is given --: the up GEMM's projections rounded to
+    bf16, clamped SwiGLU written in the K order (``k_position``), the down GEMM's rows times the slot's routing
+    weight.  Each program's generated CUDA is what the statements written out gave (checked by lowering)."""
     up = kind == "up"
+    K = hidden if up else inter
     cols, words, groups = 64 if up else 128, block_k // 8, block_k // 32
+
+    @T.macro
+    def bounds(blocks, b, c):
+        expert, start, end = blocks[0, b], blocks[1, b], blocks[2, b]
+        ra = expert * (2 * inter if up else hidden) + c * cols
+        rb = ra + (inter if up else 64)
+        n_k = T.if_then_else(start < end, K // block_k, 0)
+        return start, end, ra, rb, n_k
 
     @T.macro
     def prefetch_scales(s, sc_next, ra, rb, k):
@@ -197,10 +203,13 @@ def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -
             sc_next[i, g] = s[T.if_then_else(i < 64, ra + i, rb + i - 64), (k + 1) * groups + g]
 
     @T.macro
-    def load(w, xs, w_s, x_s, ra, rb, start, k):
+    def load(w, xs, s, w_s, x_s, sc, sc_next, ra, rb, start, k, n_k):
         T.copy(w[ra:ra + 64, k * words:(k + 1) * words], w_s[0:64, :])
         T.copy(w[rb:rb + 64, k * words:(k + 1) * words], w_s[64:128, :])
         T.copy(xs[start, k * block_k], x_s)
+        T.copy(sc_next, sc)
+        if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
+            prefetch_scales(s, sc_next, ra, rb, k)
 
     def rounded(c_s: Any, xscale: Any, i: Any, j: Any, row: Any) -> Any:
         """A sum (times its activation row's scale) rounded to bf16, in fp32."""
@@ -223,7 +232,7 @@ def gemm_steps(T: Any, kind: str, block_m: int, block_k: int, k_position: Any) -
                     y = rounded(c_s, xscale, i, j, start + j) * weights[slot]
                     out[slot, c * cols + i] = y.astype("bfloat16")
 
-    return prefetch_scales, load, store
+    return bounds, prefetch_scales, load, store
 
 
 def _variant(config: Mxfp4TileLang, hidden: int, inter: int, folded: int | None = None) -> dict[str, int]:

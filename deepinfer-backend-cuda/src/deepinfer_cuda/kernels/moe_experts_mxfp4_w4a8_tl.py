@@ -96,7 +96,7 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
     cols = 64 if up else 128  # output columns a program: gate + up rows of 64 each, or 128 rows of w2
     words, groups = block_k // 8, block_k // 32
     slots, nb, wrows = T.dynamic("slots"), T.dynamic("nb"), T.dynamic("wrows")
-    prefetch_scales, load, store = gemm_steps(T, kind, block_m, block_k, k_position)
+    bounds, prefetch_scales, load, store = gemm_steps(T, kind, hidden, inter, block_m, block_k, k_position)
 
     @T.prim_func
     def main(xs: T.Tensor((slots, K), "float8_e4m3"), xscale: T.Tensor((slots,), "float32"),
@@ -115,19 +115,13 @@ def _program(kind: str, hidden: int, inter: int, block_m: int, block_k: int, sta
             part = T.alloc_fragment((128, block_m), "float32")  # one group's product
             acc = T.alloc_fragment((128, block_m), "float32")
             c_s = T.alloc_shared((128, block_m), "float32")
-            expert, start, end = blocks[0, b], blocks[1, b], blocks[2, b]
-            ra = expert * (2 * inter if up else hidden) + c * cols
-            rb = ra + (inter if up else 64)
-            n_k = T.if_then_else(start < end, K // block_k, 0)
+            start, end, ra, rb, n_k = bounds(blocks, b, c)
             T.import_source(_DECODE)
             T.annotate_layout({w_s: tilelang.layout.make_swizzled_layout(w_s)})
             T.clear(acc)
             prefetch_scales(s, sc_next, ra, rb, -1)
             for k in T.Pipelined(n_k, num_stages=stages):
-                load(w, xs, w_s, x_s, ra, rb, start, k)
-                T.copy(sc_next, sc)
-                if k + 1 < n_k:  # the scale loads' latency hides behind this step's decoding
-                    prefetch_scales(s, sc_next, ra, rb, k)
+                load(w, xs, s, w_s, x_s, sc, sc_next, ra, rb, start, k, n_k)
                 for g in T.unroll(groups):
                     for i, j in T.Parallel(128, 32):
                         code = T.call_extern("uint8", "di_e2m1_e4m3_at", w_s[i, g * 4 + (j % 16) // 4],
