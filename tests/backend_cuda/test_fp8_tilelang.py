@@ -53,6 +53,17 @@ def test_the_decode_places_each_code_pair_as_bf16_values_times_two_to_the_minus_
                     assert math.copysign(1, half) == math.copysign(1, FP8_CODES[code])
 
 
+def test_the_folded_decode_multiplies_once_by_two_to_the_120_times_the_scale():
+    """``di_e4m3_at_folded``'s one factor, ``(e8m0 + 120) * 0x00800080``, is the bf16 pair 2^(e8m0 - 7) -- the
+    placed bits' 2^120 and the block's scale in one -- for every scale byte up to ``FOLD_MAX_E8M0``, and no longer
+    a power of two past it (the plan then takes the two-multiply decode)."""
+    tl = fp8_block_linear_tl
+    for e8m0 in range(tl.FOLD_MAX_E8M0 + 1):
+        assert _bf16_halves((e8m0 + 120) * 0x00800080) == (2.0 ** (e8m0 - 7),) * 2, e8m0
+    assert _bf16_halves((tl.FOLD_MAX_E8M0 + 1 + 120) * 0x00800080) != (2.0 ** (tl.FOLD_MAX_E8M0 - 6),) * 2
+    assert {v.constexprs["folded"] for v in tl._aot_variants(SM90A)} == {0, 1}
+
+
 def test_every_candidate_fits_its_shape_and_the_tiers_split_by_rows():
     assert [fp8_tilelang_tier(r) for r in (1, 2, 16, 17, 63, 64, 65, 255, 256, 1024)] == [
         None, "decode", "decode", "batch", "batch", "batch", "chunk", "chunk", "prefill", "prefill"]
@@ -106,6 +117,11 @@ def test_the_op_plans_tilelang_where_the_table_and_the_kernel_set_have_it(tmp_pa
         assert gemm.args["w"].dtype == torch.uint32 and gemm.args["w"].shape == (n, k // 4)
         assert gemm.args["y"].shape == (2, 3, n) and gemm.args["y"].dtype == torch.float32
         assert kernels(fixed=True)[0] == "fp8_block_linear"  # batch invariant: the fixed Triton tiles
+        monkeypatch.setattr(arch, "FP8_FOLDED_DECODE", True)  # scales of 2^-7 fold: it asks for the folded cubin
+        assert kernels()[0] == "fp8_block_linear"
+        assert fp8_block_linear_tl.plan(x, weight, scale, torch.empty(3, n), n, k, 1, block, block, arch=SM90A,
+                                        require=True)[0].args["constexprs"]["folded"] == 1
+        monkeypatch.setattr(arch, "FP8_FOLDED_DECODE", False)
         assert fp8_block_linear.plan_gemm(x, weight, scale, block, block, 1, arch=SM100A,
                                           interpreted=False).steps[0][0].name != "fp8_block_linear_tl"
         x32 = x.float()

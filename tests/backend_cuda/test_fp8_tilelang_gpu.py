@@ -55,6 +55,11 @@ def test_each_variant_matches_the_reference_the_same_bits_every_run(shape, tier,
         got = run()
         err = ((got.float().view_as(want) - want).abs().max() / want.abs().max()).item()
         assert err < 1e-2, (rows, err)
+        folded = fp8_block_linear_tl._variant(tiles, n, k, groups, block, 1)
+        if fp8_block_linear_tl.KERNEL.available(SM90A, folded):  # the one-multiply decode: the same exact values
+            monkeypatch.setattr(arch, "FP8_FOLDED_DECODE", True)
+            assert torch.equal(run(), got), rows
+            monkeypatch.setattr(arch, "FP8_FOLDED_DECODE", False)
         for _ in range(20):  # the occupancy-2 race showed as outputs differing run to run
             assert torch.equal(run(), got), rows
         graph = torch.cuda.CUDAGraph()

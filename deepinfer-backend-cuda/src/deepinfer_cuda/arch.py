@@ -356,6 +356,9 @@ def mxfp4_tilelang_config(arch: CudaArch, slots: int, experts: int, hidden: int,
 #: CPU (its factor's bits, ptxas: 32 fewer ``HMUL2`` a step); off until it has run on a GPU
 #: (``test_moe_mxfp4_tilelang_gpu.py`` runs both decodes whatever this says; docs/performance/log/2026-12-07.md).
 MXFP4_FOLDED_DECODE = False
+#: The same for the TileLang FP8 GEMM (``fp8_block_linear_tl``: one multiply by 2^(e8m0 - 7) where every scale byte
+#: is at most 134; ptxas: docs/performance/log/2026-12-07.md); off until it has run on a GPU.
+FP8_FOLDED_DECODE = False
 
 
 #: The W4A8 forms (``kernels/moe_experts_mxfp4_w4a8_tl.py``; opt-in: ``DEEPINFER_MXFP4_ACTIVATIONS=fp8``), per

@@ -19,7 +19,9 @@ many ranges, one program each (so that a narrow projection fills the SMs at batc
 high bytes of the register's halves, a shift and two masks place each code's sign, exponent and mantissa where a
 bf16 keeps them (the bf16 of the e4m3 value times 2^-120: subnormal codes become bf16 subnormals), and two bf16x2
 multiplies, by 2^120 and by the block's scale (2^(e8m0 - 127), a bf16 whose exponent field is e8m0), give
-``dequant_fp8_block``'s bf16 values, exact.
+``dequant_fp8_block``'s bf16 values, exact.  Where every scale byte is at most ``FOLD_MAX_E8M0`` (scales up to 2^7),
+the *folded* decode multiplies once, by 2^(e8m0 - 7) (the same values; off until it has run on a GPU:
+``arch.FP8_FOLDED_DECODE``).
 
 (No ``from __future__ import annotations`` here: TileLang evaluates the program's annotations.)  Built ahead of
 time into the kernel set only where TileLang and nvcc are installed; :func:`plan` returns None when the active
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+import deepinfer_cuda.arch as cuda_arch
 from deepinfer_cuda.arch import (
     FP8_TILELANG_CANDIDATES,
     CudaArch,
@@ -40,30 +43,44 @@ from deepinfer_cuda.arch import (
 from deepinfer_cuda.kernel_set.dispatch import Launch
 from deepinfer_cuda.kernel_set.manifest import TileLangVariant
 from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
-from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import release_weights_after_mma
+from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import release_weights_after_mma, scales_at_most
 
 SIGN = 0x80008000  #: bf16 pair bits: the two signs, where the permute put them
 MAGNITUDE = 0x07F007F0  #: bf16 pair bits: the codes' 4 exponent and 3 mantissa bits, shifted down by 4
 TWO_POW_120 = 0x7B807B80  #: bf16 pair 2^120, undoing the exponent bias the placed bits carry (127 - 7)
 _DEQUANT = r"""
 #include <cuda_bf16.h>
-__device__ __forceinline__ unsigned short di_e4m3_at(const unsigned q, const int n, const unsigned char e8m0) {
+__device__ __forceinline__ __nv_bfloat162 di_e4m3_pair(const unsigned q, const int n) {
   const unsigned t = __byte_perm(q, 0u, (n & 2) ? 0x3424u : 0x1404u);  // bytes 2h, 2h + 1 -> bits 8.., 24..
   const unsigned v = (t & DI_SIGNu) | ((t >> 4) & DI_MAGNITUDEu);  // (code, code) x 2^-120 as a bf16 pair
-  const unsigned c = DI_BIASu;
-  const unsigned sc = (unsigned)e8m0 * 0x00800080u;  // 2^(e8m0 - 127) a half
-  const __nv_bfloat162 r = __hmul2(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
-                                           *reinterpret_cast<const __nv_bfloat162*>(&c)),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&sc));
+  return *reinterpret_cast<const __nv_bfloat162*>(&v);
+}
+__device__ __forceinline__ __nv_bfloat162 di_e4m3_factor(const unsigned bits) {
+  return *reinterpret_cast<const __nv_bfloat162*>(&bits);
+}
+__device__ __forceinline__ unsigned short di_e4m3_half(const __nv_bfloat162 r, const int n) {
   return __bfloat16_as_ushort((n & 1) ? __high2bfloat16(r) : __low2bfloat16(r));
+}
+__device__ __forceinline__ unsigned short di_e4m3_at(const unsigned q, const int n, const unsigned char e8m0) {
+  // times 2^120, then the scale 2^(e8m0 - 127) a half
+  return di_e4m3_half(__hmul2(__hmul2(di_e4m3_pair(q, n), di_e4m3_factor(DI_BIASu)),
+                              di_e4m3_factor(e8m0 * 0x00800080u)), n);
+}
+__device__ __forceinline__ unsigned short di_e4m3_at_folded(const unsigned q, const int n, const unsigned char e8m0) {
+  // times 2^(e8m0 - 7) a half: 2^120 and the scale in one factor (e8m0 <= FOLD_MAX_E8M0)
+  return di_e4m3_half(__hmul2(di_e4m3_pair(q, n), di_e4m3_factor((e8m0 + 120u) * 0x00800080u)), n);
 }
 """.replace("DI_SIGN", f"{SIGN:#x}").replace("DI_MAGNITUDE", f"{MAGNITUDE:#x}").replace("DI_BIAS", f"{TWO_POW_120:#x}")
 ROWS = 128  #: weight rows (output columns) a program: the two consumer warpgroups' 64 each
+#: The largest ue8m0 scale byte the folded decode takes: its one factor 2^(e8m0 - 7) must be a bf16 (exponent field
+#: e8m0 + 120 <= 254), i.e. scales up to 2^7 (an FP8 block's scale is its largest |w| / 448).
+FOLD_MAX_E8M0 = 134
 
 
 def _program(n: int, k: int, groups: int, block: int, block_m: int, block_k: int, stages: int, split: int,
-             occupancy: int) -> Any:
-    """The ``T.prim_func`` of one (N, K, groups, scale block) and tiles; M is a dynamic dim."""
+             occupancy: int, folded: int) -> Any:
+    """The ``T.prim_func`` of one (N, K, groups, scale block) and tiles; M is a dynamic dim.  ``folded``: the
+    one-multiply decode (``di_e4m3_at_folded``: scales up to ``FOLD_MAX_E8M0``)."""
     import tilelang
     import tilelang.language as T
 
@@ -72,6 +89,7 @@ def _program(n: int, k: int, groups: int, block: int, block_m: int, block_k: int
     steps = k // block_k // split  # K steps a program
     m = T.dynamic("m")
     out_dtype = "float32" if split > 1 else "bfloat16"
+    decode = "di_e4m3_at_folded" if folded else "di_e4m3_at"
 
     @T.prim_func
     def main(x: T.Tensor((m, groups * k), "bfloat16"), w: T.Tensor((groups * n, k // 4), "uint32"),
@@ -102,7 +120,7 @@ def _program(n: int, k: int, groups: int, block: int, block_m: int, block_k: int
                     for i, j in T.Parallel(ROWS, sg):
                         sc_next[i, j] = s[(r0 + i) // block, ((k0 + kk + 1) * block_k) // block + j]
                 for i, j in T.Parallel(ROWS, block_k):
-                    code = T.call_extern("uint16", "di_e4m3_at", w_s[i, j // 4], j % 4, sc[i, j * sg // block_k])
+                    code = T.call_extern("uint16", decode, w_s[i, j // 4], j % 4, sc[i, j * sg // block_k])
                     w_f[i, j] = T.reinterpret(code, "bfloat16")
                 T.gemm(w_f, x_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, c_s)
@@ -113,17 +131,18 @@ def _program(n: int, k: int, groups: int, block: int, block_m: int, block_k: int
     return main
 
 
-def _variant(tiles: Fp8TileLang, n: int, k: int, groups: int, block: int) -> dict[str, int]:
+def _variant(tiles: Fp8TileLang, n: int, k: int, groups: int, block: int, folded: int = 0) -> dict[str, int]:
     return {"n": n, "k": k, "groups": groups, "block": block, "block_m": tiles.block_m, "block_k": tiles.block_k,
-            "stages": tiles.stages, "split": tiles.split, "occupancy": tiles.occupancy}
+            "stages": tiles.stages, "split": tiles.split, "occupancy": tiles.occupancy, "folded": folded}
 
 
 def _aot_variants(arch: CudaArch) -> list[TileLangVariant]:
-    """Every candidate of :data:`arch.FP8_TILELANG_CANDIDATES` (V4.1-Flash's projections, 32x32 blocks)."""
+    """Every candidate of :data:`arch.FP8_TILELANG_CANDIDATES` (V4.1-Flash's projections, 32x32 blocks), with
+    both decodes."""
     if arch.triton_arch != 90:
         return []
-    return [TileLangVariant(_variant(t, n, k, g, block)) for (n, k, g, block), tiers in FP8_TILELANG_CANDIDATES.items()
-            for tier in tiers.values() for t in tier]
+    return [TileLangVariant(_variant(t, n, k, g, block, f)) for (n, k, g, block), tiers in
+            FP8_TILELANG_CANDIDATES.items() for tier in tiers.values() for t in tier for f in (0, 1)]
 
 
 KERNEL = TileLangKernel("fp8_block_linear_tl", _program, _aot_variants, release_weights_after_mma)
@@ -144,17 +163,20 @@ def splits(arch: CudaArch) -> set[int]:
 
 def plan(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, y: torch.Tensor, n: int, k: int,
          groups: int, block_n: int, block_k: int, *, arch: CudaArch, tiles: Fp8TileLang | None = None,
-         require: bool = False) -> tuple[Launch, torch.Tensor] | None:
+         require: bool = False, folded: bool | None = None) -> tuple[Launch, torch.Tensor] | None:
     """The launch of ``x2 [M, groups * K] @ W^T`` into ``y [M, groups * N]`` (bf16), or into fp32 partials [split,
     M, groups * N] to be summed into y (returned as the second item: y itself when ``split`` is 1); None when the
     TileLang form does not take the call (``tiles`` None: the arch table's; ``require``: plan it even if the active
-    kernel set lacks the cubin, for tests that only inspect the plan)."""
+    kernel set lacks the cubin, for tests that only inspect the plan; ``folded`` None: the one-multiply decode
+    where ``arch.FP8_FOLDED_DECODE`` is on and the scales allow it)."""
     m = x2.shape[0]
     if tiles is None:
         tiles = fp8_tilelang_config(arch, m, n, k, groups, block_k)
     if tiles is None or m == 0 or not covers(x2, scale, n, k, block_n, block_k, tiles):
         return None
-    variant = _variant(tiles, n, k, groups, block_k)
+    if folded is None:
+        folded = cuda_arch.FP8_FOLDED_DECODE and scales_at_most(scale, FOLD_MAX_E8M0)
+    variant = _variant(tiles, n, k, groups, block_k, int(folded))
     if not require and not KERNEL.available(arch, variant):
         return None
     part = y.view(1, m, groups * n) if tiles.split == 1 else \

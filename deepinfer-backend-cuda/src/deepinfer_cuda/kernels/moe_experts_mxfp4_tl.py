@@ -253,21 +253,24 @@ def _aot_variants(arch: CudaArch, candidates: dict[str, tuple[Mxfp4TileLang, ...
     return [TileLangVariant(_variant(c, h, i, f)) for h, i in shapes for c in configs for f in folds]
 
 
-_FOLDS = WeakIdKeyDictionary()  #: scale tensor -> (its version, whether it folds)
+_LARGEST = WeakIdKeyDictionary()  #: scale tensor -> (its version, its largest e8m0 byte)
+
+
+def scales_at_most(scale: torch.Tensor, largest: int) -> bool:
+    """Whether every e8m0 byte of ``scale`` is at most ``largest`` (a folded decode's limit).  Read once per tensor
+    and version (one device sync, at the op's first eager call: the graph service warms a step up before capturing
+    it); inside a capture, a tensor not read yet answers False (the two-multiply decode)."""
+    known = _LARGEST.get(scale)
+    if known is None or known[0] != scale._version:
+        if scale.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        known = _LARGEST[scale] = (scale._version, int(scale.view(torch.uint8).max()))
+    return known[1] <= largest
 
 
 def scales_fold(scale: torch.Tensor) -> bool:
-    """Whether every e8m0 byte of ``scale`` is at most ``FOLD_MAX_E8M0`` (the folded decode takes it).  Read once
-    per tensor and version (one device sync, at the op's first eager call: the graph service warms a step up
-    before capturing it); a capture that meets an unread tensor takes the two-multiply decode."""
-    known = _FOLDS.get(scale)
-    if known is not None and known[0] == scale._version:
-        return known[1]
-    if scale.is_cuda and torch.cuda.is_current_stream_capturing():
-        return False
-    fits = bool(scale.view(torch.uint8).max() <= FOLD_MAX_E8M0)
-    _FOLDS[scale] = (scale._version, fits)
-    return fits
+    """Whether this form's folded decode takes ``scale`` (every byte at most ``FOLD_MAX_E8M0``)."""
+    return scales_at_most(scale, FOLD_MAX_E8M0)
 
 
 _ARRIVE = re.compile(r"^\s*mbarrier\[[^\]]+\]\.arrive\(\);$")
