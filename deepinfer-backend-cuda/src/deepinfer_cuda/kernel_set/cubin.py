@@ -120,7 +120,6 @@ class CubinFunction:
             for tensor_map, name in self._maps:
                 tensor_map.fill(args[name], args)
             config = self._pdl if PROGRAMMATIC_LAUNCH else None
-            programmatic = config is not None
             if config is not None:
                 config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
                 config.hStream = stream
@@ -129,7 +128,7 @@ class CubinFunction:
                 result = _DRIVER.cuLaunchKernel(self._function, gx, gy, gz, self._threads, 1, 1, self.entry.shared,
                                                 stream, self._params_addr, 0)
         if result[0] != _SUCCESS:
-            _check(result, f"{'cuLaunchKernelEx' if programmatic else 'cuLaunchKernel'}({self.entry.entry})")
+            _check(result, f"{'cuLaunchKernel' if config is None else 'cuLaunchKernelEx'}({self.entry.entry})")
 
 
 #: Whether kernels built for it (``KernelEntry.launch_pdl``: every Triton kernel, see

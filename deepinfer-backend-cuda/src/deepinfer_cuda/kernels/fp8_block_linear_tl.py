@@ -43,32 +43,27 @@ from deepinfer_cuda.arch import (
 from deepinfer_cuda.kernel_set.dispatch import Launch
 from deepinfer_cuda.kernel_set.manifest import TileLangVariant
 from deepinfer_cuda.kernel_set.tilelang_kernel import TileLangKernel
-from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import release_weights_after_mma, scales_at_most
+from deepinfer_cuda.kernels.moe_experts_mxfp4_tl import BF16_PAIR, release_weights_after_mma, scales_at_most
 
 SIGN = 0x80008000  #: bf16 pair bits: the two signs, where the permute put them
 MAGNITUDE = 0x07F007F0  #: bf16 pair bits: the codes' 4 exponent and 3 mantissa bits, shifted down by 4
 TWO_POW_120 = 0x7B807B80  #: bf16 pair 2^120, undoing the exponent bias the placed bits carry (127 - 7)
-_DEQUANT = r"""
-#include <cuda_bf16.h>
+_DEQUANT = BF16_PAIR + r"""
 __device__ __forceinline__ __nv_bfloat162 di_e4m3_pair(const unsigned q, const int n) {
   const unsigned t = __byte_perm(q, 0u, (n & 2) ? 0x3424u : 0x1404u);  // bytes 2h, 2h + 1 -> bits 8.., 24..
-  const unsigned v = (t & DI_SIGNu) | ((t >> 4) & DI_MAGNITUDEu);  // (code, code) x 2^-120 as a bf16 pair
-  return *reinterpret_cast<const __nv_bfloat162*>(&v);
-}
-__device__ __forceinline__ __nv_bfloat162 di_e4m3_factor(const unsigned bits) {
-  return *reinterpret_cast<const __nv_bfloat162*>(&bits);
+  return di_bf16_pair((t & DI_SIGNu) | ((t >> 4) & DI_MAGNITUDEu));  // (code, code) x 2^-120 as a bf16 pair
 }
 __device__ __forceinline__ unsigned short di_e4m3_half(const __nv_bfloat162 r, const int n) {
   return __bfloat16_as_ushort((n & 1) ? __high2bfloat16(r) : __low2bfloat16(r));
 }
 __device__ __forceinline__ unsigned short di_e4m3_at(const unsigned q, const int n, const unsigned char e8m0) {
   // times 2^120, then the scale 2^(e8m0 - 127) a half
-  return di_e4m3_half(__hmul2(__hmul2(di_e4m3_pair(q, n), di_e4m3_factor(DI_BIASu)),
-                              di_e4m3_factor(e8m0 * 0x00800080u)), n);
+  return di_e4m3_half(__hmul2(__hmul2(di_e4m3_pair(q, n), di_bf16_pair(DI_BIASu)),
+                              di_bf16_pair(e8m0 * 0x00800080u)), n);
 }
 __device__ __forceinline__ unsigned short di_e4m3_at_folded(const unsigned q, const int n, const unsigned char e8m0) {
   // times 2^(e8m0 - 7) a half: 2^120 and the scale in one factor (e8m0 <= FOLD_MAX_E8M0)
-  return di_e4m3_half(__hmul2(di_e4m3_pair(q, n), di_e4m3_factor((e8m0 + 120u) * 0x00800080u)), n);
+  return di_e4m3_half(__hmul2(di_e4m3_pair(q, n), di_bf16_pair((e8m0 + 120u) * 0x00800080u)), n);
 }
 """.replace("DI_SIGN", f"{SIGN:#x}").replace("DI_MAGNITUDE", f"{MAGNITUDE:#x}").replace("DI_BIAS", f"{TWO_POW_120:#x}")
 ROWS = 128  #: weight rows (output columns) a program: the two consumer warpgroups' 64 each

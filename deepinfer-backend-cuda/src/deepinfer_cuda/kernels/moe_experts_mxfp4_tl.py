@@ -66,16 +66,19 @@ from deepinfer_cuda.kernels.moe_routing import plan
 #: word is first shifted down a byte.
 MAGNITUDE_AND_SIGN = 0x81C081C0  #: bf16 pair bits: sign, the two low exponent bits, the top mantissa bit
 TWO_POW_126 = 0x7E807E80  #: bf16 pair 2^126, undoing the exponent bias the placed bits carry
-_DEQUANT = r"""
+#: A bf16x2 from its bits (a decode's placed pair or one of its factors); both TileLang decodes (this one and
+#: ``fp8_block_linear_tl``'s) include it.
+BF16_PAIR = r"""
 #include <cuda_bf16.h>
+__device__ __forceinline__ __nv_bfloat162 di_bf16_pair(const unsigned bits) {
+  return *reinterpret_cast<const __nv_bfloat162*>(&bits);
+}
+"""
+_DEQUANT = BF16_PAIR + r"""
 __device__ __forceinline__ __nv_bfloat162 di_e2m1_pair(const unsigned q, const int n) {
   const unsigned y = (n & 2) ? q >> 8 : q;
   const unsigned t = (n & 1) ? (y & 0x00F000F0u) * 0x104u : (y & 0x000F000Fu) * 0x1040u;
-  const unsigned v = t & DI_MASKu;  // (code n, code n + 4) x 2^-126 as a bf16 pair
-  return *reinterpret_cast<const __nv_bfloat162*>(&v);
-}
-__device__ __forceinline__ __nv_bfloat162 di_bf16_pair(const unsigned bits) {
-  return *reinterpret_cast<const __nv_bfloat162*>(&bits);
+  return di_bf16_pair(t & DI_MASKu);  // (code n, code n + 4) x 2^-126 as a bf16 pair
 }
 __device__ __forceinline__ unsigned short di_half(const __nv_bfloat162 r, const int n) {
   return __bfloat16_as_ushort((n & 4) ? __high2bfloat16(r) : __low2bfloat16(r));
